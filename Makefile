@@ -1,0 +1,34 @@
+GO ?= go
+BIN := bin/quotad
+PROTOC ?= protoc
+
+.PHONY: all build run test test-short race vet proto bench bench-fair chaos chaos-long clean
+
+all: build
+
+build:
+	CGO_ENABLED=0 $(GO) build -o $(BIN) ./cmd/quotad
+
+# run starts a local 3-node cluster (separate processes) with examples/limits.yaml.
+run: build
+	./$(BIN) dev --nodes 3 --limits examples/limits.yaml
+
+test:
+	$(GO) vet ./...
+	$(GO) test -timeout 15m ./...
+	$(GO) test -race -timeout 15m ./quota/... ./fsm/... ./client/...
+
+vet:
+	$(GO) vet ./...
+
+# proto regenerates api/ (needs protoc from Debian's protobuf-compiler and the Go plugins:
+# go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+# go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.5.1).
+proto:
+	cd api && PATH="$$PATH:$$($(GO) env GOPATH)/bin" $(PROTOC) -I . \
+		--go_out=. --go_opt=paths=source_relative \
+		--go-grpc_out=. --go-grpc_opt=paths=source_relative \
+		quotad/v1/quotad.proto quotad/fsm/v1/fsm.proto
+
+clean:
+	rm -rf bin

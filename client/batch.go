@@ -1,0 +1,190 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// pending is one caller's admission waiting in (or for) a batch.
+type pending struct {
+	ctx  context.Context
+	adm  *quotadv1.Admission
+	done chan result // buffered: the sender never blocks on a caller that left
+}
+
+type result struct {
+	d   *quotadv1.Decision
+	at  time.Time
+	err error
+}
+
+// batcher coalesces admissions from concurrent callers into Acquire RPCs: the first admission
+// of a batch opens a window of cfg.Window; the batch is sent when the window closes or it
+// reaches cfg.MaxSize. Batches are sent concurrently; each caller gets its own decision.
+type batcher struct {
+	c       *Client
+	in      chan *pending
+	window  time.Duration
+	maxSize int
+	stop    chan struct{}
+	stopped chan struct{}
+}
+
+func newBatcher(c *Client, cfg BatchConfig) *batcher {
+	b := &batcher{
+		c:       c,
+		in:      make(chan *pending, cfg.MaxSize),
+		window:  cfg.Window,
+		maxSize: cfg.MaxSize,
+		stop:    make(chan struct{}),
+		stopped: make(chan struct{}),
+	}
+	go b.run()
+	return b
+}
+
+func (b *batcher) run() {
+	defer close(b.stopped)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	for {
+		var first *pending
+		select {
+		case first = <-b.in:
+		case <-b.stop:
+			return
+		}
+		batch := make([]*pending, 1, b.maxSize)
+		batch[0] = first
+		timer.Reset(b.window)
+	collect:
+		for len(batch) < b.maxSize {
+			select {
+			case p := <-b.in:
+				batch = append(batch, p)
+			case <-timer.C:
+				break collect
+			case <-b.stop:
+				break collect
+			}
+		}
+		timer.Stop()
+		go b.send(batch)
+	}
+}
+
+// submit queues adm and waits for its decision or for ctx to end.
+func (b *batcher) submit(ctx context.Context, adm *quotadv1.Admission) (*quotadv1.Decision, time.Time, error) {
+	p := &pending{ctx: ctx, adm: adm, done: make(chan result, 1)}
+	select {
+	case b.in <- p:
+	case <-ctx.Done():
+		return nil, time.Time{}, b.c.unavailable("Acquire", 0, nil, ctx.Err())
+	case <-b.c.closing:
+		return nil, time.Time{}, ErrClosed
+	}
+	select {
+	case r := <-p.done:
+		return r.d, r.at, r.err
+	case <-ctx.Done():
+		// The answer may have arrived in the same instant; prefer it.
+		select {
+		case r := <-p.done:
+			return r.d, r.at, r.err
+		default:
+		}
+		return nil, time.Time{}, b.c.unavailable("Acquire", 1, nil, ctx.Err())
+	}
+}
+
+// send decides a batch with retries. The RPC lives until it succeeds, fails permanently, or
+// every caller in the batch has given up; admissions of callers who gave up are left out of
+// later attempts (their request IDs may already be decided; leaving them out never debits
+// twice, it only avoids spending quota for nobody).
+func (b *batcher) send(batch []*pending) {
+	ctx, cancel := context.WithCancel(b.c.baseCtx)
+	defer cancel()
+	var live atomic.Int64
+	live.Store(int64(len(batch)))
+	for _, p := range batch {
+		stop := context.AfterFunc(p.ctx, func() {
+			if live.Add(-1) == 0 {
+				cancel()
+			}
+		})
+		defer stop()
+	}
+	b.c.metrics.batches.Add(1)
+
+	var sent []*pending
+	var resp *quotadv1.AcquireResponse
+	err := b.c.invoke(ctx, "Acquire", 0, func(ctx context.Context, qc quotadv1.QuotaClient, opts ...grpc.CallOption) error {
+		sent = sent[:0]
+		req := &quotadv1.AcquireRequest{ClientId: b.c.id, Admissions: make([]*quotadv1.Admission, 0, len(batch))}
+		for _, p := range batch {
+			if p.ctx.Err() == nil {
+				sent = append(sent, p)
+				req.Admissions = append(req.Admissions, p.adm)
+			}
+		}
+		if len(sent) == 0 {
+			return status.Error(codes.Canceled, "every caller in the batch has given up")
+		}
+		b.c.metrics.rpcs.Add(1)
+		var err error
+		resp, err = qc.Acquire(ctx, req, opts...)
+		return err
+	})
+	at := time.Now()
+	switch {
+	case err == nil && len(resp.GetDecisions()) != len(sent):
+		err = fmt.Errorf("quotad: Acquire: the cluster returned %d decisions for %d admissions", len(resp.GetDecisions()), len(sent))
+	case errors.Is(err, ErrInvalid) && len(sent) > 1:
+		// One malformed admission rejects the whole RPC, and nothing of it was decided:
+		// decide each on its own (same request IDs) so the others are not punished.
+		for _, p := range sent {
+			go func() {
+				d, at, err := b.c.acquireOne(p.ctx, p.adm)
+				p.done <- result{d: d, at: at, err: err}
+			}()
+		}
+		return
+	}
+	if err != nil {
+		for _, p := range batch {
+			p.done <- result{err: err}
+		}
+		return
+	}
+	for i, p := range sent {
+		p.done <- result{d: resp.Decisions[i], at: at}
+	}
+}
+
+// acquireOne decides a single admission in its own RPC.
+func (c *Client) acquireOne(ctx context.Context, adm *quotadv1.Admission) (*quotadv1.Decision, time.Time, error) {
+	req := &quotadv1.AcquireRequest{ClientId: c.id, Admissions: []*quotadv1.Admission{adm}}
+	var resp *quotadv1.AcquireResponse
+	extra := time.Duration(adm.MaxWaitMs) * time.Millisecond
+	err := c.invoke(ctx, "Acquire", extra, func(ctx context.Context, qc quotadv1.QuotaClient, opts ...grpc.CallOption) error {
+		c.metrics.rpcs.Add(1)
+		var err error
+		resp, err = qc.Acquire(ctx, req, opts...)
+		return err
+	})
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	if len(resp.GetDecisions()) != 1 {
+		return nil, time.Time{}, fmt.Errorf("quotad: Acquire: the cluster returned %d decisions for 1 admission", len(resp.GetDecisions()))
+	}
+	return resp.Decisions[0], time.Now(), nil
+}

@@ -1,0 +1,326 @@
+package client
+
+import (
+	"context"
+	cryptorand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"google.golang.org/grpc"
+)
+
+// Client is a connection to a quotad cluster. It is safe for concurrent use by many
+// goroutines, and meant to be shared: one per process (per client identity) is right, since
+// batching works across all of its callers. The zero value is not usable; call New.
+type Client struct {
+	cfg     Config
+	id      string
+	seq     atomic.Uint64
+	nodes   *nodes
+	batcher *batcher // nil when batching is disabled
+
+	baseCtx   context.Context // canceled by Close: ends batch RPCs and lease renewals
+	cancel    context.CancelFunc
+	closing   chan struct{}
+	closeOnce sync.Once
+
+	leasesMu sync.Mutex
+	leases   map[*Lease]struct{}
+
+	metrics struct {
+		admissions, batches, rpcs, retries atomic.Uint64
+	}
+}
+
+// New returns a Client for the cluster at cfg.Addrs. It does not wait for a connection:
+// the first call connects (and retries until its context ends).
+func New(cfg Config) (*Client, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	id := cfg.ClientID
+	if id == "" {
+		var b [16]byte
+		if _, err := cryptorand.Read(b[:]); err != nil {
+			return nil, fmt.Errorf("client: generating a client ID: %w", err)
+		}
+		id = hex.EncodeToString(b[:])
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &Client{
+		cfg:     cfg,
+		id:      id,
+		nodes:   newNodes(cfg.Addrs, cfg),
+		baseCtx: ctx,
+		cancel:  cancel,
+		closing: make(chan struct{}),
+		leases:  make(map[*Lease]struct{}),
+	}
+	// Start the sequence at the wall clock so a restarted process that reuses a ClientID
+	// never reuses a request ID the cluster may still remember. 0 is never produced.
+	c.seq.Store(uint64(time.Now().UnixNano()))
+	if !cfg.Batch.Disabled {
+		c.batcher = newBatcher(c, cfg.Batch)
+	}
+	return c, nil
+}
+
+// ClientID returns the client's idempotency namespace (the configured or generated ID).
+func (c *Client) ClientID() string { return c.id }
+
+// nextID returns a request ID that no earlier call of this client used.
+func (c *Client) nextID() uint64 { return c.seq.Add(1) }
+
+// Close releases every lease still held (best effort, for at most a second), stops batching
+// and closes the connections. Calls in progress fail with ErrClosed or ErrUnavailable.
+// Close is idempotent.
+func (c *Client) Close() error {
+	var err error
+	c.closeOnce.Do(func() {
+		c.leasesMu.Lock()
+		held := make([]*Lease, 0, len(c.leases))
+		for l := range c.leases {
+			held = append(held, l)
+		}
+		c.leasesMu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		var wg sync.WaitGroup
+		for _, l := range held {
+			wg.Go(func() { _ = l.Release(ctx) })
+		}
+		wg.Wait()
+		cancel()
+
+		close(c.closing)
+		c.cancel()
+		if c.batcher != nil {
+			close(c.batcher.stop)
+			<-c.batcher.stopped
+		}
+		err = c.nodes.close()
+	})
+	return err
+}
+
+// Stats counts what a Client has done since New. Safe to read at any time.
+type Stats struct {
+	// Admissions is the number of admissions decided or attempted (Allow, Wait steps,
+	// TryAcquire, Acquire steps).
+	Admissions uint64
+	// Batches is the number of batches formed (0 with batching disabled).
+	Batches uint64
+	// RPCs counts Acquire RPC attempts, retries included.
+	RPCs uint64
+	// Retries counts failed RPC attempts of any method that were retried.
+	Retries uint64
+}
+
+// Stats returns the client's counters.
+func (c *Client) Stats() Stats {
+	return Stats{
+		Admissions: c.metrics.admissions.Load(),
+		Batches:    c.metrics.batches.Load(),
+		RPCs:       c.metrics.rpcs.Load(),
+		Retries:    c.metrics.retries.Load(),
+	}
+}
+
+// Allow decides req now, without waiting for quota. It returns the Decision and a nil error
+// when admitted; a *DeniedError (errors.Is(err, ErrDenied)) and the Decision when the
+// cluster said no; an error matching ErrInvalid for a malformed request or unknown domain;
+// and one matching ErrUnavailable when no decision arrived before ctx ended.
+//
+// If the path has a concurrency limit, an admitted Decision holds permits (LeaseID ≠ 0)
+// that nobody renews: release them with ReleaseLease or let them expire after LeaseTTL.
+// TryAcquire manages that for you.
+func (c *Client) Allow(ctx context.Context, req Request) (Decision, error) {
+	if err := req.validate(); err != nil {
+		return Decision{}, err
+	}
+	id := c.nextID()
+	c.metrics.admissions.Add(1)
+	adm := req.admission(id)
+	var (
+		pd  *quotadv1.Decision
+		at  time.Time
+		err error
+	)
+	if c.batcher == nil || adm.MaxWaitMs > 0 {
+		pd, at, err = c.acquireOne(ctx, adm)
+	} else {
+		pd, at, err = c.batcher.submit(ctx, adm)
+	}
+	if err != nil {
+		return Decision{RequestID: id}, err
+	}
+	d := decisionFromProto(pd, id, at)
+	return d, decisionError(d)
+}
+
+// Wait decides req, and while the cluster says no for a reason that passes with time
+// (rate_limited, concurrency_limited, paused, retry_budget_exhausted) sleeps the decision's
+// RetryAfter plus up to 20% jitter and asks again, each time as a new admission. Like
+// rate.Limiter.Wait it gives up at once, returning the last denial, when ctx's deadline
+// comes before the earliest retry could succeed: a worker can then reschedule its job durably
+// at Decision.RetryAt instead of holding a goroutine.
+//
+// Errors are as for Allow. A denial that ended because ctx ended wraps ctx's error too.
+func (c *Client) Wait(ctx context.Context, req Request) (Decision, error) {
+	for {
+		d, err := c.Allow(ctx, req)
+		if err == nil || !errors.Is(err, ErrDenied) || !transient(d.Reason) {
+			return d, err
+		}
+		wait := d.RetryAfter
+		if wait <= 0 {
+			wait = time.Millisecond
+		}
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
+			return d, err
+		}
+		wait += time.Duration(rand.Int64N(int64(wait/5) + int64(time.Millisecond)))
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
+			wait = time.Until(dl)
+		}
+		if !sleep(ctx, wait) {
+			return d, fmt.Errorf("%w: %w", err, ctx.Err())
+		}
+	}
+}
+
+// transient reports whether a denial for reason can turn into an admission by waiting.
+func transient(r Reason) bool {
+	switch r {
+	case ReasonRateLimited, ReasonConcurrencyLimited, ReasonPaused, ReasonRetryBudgetExhausted:
+		return true
+	}
+	return false
+}
+
+// TryAcquire decides req now like Allow and, when admitted, returns a Lease that holds the
+// decision's concurrency permits, renewed in the background until Release. When the path has
+// no concurrency limit the Lease holds nothing and Release only ends it. Errors are as for
+// Allow.
+func (c *Client) TryAcquire(ctx context.Context, req Request) (*Lease, error) {
+	d, err := c.Allow(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return c.newLease(d, req.LeaseTTL), nil
+}
+
+// Acquire waits like Wait and, when admitted, returns a Lease as TryAcquire does.
+func (c *Client) Acquire(ctx context.Context, req Request) (*Lease, error) {
+	d, err := c.Wait(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return c.newLease(d, req.LeaseTTL), nil
+}
+
+// Refund gives back the rate tokens of an admitted request that was never used (cancelled
+// after admission). It returns the units refunded: 0 if d was not admitted, was already
+// refunded, or is too old for the cluster to remember. Refunding twice is harmless.
+// Concurrency permits are not affected; release those with the Lease.
+func (c *Client) Refund(ctx context.Context, d Decision) (uint64, error) {
+	if !d.Admitted || d.RequestID == 0 {
+		return 0, nil
+	}
+	req := &quotadv1.RefundRequest{ClientId: c.id, RequestId: d.RequestID}
+	var resp *quotadv1.RefundResponse
+	err := c.invoke(ctx, "Refund", 0, func(ctx context.Context, qc quotadv1.QuotaClient, opts ...grpc.CallOption) error {
+		var err error
+		resp, err = qc.Refund(ctx, req, opts...)
+		return err
+	})
+	return resp.GetRefunded(), err
+}
+
+// ReleaseLease returns the permits of a lease taken by Allow or Wait. It reports whether the
+// lease was still held (false: it had already expired or been released, which is not an
+// error).
+func (c *Client) ReleaseLease(ctx context.Context, leaseID uint64) (bool, error) {
+	if leaseID == 0 {
+		return false, nil
+	}
+	req := &quotadv1.ReleaseRequest{LeaseId: leaseID}
+	var resp *quotadv1.ReleaseResponse
+	err := c.invoke(ctx, "Release", 0, func(ctx context.Context, qc quotadv1.QuotaClient, opts ...grpc.CallOption) error {
+		var err error
+		resp, err = qc.Release(ctx, req, opts...)
+		return err
+	})
+	return resp.GetReleased(), err
+}
+
+// Status reads the buckets on a descriptor path linearizably. It never debits.
+func (c *Client) Status(ctx context.Context, domain string, descriptors ...Entry) (*Status, error) {
+	if domain == "" {
+		return nil, fmt.Errorf("%w: Status: domain is empty", ErrInvalid)
+	}
+	req := &quotadv1.StatusRequest{Domain: domain, Descriptors: entriesToProto(descriptors)}
+	var resp *quotadv1.StatusResponse
+	err := c.invoke(ctx, "Status", 0, func(ctx context.Context, qc quotadv1.QuotaClient, opts ...grpc.CallOption) error {
+		var err error
+		resp, err = qc.Status(ctx, req, opts...)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	s := &Status{AppliedIndex: resp.GetAppliedIndex(), LeaderID: resp.GetLeaderId()}
+	for _, b := range resp.GetBuckets() {
+		s.Buckets = append(s.Buckets, BucketStatus{
+			Scope:       b.GetScope(),
+			Key:         b.GetKey(),
+			Limit:       b.GetLimit(),
+			Burst:       b.GetBurst(),
+			Remaining:   b.GetRemaining(),
+			ResetAfter:  time.Duration(b.GetResetAfterMs()) * time.Millisecond,
+			InFlight:    b.GetInFlight(),
+			MaxInFlight: b.GetMaxInFlight(),
+			PausedFor:   time.Duration(b.GetPausedForMs()) * time.Millisecond,
+			Window:      time.Duration(b.GetWindowMs()) * time.Millisecond,
+		})
+	}
+	return s, nil
+}
+
+// Feedback reports a provider's 429/503 so the cluster pauses the scope the provider named.
+// Reporting the same answer twice (a retry) extends nothing beyond the provider's
+// Retry-After.
+func (c *Client) Feedback(ctx context.Context, f Feedback) (FeedbackResult, error) {
+	if f.Domain == "" {
+		return FeedbackResult{}, fmt.Errorf("%w: Feedback.Domain is empty", ErrInvalid)
+	}
+	if f.StatusCode < 100 || f.StatusCode > 599 {
+		return FeedbackResult{}, fmt.Errorf("%w: Feedback.StatusCode %d is not an HTTP status", ErrInvalid, f.StatusCode)
+	}
+	if f.RetryAfter < 0 {
+		return FeedbackResult{}, fmt.Errorf("%w: Feedback.RetryAfter %v is negative", ErrInvalid, f.RetryAfter)
+	}
+	req := &quotadv1.FeedbackRequest{
+		Domain:       f.Domain,
+		Descriptors:  entriesToProto(f.Descriptors),
+		StatusCode:   uint32(f.StatusCode),
+		RetryAfterMs: durationMillisCeil(f.RetryAfter),
+		Reason:       f.Reason,
+	}
+	var resp *quotadv1.FeedbackResponse
+	err := c.invoke(ctx, "Feedback", 0, func(ctx context.Context, qc quotadv1.QuotaClient, opts ...grpc.CallOption) error {
+		var err error
+		resp, err = qc.Feedback(ctx, req, opts...)
+		return err
+	})
+	if err != nil {
+		return FeedbackResult{}, err
+	}
+	return FeedbackResult{PausedFor: time.Duration(resp.GetPausedForMs()) * time.Millisecond, Scope: resp.GetScope()}, nil
+}

@@ -1,0 +1,154 @@
+package client
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc"
+)
+
+// Defaults used by DefaultConfig and by New for zero fields.
+const (
+	DefaultBatchWindow     = 500 * time.Microsecond
+	DefaultBatchMaxSize    = 256
+	DefaultBackoffInitial  = 10 * time.Millisecond
+	DefaultBackoffMax      = time.Second
+	DefaultBackoffFactor   = 2.0
+	DefaultAttemptTimeout  = 2 * time.Second
+	maxAdmissionsPerBatch  = 4096
+	minLeaseRenewInterval  = 10 * time.Millisecond
+	leaderHeader           = "x-quotad-leader"
+	defaultTryAcquireGrace = 0
+)
+
+// Config configures a Client. The zero value of every field except Addrs is usable: New fills
+// in the defaults listed on each field. A Config is read once by New; changing it afterwards
+// has no effect (nothing is reloadable).
+type Config struct {
+	// Addrs are gRPC addresses (host:port) of cluster nodes. Any node will do: followers
+	// forward to the leader and name it, and the client then talks to the leader directly.
+	// At least one is required.
+	Addrs []string
+
+	// ClientID is this client's idempotency namespace: request IDs are unique within it.
+	// Empty means a random 128-bit ID, which is what almost every caller wants. If you set a
+	// stable ID, never run two live clients with the same one. Request sequences start at
+	// the wall-clock time in nanoseconds, so a restarted process with the same ID does not
+	// reuse the IDs of its previous life.
+	ClientID string
+
+	// TLS, when non-nil, is used for every connection (set RootCAs and, for mTLS,
+	// Certificates). Nil means plaintext, which is only for loopback and tests.
+	TLS *tls.Config
+
+	// Batch configures the coalescing of concurrent admissions into one RPC.
+	Batch BatchConfig
+
+	// Backoff configures the delay between retries of a failed RPC.
+	Backoff BackoffConfig
+
+	// AttemptTimeout bounds one RPC attempt (default DefaultAttemptTimeout). When it expires
+	// the call is retried with the same request ID, so a decision that was committed but
+	// whose answer was lost is returned, not made again. The caller's context bounds all
+	// attempts together.
+	AttemptTimeout time.Duration
+
+	// DialOptions are appended to the client's own gRPC dial options (interceptors, keepalive,
+	// a custom dialer). Transport credentials are set from TLS; do not pass them here.
+	DialOptions []grpc.DialOption
+}
+
+// BatchConfig configures batching. The zero value enables batching with the defaults.
+type BatchConfig struct {
+	// Disabled sends every admission in its own Acquire RPC.
+	Disabled bool
+	// Window is how long the first admission of a batch waits for others to join it
+	// (default DefaultBatchWindow). It is the latency batching adds to a lone caller.
+	Window time.Duration
+	// MaxSize sends a batch as soon as it holds this many admissions (default
+	// DefaultBatchMaxSize, at most 4096).
+	MaxSize int
+}
+
+// BackoffConfig configures exponential backoff with full jitter: before retry n (n = 0, 1,
+// ...) the client sleeps a uniformly random duration in [0, min(Max, Initial*Factor^n)].
+// The zero value uses the defaults.
+type BackoffConfig struct {
+	// Initial is the ceiling of the first delay (default DefaultBackoffInitial).
+	Initial time.Duration
+	// Max caps the ceiling (default DefaultBackoffMax).
+	Max time.Duration
+	// Factor multiplies the ceiling per attempt (default DefaultBackoffFactor; must be ≥ 1).
+	Factor float64
+}
+
+// DefaultConfig returns a Config for the given node addresses with every default spelled out.
+func DefaultConfig(addrs ...string) Config {
+	return Config{
+		Addrs:          addrs,
+		Batch:          BatchConfig{Window: DefaultBatchWindow, MaxSize: DefaultBatchMaxSize},
+		Backoff:        BackoffConfig{Initial: DefaultBackoffInitial, Max: DefaultBackoffMax, Factor: DefaultBackoffFactor},
+		AttemptTimeout: DefaultAttemptTimeout,
+	}
+}
+
+// withDefaults returns c with zero fields replaced by defaults.
+func (c Config) withDefaults() Config {
+	if c.Batch.Window == 0 {
+		c.Batch.Window = DefaultBatchWindow
+	}
+	if c.Batch.MaxSize == 0 {
+		c.Batch.MaxSize = DefaultBatchMaxSize
+	}
+	if c.Backoff.Initial == 0 {
+		c.Backoff.Initial = DefaultBackoffInitial
+	}
+	if c.Backoff.Max == 0 {
+		c.Backoff.Max = DefaultBackoffMax
+	}
+	if c.Backoff.Factor == 0 {
+		c.Backoff.Factor = DefaultBackoffFactor
+	}
+	if c.AttemptTimeout == 0 {
+		c.AttemptTimeout = DefaultAttemptTimeout
+	}
+	return c
+}
+
+// Validate reports every problem with c (after defaults are applied), quoting the values.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	var errs []error
+	if len(c.Addrs) == 0 {
+		errs = append(errs, errors.New("Addrs is empty: give at least one node's gRPC address, e.g. 127.0.0.1:7101"))
+	}
+	for i, a := range c.Addrs {
+		if a == "" {
+			errs = append(errs, fmt.Errorf("Addrs[%d] is empty", i))
+		}
+	}
+	if len(c.ClientID) > 128 {
+		errs = append(errs, fmt.Errorf("ClientID is %d bytes; at most 128", len(c.ClientID)))
+	}
+	if c.Batch.Window < 0 {
+		errs = append(errs, fmt.Errorf("Batch.Window %v is negative", c.Batch.Window))
+	}
+	if c.Batch.MaxSize < 1 || c.Batch.MaxSize > maxAdmissionsPerBatch {
+		errs = append(errs, fmt.Errorf("Batch.MaxSize %d is outside [1, %d]", c.Batch.MaxSize, maxAdmissionsPerBatch))
+	}
+	if c.Backoff.Initial < 0 || c.Backoff.Max < c.Backoff.Initial {
+		errs = append(errs, fmt.Errorf("Backoff.Initial %v and Backoff.Max %v: need 0 ≤ Initial ≤ Max", c.Backoff.Initial, c.Backoff.Max))
+	}
+	if c.Backoff.Factor < 1 {
+		errs = append(errs, fmt.Errorf("Backoff.Factor %v is below 1", c.Backoff.Factor))
+	}
+	if c.AttemptTimeout < 0 {
+		errs = append(errs, fmt.Errorf("AttemptTimeout %v is negative", c.AttemptTimeout))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("client: invalid config: %w", errors.Join(errs...))
+	}
+	return nil
+}

@@ -1,0 +1,241 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+// node is one cluster member the client may talk to.
+type node struct {
+	addr string
+	cc   *grpc.ClientConn
+	qc   quotadv1.QuotaClient
+}
+
+// nodes keeps a connection per known address and the address calls go to: the leader when
+// one has named itself, else whichever node answered last. Safe for concurrent use.
+type nodes struct {
+	dialOpts []grpc.DialOption
+
+	mu     sync.Mutex
+	byAddr map[string]*node
+	order  []string // configured addresses, then discovered ones
+	cur    int      // index into order of the current target
+	closed bool
+}
+
+func newNodes(addrs []string, cfg Config) *nodes {
+	creds := insecure.NewCredentials()
+	if cfg.TLS != nil {
+		creds = credentials.NewTLS(cfg.TLS)
+	}
+	opts := []grpc.DialOption{
+		grpc.WithTransportCredentials(creds),
+		// gRPC's default reconnect backoff grows to 120s; a restarted node should be usable
+		// within about a second.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: time.Second,
+		}),
+	}
+	opts = append(opts, cfg.DialOptions...)
+	n := &nodes{dialOpts: opts, byAddr: make(map[string]*node)}
+	seen := map[string]bool{}
+	for _, a := range addrs {
+		if !seen[a] {
+			seen[a] = true
+			n.order = append(n.order, a)
+		}
+	}
+	// Spread clients over the nodes until they learn the leader.
+	n.cur = rand.IntN(len(n.order))
+	return n
+}
+
+// target returns the node calls should go to now.
+func (ns *nodes) target() (*node, error) {
+	ns.mu.Lock()
+	defer ns.mu.Unlock()
+	if ns.closed {
+		return nil, ErrClosed
+	}
+	return ns.getLocked(ns.order[ns.cur])
+}
+
+func (ns *nodes) getLocked(addr string) (*node, error) {
+	if n, ok := ns.byAddr[addr]; ok {
+		return n, nil
+	}
+	cc, err := grpc.NewClient(addr, ns.dialOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("quotad: connecting to %q: %w", addr, err)
+	}
+	n := &node{addr: addr, cc: cc, qc: quotadv1.NewQuotaClient(cc)}
+	ns.byAddr[addr] = n
+	return n, nil
+}
+
+// follow makes addr (a leader named by the cluster) the target, learning it if new.
+func (ns *nodes) follow(addr string) {
+	ns.mu.Lock()
+	defer ns.mu.Unlock()
+	if ns.order[ns.cur] == addr {
+		return
+	}
+	for i, a := range ns.order {
+		if a == addr {
+			ns.cur = i
+			return
+		}
+	}
+	ns.order = append(ns.order, addr)
+	ns.cur = len(ns.order) - 1
+}
+
+// failed moves the target past addr after a failed attempt there. It does nothing if
+// another goroutine has already moved on.
+func (ns *nodes) failed(addr string) {
+	ns.mu.Lock()
+	defer ns.mu.Unlock()
+	if ns.order[ns.cur] == addr {
+		ns.cur = (ns.cur + 1) % len(ns.order)
+	}
+}
+
+func (ns *nodes) close() error {
+	ns.mu.Lock()
+	defer ns.mu.Unlock()
+	ns.closed = true
+	var errs []error
+	for _, n := range ns.byAddr {
+		errs = append(errs, n.cc.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// delay returns the full-jitter backoff before retry number attempt (0-based):
+// uniform in [0, min(Max, Initial*Factor^attempt)].
+func (b BackoffConfig) delay(attempt int) time.Duration {
+	ceil := float64(b.Initial) * math.Pow(b.Factor, float64(attempt))
+	if ceil > float64(b.Max) || math.IsInf(ceil, 0) || math.IsNaN(ceil) {
+		ceil = float64(b.Max)
+	}
+	if ceil <= 0 {
+		return 0
+	}
+	return time.Duration(rand.Int64N(int64(ceil) + 1))
+}
+
+// retryable reports whether a failed attempt may be repeated: the cluster gave no answer
+// (or answered "not now"). Retrying an admission is safe because it keeps its request ID.
+func retryable(code codes.Code) bool {
+	switch code {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Aborted, codes.Canceled, codes.ResourceExhausted:
+		return true
+	}
+	return false
+}
+
+// rpcFunc performs one attempt of an RPC against qc.
+type rpcFunc func(ctx context.Context, qc quotadv1.QuotaClient, opts ...grpc.CallOption) error
+
+// invoke runs call with retries until it succeeds, fails permanently, or ctx ends.
+// extra lengthens each attempt's timeout (for admissions that may wait on the leader).
+func (c *Client) invoke(ctx context.Context, op string, extra time.Duration, call rpcFunc) error {
+	var lastErr error
+	for attempt := 0; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return c.unavailable(op, attempt, lastErr, err)
+		}
+		n, err := c.nodes.target()
+		if errors.Is(err, ErrClosed) {
+			return err
+		}
+		if err == nil {
+			err = c.attempt(ctx, n, extra, call)
+			if err == nil {
+				return nil
+			}
+			st, _ := status.FromError(err)
+			if ctx.Err() != nil {
+				return c.unavailable(op, attempt+1, err, ctx.Err())
+			}
+			if !retryable(st.Code()) {
+				return permanentError(op, st, err)
+			}
+			c.metrics.retries.Add(1)
+		}
+		lastErr = err
+		if !sleep(ctx, c.cfg.Backoff.delay(attempt)) {
+			return c.unavailable(op, attempt+1, lastErr, ctx.Err())
+		}
+	}
+}
+
+// attempt performs one try against n and updates the leader from the response metadata.
+func (c *Client) attempt(ctx context.Context, n *node, extra time.Duration, call rpcFunc) error {
+	actx, cancel := context.WithTimeout(ctx, c.cfg.AttemptTimeout+extra)
+	defer cancel()
+	var hdr, trl metadata.MD
+	err := call(actx, n.qc, grpc.Header(&hdr), grpc.Trailer(&trl))
+	leader := firstValue(hdr, trl)
+	if leader != "" && leader != n.addr {
+		c.nodes.follow(leader)
+	} else if err != nil {
+		c.nodes.failed(n.addr)
+	}
+	return err
+}
+
+func firstValue(mds ...metadata.MD) string {
+	for _, md := range mds {
+		if v := md.Get(leaderHeader); len(v) > 0 && v[0] != "" {
+			return v[0]
+		}
+	}
+	return ""
+}
+
+func (c *Client) unavailable(op string, attempts int, last, ctxErr error) error {
+	if last == nil {
+		return fmt.Errorf("%w: %s: no decision after %d attempts: %w", ErrUnavailable, op, attempts, ctxErr)
+	}
+	return fmt.Errorf("%w: %s: no decision after %d attempts (last error: %v): %w", ErrUnavailable, op, attempts, last, ctxErr)
+}
+
+func permanentError(op string, st *status.Status, err error) error {
+	switch st.Code() {
+	case codes.InvalidArgument:
+		return fmt.Errorf("%w: %s: %s", ErrInvalid, op, st.Message())
+	}
+	return fmt.Errorf("quotad: %s: %w", op, err)
+}
+
+// sleep waits d or until ctx ends; it reports whether the full d elapsed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

@@ -1,0 +1,149 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// ErrLeaseReleased is what Lease.Err returns after Release.
+var ErrLeaseReleased = errors.New("quotad: lease released")
+
+// Lease holds the concurrency permits of an admitted request (when its path has a
+// concurrency limit) and renews them in the background every third of their TTL until
+// Release. A renewal that the cluster refuses (the lease expired) or that cannot reach the
+// cluster within the TTL ends the lease: Done is closed and Err returns ErrLeaseLost. A
+// Lease is safe for concurrent use; its zero value is not usable.
+type Lease struct {
+	c   *Client
+	d   Decision
+	ttl time.Duration // requested TTL for renewals (0: the limit's)
+
+	ctx       context.Context // canceled by Release: stops renewals, including one in flight
+	stopRenew context.CancelFunc
+	done      chan struct{}
+	mu        sync.Mutex
+	err       error
+	release   sync.Once
+	relErr    error
+}
+
+func (c *Client) newLease(d Decision, ttl time.Duration) *Lease {
+	l := &Lease{c: c, d: d, ttl: ttl, done: make(chan struct{})}
+	if d.LeaseID == 0 {
+		return l
+	}
+	l.ctx, l.stopRenew = context.WithCancel(c.baseCtx)
+	c.leasesMu.Lock()
+	c.leases[l] = struct{}{}
+	c.leasesMu.Unlock()
+	go l.renew()
+	return l
+}
+
+// Decision returns the admission decision the lease came from.
+func (l *Lease) Decision() Decision { return l.d }
+
+// ID returns the cluster's lease ID, 0 when the path had no concurrency limit.
+func (l *Lease) ID() uint64 { return l.d.LeaseID }
+
+// Done is closed when the lease ends: released, or lost.
+func (l *Lease) Done() <-chan struct{} { return l.done }
+
+// Err is nil while the lease is held, ErrLeaseReleased after Release, and an error matching
+// ErrLeaseLost if the lease ended on its own.
+func (l *Lease) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+// end records why the lease ended, once.
+func (l *Lease) end(err error) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		return false
+	}
+	l.err = err
+	close(l.done)
+	l.c.leasesMu.Lock()
+	delete(l.c.leases, l)
+	l.c.leasesMu.Unlock()
+	return true
+}
+
+// Release returns the permits and stops renewals. Only the first call does anything; later
+// calls return its result. Releasing a lease the cluster already dropped is not an error. If
+// Release fails (ErrUnavailable), the permits come back by themselves after their TTL.
+func (l *Lease) Release(ctx context.Context) error {
+	l.release.Do(func() {
+		if l.stopRenew != nil {
+			l.stopRenew()
+		}
+		lost := !l.end(ErrLeaseReleased)
+		if l.d.LeaseID == 0 || lost {
+			return
+		}
+		_, l.relErr = l.c.ReleaseLease(ctx, l.d.LeaseID)
+	})
+	return l.relErr
+}
+
+func (l *Lease) renew() {
+	ttl := l.d.LeaseTTL
+	if ttl <= 0 {
+		ttl = l.ttl
+	}
+	if ttl <= 0 {
+		ttl = 10 * time.Second
+	}
+	// expires is a conservative local bound: the lease's TTL counted from when the
+	// admission's answer arrived (the cluster started counting earlier, not later).
+	expires := l.d.At.Add(ttl)
+	for {
+		interval := max(ttl/3, minLeaseRenewInterval)
+		t := time.NewTimer(interval)
+		select {
+		case <-l.ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		sent := time.Now()
+		ctx, cancel := context.WithDeadline(l.ctx, expires)
+		req := &quotadv1.RenewRequest{LeaseId: l.d.LeaseID, LeaseTtlMs: durationMillisCeil(l.ttl)}
+		var resp *quotadv1.RenewResponse
+		err := l.c.invoke(ctx, "Renew", 0, func(ctx context.Context, qc quotadv1.QuotaClient, opts ...grpc.CallOption) error {
+			var err error
+			resp, err = qc.Renew(ctx, req, opts...)
+			return err
+		})
+		cancel()
+		if l.ctx.Err() != nil {
+			return // released or client closed
+		}
+		switch {
+		case err == nil:
+			if got := time.Duration(resp.GetLeaseTtlMs()) * time.Millisecond; got > 0 {
+				ttl = got
+			}
+			expires = sent.Add(ttl)
+		case status.Code(err) == codes.NotFound:
+			l.end(fmt.Errorf("%w: lease %d expired on the cluster: %w", ErrLeaseLost, l.d.LeaseID, err))
+			return
+		case !time.Now().Before(expires):
+			l.end(fmt.Errorf("%w: lease %d could not be renewed within its TTL %v: %w", ErrLeaseLost, l.d.LeaseID, ttl, err))
+			return
+		default:
+			// Some other refusal; keep trying until the TTL runs out.
+		}
+	}
+}

@@ -1,0 +1,278 @@
+package cluster
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// Clock is the node's time source. It is one method so that tests and the chaos build can skew,
+// jump or speed up a single node's clock. The node only ever subtracts two readings of it
+// (Time.Sub), so a Clock that returns times carrying Go's monotonic reading (as time.Now does)
+// makes the leader's timestamps immune to wall-clock steps. Implementations must be safe for
+// concurrent use.
+type Clock interface {
+	Now() time.Time
+}
+
+// SystemClock is the Clock backed by time.Now (monotonic).
+type SystemClock struct{}
+
+// Now returns time.Now().
+func (SystemClock) Now() time.Time { return time.Now() }
+
+// Config configures one Node. Obtain one from DefaultConfig and set at least ID, DataDir,
+// RaftAddr and GossipAddr. No field is reloadable: a Node copies its Config at NewNode.
+type Config struct {
+	// ID is this node's Raft server ID and memberlist node name. It must be unique in the
+	// cluster and stable across restarts: the data directory belongs to it. A node may come
+	// back with the same ID on new addresses; the leader then updates its Raft address.
+	ID string
+
+	// DataDir holds the Raft log and stable store (raft.db, a BoltDB file fsynced on every
+	// write) and the snapshots directory. Created if missing.
+	DataDir string
+
+	// RaftAddr is the host:port the Raft TCP transport listens on and advertises to peers.
+	// It must be an address peers can dial (not 0.0.0.0). Port 0 picks a free port; read
+	// the actual one from Node.RaftAddr.
+	RaftAddr string
+
+	// GossipAddr is the host:port memberlist binds (TCP and UDP) and advertises. Port 0
+	// picks a free port; read the actual one from Node.GossipAddr.
+	GossipAddr string
+
+	// GRPCAddr and HTTPAddr are only advertised to other nodes through gossip, so that any
+	// node can tell clients where the leader's API is. Either may be empty.
+	GRPCAddr string
+	HTTPAddr string
+
+	// BootstrapExpect is the number of nodes that form a brand-new cluster. A node without
+	// Raft state that sees exactly this many gossip members, none of which has Raft state,
+	// bootstraps Raft with all of them as voters (sorted by ID, so every one of them
+	// computes the same configuration). Start exactly that many nodes with the same value.
+	// 0 means never bootstrap: the node waits to be added by an existing cluster's leader.
+	// Ignored when the node already has Raft state.
+	BootstrapExpect int
+
+	// Join lists gossip addresses (host:port) of other nodes. The node joins them at start
+	// and retries with backoff (JoinRetryMin doubling to JoinRetryMax) until one answers or
+	// the node shuts down. Empty for the first node of a cluster.
+	Join []string
+
+	// JoinRetryMin and JoinRetryMax bound the backoff between join attempts.
+	JoinRetryMin time.Duration
+	JoinRetryMax time.Duration
+
+	// MinVoters is the number of voters the leader never goes below when it removes dead
+	// nodes. With MinVoters 3, a 3-voter cluster keeps a dead voter in its configuration
+	// (and needs the other two for quorum) until it comes back or an operator removes it.
+	MinVoters int
+
+	// DeadNodeTimeout is how long gossip must report a node dead or left before the leader
+	// removes it from the Raft configuration (subject to MinVoters). A removed node that
+	// comes back is re-added as a non-voter and promoted again.
+	DeadNodeTimeout time.Duration
+
+	// ReconcileInterval is how often the leader compares gossip membership with the Raft
+	// configuration (add, promote, re-address, remove). Gossip events also trigger it.
+	ReconcileInterval time.Duration
+
+	// PromoteMaxLag and PromoteStableFor decide when a non-voter is caught up: its applied
+	// index (advertised through gossip) must be within PromoteMaxLag entries of the leader's
+	// applied index one reconcile round earlier, continuously for PromoteStableFor.
+	PromoteMaxLag    uint64
+	PromoteStableFor time.Duration
+
+	// MetaInterval is how often a node re-advertises its applied index through gossip when
+	// it changed. Members().AppliedIndex of other nodes is at most about this stale.
+	MetaInterval time.Duration
+
+	// TickInterval: while leader, if no entry was applied for this long, the node applies a
+	// tick entry (FSM.EncodeTick(Now())) so FSM time advances, leases expire and buckets
+	// refill without client traffic.
+	TickInterval time.Duration
+
+	// HeartbeatTimeout, ElectionTimeout, LeaderLeaseTimeout and CommitTimeout are passed to
+	// hashicorp/raft (see raft.Config). A follower that hears nothing from the leader for a
+	// random time in [HeartbeatTimeout, 2*HeartbeatTimeout] starts an election, so failover
+	// after a crash takes about that long. LeaderLeaseTimeout must be <= HeartbeatTimeout and
+	// ElectionTimeout >= HeartbeatTimeout. DefaultConfig explains the chosen values.
+	HeartbeatTimeout   time.Duration
+	ElectionTimeout    time.Duration
+	LeaderLeaseTimeout time.Duration
+	CommitTimeout      time.Duration
+
+	// MaxAppendEntries caps entries per AppendEntries RPC and per FSM.ApplyBatch call
+	// (raft allows at most 1024).
+	MaxAppendEntries int
+
+	// LogCacheSize is the number of recent log entries kept in memory in front of BoltDB.
+	// It should be at least MaxAppendEntries so that replication reads hit the cache.
+	LogCacheSize int
+
+	// SnapshotInterval, SnapshotThreshold and TrailingLogs are passed to raft: every
+	// SnapshotInterval (randomized) raft snapshots if at least SnapshotThreshold entries were
+	// written since the last snapshot, and keeps TrailingLogs entries after it so that a
+	// slightly lagging follower can catch up from the log instead of a snapshot.
+	SnapshotInterval  time.Duration
+	SnapshotThreshold uint64
+	TrailingLogs      uint64
+
+	// SnapshotRetain is the number of snapshots kept on disk.
+	SnapshotRetain int
+
+	// GossipSecretKey, if set, encrypts gossip (AES, 16, 24 or 32 bytes). All nodes must use
+	// the same key.
+	GossipSecretKey []byte
+
+	// Clock is the node's time source; nil means SystemClock.
+	Clock Clock
+
+	// Logger receives the node's logs; nil means slog.Default(). Raft's and memberlist's own
+	// logs are routed to it at LibraryLogLevel and above.
+	Logger *slog.Logger
+
+	// LibraryLogLevel filters hashicorp/raft and memberlist logs (they are chatty at INFO).
+	LibraryLogLevel slog.Level
+}
+
+// DefaultConfig returns a Config that works on a LAN or loopback, without ID, DataDir and
+// addresses.
+//
+// Timeouts: HeartbeatTimeout 1s / ElectionTimeout 1s / LeaderLeaseTimeout 500ms. Followers
+// start an election after 1–2 s without a heartbeat (raft randomizes in [T, 2T]) and the
+// election itself takes a few milliseconds on a LAN, so a crashed leader is replaced in
+// about 1–2 s. The leader heartbeats every HeartbeatTimeout/10 = 100 ms on a path that does
+// not wait for fsync, so a spurious election needs a follower to hear nothing for a whole
+// second; on a loaded 2-core machine (GC, fsync stalls, -race) that does not happen, while
+// 500 ms did produce occasional elections there. LeaderLeaseTimeout 500 ms makes a leader
+// cut off from its quorum step down (and stop stamping time) well before a new one can be
+// elected.
+func DefaultConfig() Config {
+	return Config{
+		BootstrapExpect:    0,
+		JoinRetryMin:       100 * time.Millisecond,
+		JoinRetryMax:       5 * time.Second,
+		MinVoters:          3,
+		DeadNodeTimeout:    60 * time.Second,
+		ReconcileInterval:  time.Second,
+		PromoteMaxLag:      512,
+		PromoteStableFor:   2 * time.Second,
+		MetaInterval:       500 * time.Millisecond,
+		TickInterval:       500 * time.Millisecond,
+		HeartbeatTimeout:   1000 * time.Millisecond,
+		ElectionTimeout:    1000 * time.Millisecond,
+		LeaderLeaseTimeout: 500 * time.Millisecond,
+		CommitTimeout:      50 * time.Millisecond,
+		MaxAppendEntries:   512,
+		LogCacheSize:       1024,
+		SnapshotInterval:   30 * time.Second,
+		SnapshotThreshold:  16384,
+		TrailingLogs:       10240,
+		SnapshotRetain:     2,
+		LibraryLogLevel:    slog.LevelWarn,
+	}
+}
+
+// Validate reports the first problem with c, quoting the offending value.
+func (c *Config) Validate() error {
+	if c.ID == "" {
+		return fmt.Errorf("cluster: ID is empty: every node needs a unique, stable ID")
+	}
+	if len(c.ID) > 128 {
+		return fmt.Errorf("cluster: ID %q is %d bytes; at most 128 allowed", c.ID, len(c.ID))
+	}
+	if c.DataDir == "" {
+		return fmt.Errorf("cluster: DataDir is empty")
+	}
+	for _, a := range []struct{ name, addr string }{{"RaftAddr", c.RaftAddr}, {"GossipAddr", c.GossipAddr}} {
+		if err := validateHostPort(a.name, a.addr, false); err != nil {
+			return err
+		}
+	}
+	for _, a := range []struct{ name, addr string }{{"GRPCAddr", c.GRPCAddr}, {"HTTPAddr", c.HTTPAddr}} {
+		if err := validateHostPort(a.name, a.addr, true); err != nil {
+			return err
+		}
+	}
+	for i, j := range c.Join {
+		if err := validateHostPort(fmt.Sprintf("Join[%d]", i), j, false); err != nil {
+			return err
+		}
+	}
+	if c.BootstrapExpect < 0 {
+		return fmt.Errorf("cluster: BootstrapExpect %d is negative", c.BootstrapExpect)
+	}
+	if c.MinVoters < 1 {
+		return fmt.Errorf("cluster: MinVoters %d must be at least 1", c.MinVoters)
+	}
+	positive := []struct {
+		name string
+		d    time.Duration
+	}{
+		{"JoinRetryMin", c.JoinRetryMin}, {"JoinRetryMax", c.JoinRetryMax},
+		{"DeadNodeTimeout", c.DeadNodeTimeout}, {"ReconcileInterval", c.ReconcileInterval},
+		{"PromoteStableFor", c.PromoteStableFor}, {"MetaInterval", c.MetaInterval},
+		{"TickInterval", c.TickInterval}, {"HeartbeatTimeout", c.HeartbeatTimeout},
+		{"ElectionTimeout", c.ElectionTimeout}, {"LeaderLeaseTimeout", c.LeaderLeaseTimeout},
+		{"CommitTimeout", c.CommitTimeout}, {"SnapshotInterval", c.SnapshotInterval},
+	}
+	for _, p := range positive {
+		if p.d <= 0 {
+			return fmt.Errorf("cluster: %s %s must be positive", p.name, p.d)
+		}
+	}
+	if c.JoinRetryMax < c.JoinRetryMin {
+		return fmt.Errorf("cluster: JoinRetryMax %s is below JoinRetryMin %s", c.JoinRetryMax, c.JoinRetryMin)
+	}
+	if c.HeartbeatTimeout < 5*time.Millisecond {
+		return fmt.Errorf("cluster: HeartbeatTimeout %s is below 5ms", c.HeartbeatTimeout)
+	}
+	if c.ElectionTimeout < c.HeartbeatTimeout {
+		return fmt.Errorf("cluster: ElectionTimeout %s must be >= HeartbeatTimeout %s", c.ElectionTimeout, c.HeartbeatTimeout)
+	}
+	if c.LeaderLeaseTimeout > c.HeartbeatTimeout {
+		return fmt.Errorf("cluster: LeaderLeaseTimeout %s must be <= HeartbeatTimeout %s", c.LeaderLeaseTimeout, c.HeartbeatTimeout)
+	}
+	if c.MaxAppendEntries < 1 || c.MaxAppendEntries > 1024 {
+		return fmt.Errorf("cluster: MaxAppendEntries %d must be in [1, 1024]", c.MaxAppendEntries)
+	}
+	if c.LogCacheSize < 1 {
+		return fmt.Errorf("cluster: LogCacheSize %d must be positive", c.LogCacheSize)
+	}
+	if c.SnapshotRetain < 1 {
+		return fmt.Errorf("cluster: SnapshotRetain %d must be at least 1", c.SnapshotRetain)
+	}
+	if k := len(c.GossipSecretKey); k != 0 && k != 16 && k != 24 && k != 32 {
+		return fmt.Errorf("cluster: GossipSecretKey is %d bytes; it must be 16, 24 or 32", k)
+	}
+	if n := len(c.ID) + len(c.RaftAddr) + len(c.GRPCAddr) + len(c.HTTPAddr); n > memberlist.MetaMaxSize-96 {
+		return fmt.Errorf("cluster: ID and addresses take %d bytes; gossip metadata allows %d", n, memberlist.MetaMaxSize-96)
+	}
+	return nil
+}
+
+func validateHostPort(name, addr string, optional bool) error {
+	if addr == "" {
+		if optional {
+			return nil
+		}
+		return fmt.Errorf("cluster: %s is empty; want host:port", name)
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("cluster: %s %q is not host:port: %v", name, addr, err)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
+		return fmt.Errorf("cluster: %s %q has an invalid port %q", name, addr, port)
+	}
+	if host == "" && !optional {
+		return fmt.Errorf("cluster: %s %q has no host; peers must be able to dial it", name, addr)
+	}
+	return nil
+}

@@ -1,0 +1,148 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log"
+	"log/slog"
+	"strings"
+
+	"github.com/hashicorp/go-hclog"
+)
+
+// hclogAdapter routes hashicorp/raft's hclog output to slog. Only what raft uses is
+// implemented faithfully; everything is filtered at min.
+type hclogAdapter struct {
+	l    *slog.Logger
+	name string
+	min  slog.Level
+	args []any
+}
+
+func newHCLog(l *slog.Logger, name string, min slog.Level) hclog.Logger {
+	return &hclogAdapter{l: l, name: name, min: min}
+}
+
+func toSlogLevel(level hclog.Level) slog.Level {
+	switch level {
+	case hclog.Trace:
+		return slog.LevelDebug - 4
+	case hclog.Debug:
+		return slog.LevelDebug
+	case hclog.Info, hclog.NoLevel, hclog.DefaultLevel:
+		return slog.LevelInfo
+	case hclog.Warn:
+		return slog.LevelWarn
+	default:
+		return slog.LevelError
+	}
+}
+
+func (h *hclogAdapter) enabled(lv slog.Level) bool {
+	return lv >= h.min && h.l.Enabled(context.Background(), lv)
+}
+
+func (h *hclogAdapter) Log(level hclog.Level, msg string, args ...any) {
+	lv := toSlogLevel(level)
+	if !h.enabled(lv) {
+		return
+	}
+	all := make([]any, 0, len(h.args)+len(args)+2)
+	all = append(all, "component", h.name)
+	all = append(all, h.args...)
+	all = append(all, args...)
+	h.l.Log(context.Background(), lv, msg, all...)
+}
+
+func (h *hclogAdapter) Trace(msg string, args ...any) { h.Log(hclog.Trace, msg, args...) }
+func (h *hclogAdapter) Debug(msg string, args ...any) { h.Log(hclog.Debug, msg, args...) }
+func (h *hclogAdapter) Info(msg string, args ...any)  { h.Log(hclog.Info, msg, args...) }
+func (h *hclogAdapter) Warn(msg string, args ...any)  { h.Log(hclog.Warn, msg, args...) }
+func (h *hclogAdapter) Error(msg string, args ...any) { h.Log(hclog.Error, msg, args...) }
+func (h *hclogAdapter) IsTrace() bool                 { return h.enabled(toSlogLevel(hclog.Trace)) }
+func (h *hclogAdapter) IsDebug() bool                 { return h.enabled(slog.LevelDebug) }
+func (h *hclogAdapter) IsInfo() bool                  { return h.enabled(slog.LevelInfo) }
+func (h *hclogAdapter) IsWarn() bool                  { return h.enabled(slog.LevelWarn) }
+func (h *hclogAdapter) IsError() bool                 { return h.enabled(slog.LevelError) }
+func (h *hclogAdapter) ImpliedArgs() []any            { return h.args }
+func (h *hclogAdapter) Name() string                  { return h.name }
+func (h *hclogAdapter) SetLevel(hclog.Level)          {}
+func (h *hclogAdapter) GetLevel() hclog.Level {
+	switch {
+	case h.min <= slog.LevelDebug:
+		return hclog.Debug
+	case h.min <= slog.LevelInfo:
+		return hclog.Info
+	case h.min <= slog.LevelWarn:
+		return hclog.Warn
+	}
+	return hclog.Error
+}
+
+func (h *hclogAdapter) With(args ...any) hclog.Logger {
+	c := *h
+	c.args = append(append([]any(nil), h.args...), args...)
+	return &c
+}
+
+func (h *hclogAdapter) Named(name string) hclog.Logger {
+	c := *h
+	if c.name != "" {
+		name = c.name + "." + name
+	}
+	c.name = name
+	return &c
+}
+
+func (h *hclogAdapter) ResetNamed(name string) hclog.Logger {
+	c := *h
+	c.name = name
+	return &c
+}
+
+func (h *hclogAdapter) StandardLogger(*hclog.StandardLoggerOptions) *log.Logger {
+	return log.New(h.StandardWriter(nil), "", 0)
+}
+
+func (h *hclogAdapter) StandardWriter(*hclog.StandardLoggerOptions) io.Writer {
+	return &stdLogWriter{l: h.l, name: h.name, min: h.min}
+}
+
+// stdLogWriter turns standard-library log lines of the form "[LEVEL] prefix: msg" (what
+// memberlist writes) into slog records.
+type stdLogWriter struct {
+	l    *slog.Logger
+	name string
+	min  slog.Level
+}
+
+func newStdLogger(l *slog.Logger, name string, min slog.Level) *log.Logger {
+	return log.New(&stdLogWriter{l: l, name: name, min: min}, "", 0)
+}
+
+func (w *stdLogWriter) Write(p []byte) (int, error) {
+	line := string(bytes.TrimRight(p, "\r\n"))
+	lv := slog.LevelInfo
+	if i := strings.IndexByte(line, '['); i >= 0 {
+		if j := strings.IndexByte(line[i:], ']'); j > 0 {
+			switch line[i+1 : i+j] {
+			case "TRACE":
+				lv = slog.LevelDebug - 4
+			case "DEBUG":
+				lv = slog.LevelDebug
+			case "INFO":
+				lv = slog.LevelInfo
+			case "WARN", "WARNING":
+				lv = slog.LevelWarn
+			case "ERR", "ERROR":
+				lv = slog.LevelError
+			}
+			line = strings.TrimSpace(line[i+j+1:])
+		}
+	}
+	if lv >= w.min && w.l.Enabled(context.Background(), lv) {
+		w.l.Log(context.Background(), lv, line, "component", w.name)
+	}
+	return len(p), nil
+}

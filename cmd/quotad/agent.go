@@ -1,0 +1,84 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/quotad/quotad/cluster"
+	"github.com/quotad/quotad/rpc"
+)
+
+func agentCmd() *cobra.Command {
+	cc := cluster.DefaultConfig()
+	var (
+		join      string
+		limits    string
+		logLevel  string
+		logFormat string
+	)
+	cmd := &cobra.Command{
+		Use:   "agent",
+		Short: "Run a quotad server node",
+		Long: `Run one quotad server. Start --bootstrap-expect N nodes that --join each other's gossip
+addresses to form a new cluster; a node started later with --join is added as a non-voter and
+promoted once caught up. A node restarted with its --data-dir resumes where it stopped.`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			level := new(slog.LevelVar)
+			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
+				return fmt.Errorf("--log-level %q: use debug, info, warn or error", logLevel)
+			}
+			opts := &slog.HandlerOptions{Level: level}
+			var h slog.Handler = slog.NewTextHandler(os.Stderr, opts)
+			if logFormat == "json" {
+				h = slog.NewJSONHandler(os.Stderr, opts)
+			}
+			cc.Logger = slog.New(h).With("node", cc.ID)
+			cc.Join = splitList(join)
+			cc.Clock = nodeClock()
+			if err := cc.Validate(); err != nil {
+				return err
+			}
+			agent, err := rpc.StartAgent(rpc.AgentConfig{Cluster: cc, LimitsFile: limits})
+			if err != nil {
+				return err
+			}
+			cc.Logger.Info("quotad agent started", "grpc", agent.GRPCAddr(), "http", agent.HTTPAddr(), "raft", cc.RaftAddr, "gossip", cc.GossipAddr)
+			sig := make(chan os.Signal, 1)
+			signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+			s := <-sig
+			cc.Logger.Info("shutting down", "signal", s.String())
+			return agent.Stop()
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cc.ID, "id", "", "unique, stable node ID (required)")
+	f.StringVar(&cc.DataDir, "data-dir", "", "directory for the Raft log and snapshots (required)")
+	f.StringVar(&cc.GRPCAddr, "grpc-addr", "127.0.0.1:7101", "gRPC API listen address")
+	f.StringVar(&cc.RaftAddr, "raft-addr", "127.0.0.1:7201", "Raft transport address (advertised to peers)")
+	f.StringVar(&cc.GossipAddr, "gossip-addr", "127.0.0.1:7301", "gossip (memberlist) address")
+	f.StringVar(&cc.HTTPAddr, "http-addr", "127.0.0.1:7401", "HTTP address for /metrics, /debug/pprof, /debug/state (empty: off)")
+	f.IntVar(&cc.BootstrapExpect, "bootstrap-expect", 0, "number of nodes that form a new cluster (0: join an existing one)")
+	f.StringVar(&join, "join", "", "comma-separated gossip addresses of other nodes")
+	f.StringVar(&limits, "limits", "", "limits YAML applied if the cluster has none yet")
+	f.IntVar(&cc.MinVoters, "min-voters", cc.MinVoters, "dead-node cleanup never leaves fewer voters than this")
+	f.DurationVar(&cc.DeadNodeTimeout, "dead-node-timeout", cc.DeadNodeTimeout, "how long a node must be dead before the leader removes it")
+	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&logFormat, "log-format", "text", "text or json")
+	return cmd
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}

@@ -1,0 +1,279 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+)
+
+// call runs fn against each address in turn until one gives an answer that is not
+// "unavailable" (fn must be idempotent: acquire reuses one request ID for every try).
+func call(ctx context.Context, addrs string, fn func(ctx context.Context, conn *grpc.ClientConn) error) error {
+	list := splitList(addrs)
+	if len(list) == 0 {
+		return fmt.Errorf("--addr is empty: give one or more node gRPC addresses, e.g. 127.0.0.1:7101,127.0.0.1:7102")
+	}
+	var last error
+	for attempt := 0; ; attempt++ {
+		for _, a := range list {
+			conn, err := grpc.NewClient(a, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				return fmt.Errorf("--addr %q: %w", a, err)
+			}
+			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			err = fn(cctx, conn)
+			cancel()
+			conn.Close()
+			if err == nil {
+				return nil
+			}
+			code := status.Code(err)
+			if code != codes.Unavailable && code != codes.DeadlineExceeded {
+				return err
+			}
+			last = fmt.Errorf("%s: %w", a, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("no node answered in time: %w", last)
+		case <-time.After(time.Duration(100*(attempt+1)) * time.Millisecond):
+		}
+	}
+}
+
+func randomID() (string, uint64) {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return "cli-" + hex.EncodeToString(b[:8]), binary.LittleEndian.Uint64(b[8:]) | 1
+}
+
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func acquireCmd() *cobra.Command {
+	var (
+		addr, domain string
+		descs        []string
+		cost         uint64
+		leaseTTL     time.Duration
+		asJSON       bool
+		timeout      time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "acquire",
+		Short: "Ask for quota once: exit 0 if admitted, 3 if denied",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			adm := &quotadv1.Admission{Domain: domain, Cost: cost, LeaseTtlMs: leaseTTL.Milliseconds(), Attempt: 1}
+			for _, d := range descs {
+				k, v, ok := strings.Cut(d, "=")
+				if !ok || k == "" {
+					return fmt.Errorf("--descriptor %q: use key=value, e.g. --descriptor tenant=acme", d)
+				}
+				adm.Descriptors = append(adm.Descriptors, &quotadv1.Entry{Key: k, Value: v})
+			}
+			clientID, reqID := randomID()
+			adm.RequestId = reqID
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			var d *quotadv1.Decision
+			err := call(ctx, addr, func(ctx context.Context, conn *grpc.ClientConn) error {
+				resp, err := quotadv1.NewQuotaClient(conn).Acquire(ctx, &quotadv1.AcquireRequest{ClientId: clientID, Admissions: []*quotadv1.Admission{adm}})
+				if err == nil {
+					d = resp.Decisions[0]
+				}
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				err = printJSON(map[string]any{
+					"admitted": d.Admitted, "reason": d.Reason, "scope": d.Scope, "limit": d.Limit,
+					"remaining": d.Remaining, "reset_after_ms": d.ResetAfterMs, "retry_after_ms": d.RetryAfterMs,
+					"lease_id": d.LeaseId,
+				})
+			} else {
+				verdict := "denied"
+				if d.Admitted {
+					verdict = "admitted"
+				}
+				fmt.Printf("%s  reason=%s scope=%s limit=%d remaining=%d reset_after=%dms retry_after=%dms", verdict, d.Reason, d.Scope, d.Limit, d.Remaining, d.ResetAfterMs, d.RetryAfterMs)
+				if d.LeaseId != 0 {
+					fmt.Printf(" lease_id=%d", d.LeaseId)
+				}
+				if d.Message != "" {
+					fmt.Printf("\n  %s", d.Message)
+				}
+				fmt.Println()
+			}
+			if err != nil {
+				return err
+			}
+			if !d.Admitted {
+				return exitError{code: 3}
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&addr, "addr", "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103", "comma-separated node gRPC addresses (any nodes)")
+	f.StringVar(&domain, "domain", "", "limits domain (required)")
+	f.StringArrayVar(&descs, "descriptor", nil, "descriptor entry key=value, outermost first (repeatable)")
+	f.Uint64Var(&cost, "cost", 1, "units to spend")
+	f.DurationVar(&leaseTTL, "lease-ttl", 0, "TTL of concurrency permits (0: the limit's configured TTL)")
+	f.BoolVar(&asJSON, "json", false, "print the decision as JSON")
+	f.DurationVar(&timeout, "timeout", 10*time.Second, "give up after this long")
+	return cmd
+}
+
+func releaseCmd() *cobra.Command {
+	var (
+		addr    string
+		leaseID uint64
+	)
+	cmd := &cobra.Command{
+		Use:   "release",
+		Short: "Release a concurrency lease",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
+			defer cancel()
+			return call(ctx, addr, func(ctx context.Context, conn *grpc.ClientConn) error {
+				resp, err := quotadv1.NewQuotaClient(conn).Release(ctx, &quotadv1.ReleaseRequest{LeaseId: leaseID})
+				if err == nil {
+					fmt.Printf("released=%v\n", resp.Released)
+				}
+				return err
+			})
+		},
+	}
+	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103", "comma-separated node gRPC addresses")
+	cmd.Flags().Uint64Var(&leaseID, "lease-id", 0, "lease ID from an admitted acquire")
+	return cmd
+}
+
+func limitsCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "limits", Short: "Read or change the cluster's limits"}
+	var addr, file string
+	apply := &cobra.Command{
+		Use:   "apply",
+		Short: "Validate a limits file and replicate it (takes effect on the next acquire)",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			data, err := os.ReadFile(file)
+			if err != nil {
+				return fmt.Errorf("-f %q: %w", file, err)
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), 15*time.Second)
+			defer cancel()
+			return call(ctx, addr, func(ctx context.Context, conn *grpc.ClientConn) error {
+				resp, err := quotadv1.NewAdminClient(conn).ApplyLimits(ctx, &quotadv1.ApplyLimitsRequest{Yaml: string(data), FileName: file})
+				if err != nil {
+					if status.Code(err) == codes.InvalidArgument {
+						return fmt.Errorf("%s", status.Convert(err).Message())
+					}
+					return err
+				}
+				fmt.Printf("applied limits version %d (domains: %s)\n", resp.Version, strings.Join(resp.Domains, ", "))
+				return nil
+			})
+		},
+	}
+	apply.Flags().StringVarP(&file, "file", "f", "", "limits YAML file")
+	get := &cobra.Command{
+		Use:   "get",
+		Short: "Print the limits in force as YAML",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
+			defer cancel()
+			return call(ctx, addr, func(ctx context.Context, conn *grpc.ClientConn) error {
+				resp, err := quotadv1.NewAdminClient(conn).GetLimits(ctx, &quotadv1.GetLimitsRequest{})
+				if err == nil {
+					fmt.Printf("# version %d\n%s", resp.Version, resp.Yaml)
+				}
+				return err
+			})
+		},
+	}
+	cmd.PersistentFlags().StringVar(&addr, "addr", "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103", "comma-separated node gRPC addresses")
+	cmd.AddCommand(apply, get)
+	return cmd
+}
+
+func statusCmd() *cobra.Command {
+	var (
+		addr   string
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show the cluster's leader and members",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
+			defer cancel()
+			var resp *quotadv1.MembersResponse
+			err := call(ctx, addr, func(ctx context.Context, conn *grpc.ClientConn) error {
+				var err error
+				resp, err = quotadv1.NewAdminClient(conn).Members(ctx, &quotadv1.MembersRequest{})
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			type member struct {
+				ID           string `json:"id"`
+				GRPCAddr     string `json:"grpc_addr"`
+				RaftAddr     string `json:"raft_addr"`
+				Suffrage     string `json:"suffrage"`
+				State        string `json:"state"`
+				AppliedIndex uint64 `json:"applied_index"`
+			}
+			out := struct {
+				Leader *struct {
+					ID       string `json:"id"`
+					GRPCAddr string `json:"grpc_addr"`
+				} `json:"leader"`
+				Members []member `json:"members"`
+			}{Members: []member{}}
+			if l := resp.Leader; l != nil {
+				out.Leader = &struct {
+					ID       string `json:"id"`
+					GRPCAddr string `json:"grpc_addr"`
+				}{l.Id, l.GrpcAddr}
+			}
+			for _, m := range resp.Members {
+				out.Members = append(out.Members, member{m.Id, m.GrpcAddr, m.RaftAddr, m.Suffrage, m.State, m.AppliedIndex})
+			}
+			if asJSON {
+				return printJSON(out)
+			}
+			if out.Leader != nil {
+				fmt.Printf("leader: %s (%s)\n", out.Leader.ID, out.Leader.GRPCAddr)
+			} else {
+				fmt.Println("leader: none")
+			}
+			for _, m := range out.Members {
+				fmt.Printf("  %-8s %-9s %-9s grpc=%s raft=%s applied=%d\n", m.ID, m.State, m.Suffrage, m.GRPCAddr, m.RaftAddr, m.AppliedIndex)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103", "comma-separated node gRPC addresses")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}

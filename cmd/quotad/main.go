@@ -1,0 +1,35 @@
+// Command quotad runs a quotad server (agent), a local development cluster (dev), and the
+// client commands operators use (acquire, release, limits, status). It only wires flags to the
+// packages that do the work.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+)
+
+// exitError carries a specific exit code (acquire exits 3 when denied).
+type exitError struct{ code int }
+
+func (e exitError) Error() string { return fmt.Sprintf("exit %d", e.code) }
+
+func main() {
+	root := &cobra.Command{
+		Use:           "quotad",
+		Short:         "quotad: a Raft-replicated quota cluster",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(agentCmd(), devCmd(), acquireCmd(), releaseCmd(), limitsCmd(), statusCmd())
+	if err := root.Execute(); err != nil {
+		var ee exitError
+		if errors.As(err, &ee) {
+			os.Exit(ee.code)
+		}
+		fmt.Fprintln(os.Stderr, "quotad:", err)
+		os.Exit(1)
+	}
+}

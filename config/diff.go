@@ -1,0 +1,217 @@
+package config
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/quotad/quotad/quota"
+)
+
+// Diff describes what changes from old to new, one line per change, for `quotad limits apply`
+// to show before it applies. Either side may be nil (no limits). Version is ignored.
+//
+// Lines start with "+" (added), "-" (removed) or "~" (changed) and name a level by its path,
+// domain/key=value/key (a key without "=" is a per-value level). Order is deterministic:
+// domains by name; within a domain its own settings, then levels depth-first, removed levels
+// (in old order) before added and changed ones (in new order). Reordering siblings is not a
+// change: levels are matched by key and value. An empty result means nothing changes.
+func Diff(old, new *quota.Limits) []string {
+	var oldD, newD []quota.Domain
+	if old != nil {
+		oldD = old.Domains
+	}
+	if new != nil {
+		newD = new.Domains
+	}
+	byName := func(ds []quota.Domain) map[string]*quota.Domain {
+		m := make(map[string]*quota.Domain, len(ds))
+		for i := range ds {
+			m[ds[i].Name] = &ds[i]
+		}
+		return m
+	}
+	om, nm := byName(oldD), byName(newD)
+	names := make([]string, 0, len(om)+len(nm))
+	for n := range om {
+		names = append(names, n)
+	}
+	for n := range nm {
+		if _, ok := om[n]; !ok {
+			names = append(names, n)
+		}
+	}
+	sort.Strings(names)
+
+	var out []string
+	for _, name := range names {
+		o, n := om[name], nm[name]
+		switch {
+		case o == nil:
+			out = append(out, fmt.Sprintf("+ domain %s%s", name, summarize(domainSettings(n), countLevels(n.Descriptors))))
+		case n == nil:
+			out = append(out, fmt.Sprintf("- domain %s", name))
+		default:
+			if a, b := describeRate(o.Rate), describeRate(n.Rate); a != b {
+				out = append(out, fmt.Sprintf("~ %s: ceiling %s -> %s", name, a, b))
+			}
+			if a, b := describeConcurrency(o.Concurrency), describeConcurrency(n.Concurrency); a != b {
+				out = append(out, fmt.Sprintf("~ %s: concurrency %s -> %s", name, a, b))
+			}
+			out = diffLevels(out, name, o.Descriptors, n.Descriptors)
+		}
+	}
+	return out
+}
+
+type levelID struct{ key, value string }
+
+func diffLevels(out []string, parent string, old, new []quota.Node) []string {
+	index := func(ns []quota.Node) map[levelID]*quota.Node {
+		m := make(map[levelID]*quota.Node, len(ns))
+		for i := range ns {
+			m[levelID{ns[i].Key, ns[i].Value}] = &ns[i]
+		}
+		return m
+	}
+	om, nm := index(old), index(new)
+	for i := range old {
+		o := &old[i]
+		if _, kept := nm[levelID{o.Key, o.Value}]; !kept {
+			out = removedLevels(out, parent, o)
+		}
+	}
+	for i := range new {
+		n := &new[i]
+		path := levelPath(parent, n)
+		o, existed := om[levelID{n.Key, n.Value}]
+		if !existed {
+			out = addedLevels(out, parent, n)
+			continue
+		}
+		changes := []struct{ what, a, b string }{
+			{"rate", describeRate(o.Rate), describeRate(n.Rate)},
+			{"concurrency", describeConcurrency(o.Concurrency), describeConcurrency(n.Concurrency)},
+			{"unlimited", strconv.FormatBool(o.Unlimited), strconv.FormatBool(n.Unlimited)},
+			{"shadow_mode", strconv.FormatBool(o.ShadowMode), strconv.FormatBool(n.ShadowMode)},
+			{"weight", describeWeight(o.Weight), describeWeight(n.Weight)},
+			{"name", strconv.Quote(o.Name), strconv.Quote(n.Name)},
+			{"replaces", describeNames(o.Replaces), describeNames(n.Replaces)},
+		}
+		for _, c := range changes {
+			if c.a != c.b {
+				out = append(out, fmt.Sprintf("~ %s: %s %s -> %s", path, c.what, c.a, c.b))
+			}
+		}
+		out = diffLevels(out, path, o.Children, n.Children)
+	}
+	return out
+}
+
+func addedLevels(out []string, parent string, n *quota.Node) []string {
+	path := levelPath(parent, n)
+	out = append(out, "+ "+path+summarize(levelSettings(n), 0))
+	for i := range n.Children {
+		out = addedLevels(out, path, &n.Children[i])
+	}
+	return out
+}
+
+func removedLevels(out []string, parent string, n *quota.Node) []string {
+	path := levelPath(parent, n)
+	out = append(out, "- "+path)
+	for i := range n.Children {
+		out = removedLevels(out, path, &n.Children[i])
+	}
+	return out
+}
+
+func levelPath(parent string, n *quota.Node) string {
+	if n.Value == "" {
+		return parent + "/" + n.Key
+	}
+	return parent + "/" + n.Key + "=" + n.Value
+}
+
+func summarize(settings []string, levels int) string {
+	if levels > 0 {
+		settings = append(settings, fmt.Sprintf("%d descriptor levels", levels))
+	}
+	if len(settings) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(settings, ", ") + ")"
+}
+
+func domainSettings(d *quota.Domain) []string {
+	var s []string
+	if d.Rate != nil {
+		s = append(s, "ceiling "+describeRate(d.Rate))
+	}
+	if d.Concurrency != nil {
+		s = append(s, "concurrency "+describeConcurrency(d.Concurrency))
+	}
+	return s
+}
+
+func levelSettings(n *quota.Node) []string {
+	var s []string
+	if n.Rate != nil {
+		s = append(s, "rate "+describeRate(n.Rate))
+	}
+	if n.Concurrency != nil {
+		s = append(s, "concurrency "+describeConcurrency(n.Concurrency))
+	}
+	if n.Unlimited {
+		s = append(s, "unlimited")
+	}
+	if n.ShadowMode {
+		s = append(s, "shadow_mode")
+	}
+	if n.Weight != 0 {
+		s = append(s, "weight "+describeWeight(n.Weight))
+	}
+	return s
+}
+
+func countLevels(ns []quota.Node) int {
+	c := len(ns)
+	for i := range ns {
+		c += countLevels(ns[i].Children)
+	}
+	return c
+}
+
+func describeRate(r *quota.Rate) string {
+	if r == nil {
+		return "none"
+	}
+	unit, mult := unitName(r.Unit)
+	per := unit
+	if mult > 1 {
+		per = fmt.Sprintf("%d %ss", mult, unit)
+	}
+	return fmt.Sprintf("%d/%s burst %d", r.RequestsPerUnit, per, r.Capacity())
+}
+
+func describeConcurrency(c *quota.Concurrency) string {
+	if c == nil {
+		return "none"
+	}
+	return fmt.Sprintf("%d in flight, lease %s", c.MaxInFlight, formatDuration(c.LeaseTTL))
+}
+
+func describeWeight(w uint32) string {
+	if w == 0 {
+		w = 1
+	}
+	return strconv.FormatUint(uint64(w), 10)
+}
+
+func describeNames(names []string) string {
+	if len(names) == 0 {
+		return "[]"
+	}
+	return "[" + strings.Join(names, ", ") + "]"
+}

@@ -1,0 +1,332 @@
+// Package fsm is quotad's replicated state machine: it turns Raft log entries into calls on the
+// pure quota engine, keeps the request-ID dedup table, and snapshots/restores the whole state.
+//
+// The FSM never reads a clock. Every command carries the leader's timestamp and the FSM applies
+// it at now = max(clock, ts), so replicas agree whatever their wall clocks say. It must never do
+// anything on Apply whose result depends on the replica (no IO, no randomness, no map order).
+package fsm
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"google.golang.org/protobuf/proto"
+
+	fsmv1 "github.com/quotad/quotad/api/quotad/fsm/v1"
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"github.com/quotad/quotad/quota"
+)
+
+// CommandVersion is the version of Command this build writes and the newest it can apply.
+const CommandVersion = 1
+
+// DefaultDedupWindow is how long a decision is remembered for retries of its request ID.
+const DefaultDedupWindow = 2 * time.Minute
+
+var (
+	// ErrLeaseNotFound: the lease expired or was released.
+	ErrLeaseNotFound = quota.ErrLeaseNotFound
+	// ErrInvalidLimits: a SetLimits command carried limits the engine refused; state unchanged.
+	ErrInvalidLimits = errors.New("invalid limits")
+)
+
+// Options configure an FSM. The zero value is usable.
+type Options struct {
+	// DedupWindow is how long, in FSM time, a decision is kept for retries of the same request
+	// ID. A client must not retry a request ID older than this. 0 means DefaultDedupWindow.
+	// Must be the same on every replica (it changes replicated state).
+	DedupWindow time.Duration
+}
+
+// FSM implements raft.FSM and raft.BatchingFSM. Apply/ApplyBatch/Snapshot/Restore are called by
+// raft on one goroutine; the read methods (Clock, AppliedIndex, Status, Hash, Limits) are safe
+// for concurrent use with them.
+type FSM struct {
+	dedupWindow time.Duration
+
+	mu      sync.RWMutex
+	engine  *quota.Engine
+	dedup   *dedupTable
+	applied uint64
+	// lastSweep is the FSM time of the last full engine.Tick (replicated: it decides when the
+	// next sweep happens, so it is part of the snapshot).
+	lastSweep quota.Time
+}
+
+// SweepInterval is how often, in FSM time, the FSM runs the engine's full sweep (expired leases
+// and pauses, full idle buckets dropped). Between sweeps the engine expires leases lazily.
+const SweepInterval = time.Second
+
+// New returns an empty FSM.
+func New(opts Options) *FSM {
+	if opts.DedupWindow <= 0 {
+		opts.DedupWindow = DefaultDedupWindow
+	}
+	return &FSM{dedupWindow: opts.DedupWindow, engine: quota.NewEngine(), dedup: newDedupTable()}
+}
+
+// Result is the response of one applied log entry: one OpResult per Op, in order.
+type Result struct {
+	Ops []OpResult
+}
+
+// OpResult is the outcome of one Op. Exactly the field matching the op kind is meaningful.
+type OpResult struct {
+	Decision      quota.Decision // Acquire
+	Duplicate     bool           // Acquire: answered from the dedup table
+	Released      bool           // Release
+	LeaseTTL      time.Duration  // Renew
+	Refunded      uint64         // Refund
+	Scope         string         // Pause
+	PausedFor     time.Duration  // Pause
+	LimitsVersion uint64         // SetLimits
+	Err           error          // Renew, Pause, SetLimits, malformed ops
+}
+
+// Encode marshals cmd, setting its version.
+func Encode(cmd *fsmv1.Command) ([]byte, error) {
+	cmd.Version = CommandVersion
+	return proto.Marshal(cmd)
+}
+
+// EncodeTick returns a command with no operations: applying it advances the clock to ts and
+// expires leases and pauses. It satisfies cluster.FSM.
+func (f *FSM) EncodeTick(ts int64) []byte {
+	data, err := Encode(&fsmv1.Command{Ts: ts})
+	if err != nil { // cannot happen for a message this simple
+		panic(fmt.Sprintf("fsm: encoding a tick: %v", err))
+	}
+	return data
+}
+
+// Apply applies one log entry.
+func (f *FSM) Apply(l *raft.Log) any {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.applyLocked(l)
+}
+
+// ApplyBatch applies consecutive log entries under one lock acquisition.
+func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
+	out := make([]any, len(logs))
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i, l := range logs {
+		out[i] = f.applyLocked(l)
+	}
+	return out
+}
+
+func (f *FSM) applyLocked(l *raft.Log) any {
+	if l.Index > f.applied {
+		f.applied = l.Index
+	}
+	if l.Type != raft.LogCommand {
+		return nil
+	}
+	var cmd fsmv1.Command
+	if err := proto.Unmarshal(l.Data, &cmd); err != nil {
+		// A committed entry we cannot read means this replica can no longer follow the log;
+		// skipping it would silently diverge, so stop.
+		panic(fmt.Sprintf("fsm: log entry %d is not a Command: %v", l.Index, err))
+	}
+	if cmd.Version == 0 || cmd.Version > CommandVersion {
+		panic(fmt.Sprintf("fsm: log entry %d has command version %d; this build applies versions 1..%d — upgrade this node", l.Index, cmd.Version, CommandVersion))
+	}
+	now := quota.Time(cmd.Ts)
+	if c := f.engine.Clock(); now < c {
+		now = c
+	}
+	if now.Sub(f.lastSweep) >= SweepInterval {
+		f.engine.Tick(now)
+		f.lastSweep = now
+	}
+	f.dedup.expire(now)
+	res := &Result{Ops: make([]OpResult, len(cmd.Ops))}
+	for i, op := range cmd.Ops {
+		res.Ops[i] = f.applyOp(now, op)
+	}
+	return res
+}
+
+func (f *FSM) applyOp(now quota.Time, op *fsmv1.Op) OpResult {
+	switch o := op.Op.(type) {
+	case *fsmv1.Op_Acquire:
+		return f.applyAcquire(now, o.Acquire)
+	case *fsmv1.Op_Release:
+		return OpResult{Released: f.engine.Release(now, o.Release.LeaseId)}
+	case *fsmv1.Op_Renew:
+		ttl, err := f.engine.Renew(now, o.Renew.LeaseId, time.Duration(o.Renew.TtlNs))
+		return OpResult{LeaseTTL: ttl, Err: err}
+	case *fsmv1.Op_Refund:
+		rec, ok := f.dedup.get(o.Refund.ClientId, o.Refund.RequestId)
+		if !ok || !rec.decision.Admitted || rec.refunded {
+			return OpResult{}
+		}
+		n := f.engine.Refund(now, rec.decision.Charges, rec.decision.Cost)
+		rec.refunded = true
+		return OpResult{Refunded: n}
+	case *fsmv1.Op_SetLimits:
+		var l quota.Limits
+		if err := json.Unmarshal(o.SetLimits.LimitsJson, &l); err != nil {
+			return OpResult{Err: fmt.Errorf("%w: %v", ErrInvalidLimits, err)}
+		}
+		if err := f.engine.SetLimits(now, &l); err != nil {
+			return OpResult{Err: fmt.Errorf("%w: %w", ErrInvalidLimits, err)}
+		}
+		return OpResult{LimitsVersion: f.engine.Limits().Version}
+	case *fsmv1.Op_Pause:
+		d := time.Duration(o.Pause.DurationNs)
+		scope, err := f.engine.Pause(now, o.Pause.Domain, entries(o.Pause.Prefix), now.Add(d))
+		if err != nil {
+			return OpResult{Err: err}
+		}
+		return OpResult{Scope: scope, PausedFor: d}
+	default:
+		return OpResult{Err: fmt.Errorf("fsm: unknown op %T", op.Op)}
+	}
+}
+
+func (f *FSM) applyAcquire(now quota.Time, a *fsmv1.Acquire) OpResult {
+	adm := a.GetAdmission()
+	if adm == nil {
+		return OpResult{Decision: invalid("admission missing")}
+	}
+	if rec, ok := f.dedup.get(a.ClientId, adm.RequestId); ok {
+		return OpResult{Decision: rec.decision, Duplicate: true}
+	}
+	d := f.engine.Acquire(now, quota.Request{
+		Domain:      adm.Domain,
+		Descriptors: entries(adm.Descriptors),
+		Cost:        adm.Cost,
+		LeaseTTL:    time.Duration(adm.LeaseTtlMs) * time.Millisecond,
+		Attempt:     adm.Attempt,
+		WorkClass:   adm.WorkClass,
+	})
+	if a.ClientId != "" && adm.RequestId != 0 {
+		f.dedup.put(a.ClientId, adm.RequestId, now.Add(f.dedupWindow), d)
+	}
+	return OpResult{Decision: d}
+}
+
+func invalid(msg string) quota.Decision {
+	return quota.Decision{Reason: quota.ReasonInvalid, Message: msg}
+}
+
+func entries(es []*quotadv1.Entry) []quota.Entry {
+	if len(es) == 0 {
+		return nil
+	}
+	out := make([]quota.Entry, len(es))
+	for i, e := range es {
+		out[i] = quota.Entry{Key: e.Key, Value: e.Value}
+	}
+	return out
+}
+
+// Clock returns the FSM clock after the last applied entry, in nanoseconds.
+func (f *FSM) Clock() int64 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return int64(f.engine.Clock())
+}
+
+// AppliedIndex returns the index of the last applied log entry.
+func (f *FSM) AppliedIndex() uint64 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.applied
+}
+
+// Status returns the buckets on a descriptor path as of the last applied entry. It reads local
+// state: callers make it linearizable by checking leadership and the applied index first.
+func (f *FSM) Status(domain string, path []quota.Entry) ([]quota.BucketStatus, error) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.engine.Status(f.engine.Clock(), domain, path)
+}
+
+// Limits returns the current limits (treat as read-only).
+func (f *FSM) Limits() *quota.Limits {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.engine.Limits()
+}
+
+// StateHash is a replica's state fingerprint at an applied index.
+type StateHash struct {
+	AppliedIndex uint64 `json:"applied_index"`
+	Hash         uint64 `json:"hash"`
+	Clock        int64  `json:"clock"`
+}
+
+// Hash fingerprints the whole replicated state (engine and dedup table). Two replicas at the
+// same applied index must report the same Hash.
+func (f *FSM) Hash() StateHash {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	h := fnv.New64a()
+	var b [8]byte
+	putU64(b[:], f.engine.Hash())
+	h.Write(b[:])
+	putU64(b[:], uint64(f.lastSweep))
+	h.Write(b[:])
+	f.dedup.hashInto(h)
+	return StateHash{AppliedIndex: f.applied, Hash: h.Sum64(), Clock: int64(f.engine.Clock())}
+}
+
+// Stats are sizes of the replicated state, for metrics.
+type Stats struct {
+	quota.Stats
+	DedupEntries int
+}
+
+// Stats returns the current state sizes.
+func (f *FSM) Stats() Stats {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return Stats{Stats: f.engine.Stats(), DedupEntries: f.dedup.len()}
+}
+
+// Snapshot captures the whole state. It runs on the FSM goroutine; the returned snapshot's
+// Persist runs concurrently with later applies and touches only the captured bytes.
+func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	engine, err := f.engine.MarshalBinary()
+	if err != nil {
+		return nil, fmt.Errorf("fsm: snapshot of the engine: %w", err)
+	}
+	return &snapshot{engine: engine, dedup: f.dedup.marshal(), applied: f.applied, lastSweep: int64(f.lastSweep)}, nil
+}
+
+// Restore replaces the whole state with a snapshot's (never merges).
+func (f *FSM) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	data, err := io.ReadAll(rc)
+	if err != nil {
+		return fmt.Errorf("fsm: reading snapshot: %w", err)
+	}
+	s, err := decodeSnapshot(data)
+	if err != nil {
+		return err
+	}
+	engine := quota.NewEngine()
+	if err := engine.UnmarshalBinary(s.engine); err != nil {
+		return fmt.Errorf("fsm: restoring the engine: %w", err)
+	}
+	dedup, err := unmarshalDedup(s.dedup)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.engine, f.dedup, f.applied, f.lastSweep = engine, dedup, s.applied, quota.Time(s.lastSweep)
+	return nil
+}

@@ -1,0 +1,316 @@
+package quota
+
+import (
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"strings"
+)
+
+// maxUnits is the largest rate or burst, in units, whose micro-unit value fits in a uint64.
+const maxUnits = ^uint64(0) / microPerUnit
+
+// level is one compiled level of a domain's descriptor tree: the domain itself (Scope "domain")
+// or a Node. Levels are immutable once compiled; buckets point at theirs.
+type level struct {
+	scope  string // ScopeDomain or the Node's Key
+	idx    uint32 // preorder index in compiled.levels; stable for a given Limits
+	rate   *rateParams
+	conc   *Concurrency // nil: no concurrency cap here
+	shadow bool
+	// children by key; a nil map means a leaf.
+	children map[string]*childSet
+}
+
+// childSet holds the children of one level that share a key.
+type childSet struct {
+	exact map[string]*level // by non-empty Value
+	any   *level            // the Value == "" child: one bucket per distinct value
+}
+
+// child returns the child that entry e matches: exact value first, else the per-value child.
+func (l *level) child(e Entry) *level {
+	cs := l.children[e.Key]
+	if cs == nil {
+		return nil
+	}
+	if c := cs.exact[e.Value]; c != nil {
+		return c
+	}
+	return cs.any
+}
+
+// compiled is an installed Limits plus its lookup structures.
+type compiled struct {
+	limits  *Limits // deep copy, domains sorted, Version set; never modified
+	domains map[string]*level
+	levels  []*level // by idx
+	digest  uint64   // FNV-64a of the limits' JSON, for Hash
+}
+
+// compileLimits validates l and builds its lookup structures. It does not modify l; the result
+// holds a deep copy with domains sorted by name and Version set to version.
+func compileLimits(l *Limits, version uint64) (*compiled, error) {
+	if l == nil {
+		l = &Limits{}
+	}
+	cp := cloneLimits(l)
+	cp.Version = version
+	slices.SortStableFunc(cp.Domains, func(a, b Domain) int { return strings.Compare(a.Name, b.Name) })
+
+	c := &compiled{limits: cp, domains: make(map[string]*level, len(cp.Domains))}
+	for i := range cp.Domains {
+		d := &cp.Domains[i]
+		if d.Name == "" {
+			return nil, fmt.Errorf("%w: domain #%d has an empty name; give every domain a name", ErrInvalidLimits, i)
+		}
+		if _, dup := c.domains[d.Name]; dup {
+			return nil, fmt.Errorf("%w: domain %q is defined twice; merge the two definitions", ErrInvalidLimits, d.Name)
+		}
+		where := fmt.Sprintf("domain %q", d.Name)
+		root, err := c.newLevel(where, ScopeDomain, d.Rate, d.Concurrency, false)
+		if err != nil {
+			return nil, err
+		}
+		if err := c.compileChildren(root, d.Name, "", d.Descriptors); err != nil {
+			return nil, err
+		}
+		c.domains[d.Name] = root
+	}
+	js, err := json.Marshal(cp)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidLimits, err)
+	}
+	h := fnv.New64a()
+	h.Write(js)
+	c.digest = h.Sum64()
+	return c, nil
+}
+
+func (c *compiled) newLevel(where, scope string, r *Rate, cc *Concurrency, shadow bool) (*level, error) {
+	lv := &level{scope: scope, idx: uint32(len(c.levels)), shadow: shadow}
+	if r != nil {
+		rp, err := newRateParams(r)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: %v", ErrInvalidLimits, where, err)
+		}
+		lv.rate = rp
+	}
+	if cc != nil {
+		if cc.MaxInFlight == 0 {
+			return nil, fmt.Errorf("%w: %s: concurrency.max_in_flight must be > 0 (got 0); remove concurrency to leave it uncapped", ErrInvalidLimits, where)
+		}
+		if cc.LeaseTTL <= 0 {
+			return nil, fmt.Errorf("%w: %s: concurrency.lease_ttl must be > 0 (got %v); set it to how long a crashed holder may keep its permit, e.g. 30s", ErrInvalidLimits, where, cc.LeaseTTL)
+		}
+		cp := *cc
+		lv.conc = &cp
+	}
+	c.levels = append(c.levels, lv)
+	return lv, nil
+}
+
+func (c *compiled) compileChildren(parent *level, domain, path string, nodes []Node) error {
+	if len(nodes) == 0 {
+		return nil
+	}
+	parent.children = make(map[string]*childSet)
+	for i := range nodes {
+		n := &nodes[i]
+		name := n.Key
+		if n.Value != "" {
+			name += "=" + n.Value
+		}
+		if path != "" {
+			name = path + "/" + name
+		}
+		where := fmt.Sprintf("domain %q: descriptor %s", domain, name)
+		if n.Key == "" {
+			return fmt.Errorf("%w: domain %q: descriptor #%d under %q has an empty key; every descriptor needs a key", ErrInvalidLimits, domain, i, path)
+		}
+		if n.Unlimited && n.Rate != nil {
+			return fmt.Errorf("%w: %s: unlimited and rate_limit are mutually exclusive; remove one", ErrInvalidLimits, where)
+		}
+		if n.Unlimited && n.Concurrency != nil {
+			return fmt.Errorf("%w: %s: unlimited and concurrency are mutually exclusive; remove one", ErrInvalidLimits, where)
+		}
+		cs := parent.children[n.Key]
+		if cs == nil {
+			cs = &childSet{}
+			parent.children[n.Key] = cs
+		}
+		if (n.Value == "" && cs.any != nil) || (n.Value != "" && cs.exact[n.Value] != nil) {
+			return fmt.Errorf("%w: %s: defined twice under the same parent; merge the two entries", ErrInvalidLimits, where)
+		}
+		lv, err := c.newLevel(where, n.Key, n.Rate, n.Concurrency, n.ShadowMode)
+		if err != nil {
+			return err
+		}
+		if n.Value == "" {
+			cs.any = lv
+		} else {
+			if cs.exact == nil {
+				cs.exact = make(map[string]*level)
+			}
+			cs.exact[n.Value] = lv
+		}
+		if err := c.compileChildren(lv, domain, name, n.Children); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// match returns the level that the key's full path selects, or nil.
+func (c *compiled) matchKey(key string) *level {
+	domain, entries, ok := parseKey(key)
+	if !ok {
+		return nil
+	}
+	lv := c.domains[domain]
+	for _, e := range entries {
+		if lv == nil {
+			return nil
+		}
+		lv = lv.child(e)
+	}
+	return lv
+}
+
+func cloneLimits(l *Limits) *Limits {
+	cp := &Limits{Version: l.Version, Domains: make([]Domain, len(l.Domains))}
+	for i, d := range l.Domains {
+		cp.Domains[i] = Domain{
+			Name:        d.Name,
+			Rate:        cloneRate(d.Rate),
+			Concurrency: cloneConc(d.Concurrency),
+			Descriptors: cloneNodes(d.Descriptors),
+		}
+	}
+	return cp
+}
+
+func cloneNodes(ns []Node) []Node {
+	if ns == nil {
+		return nil
+	}
+	out := make([]Node, len(ns))
+	for i, n := range ns {
+		n.Rate = cloneRate(n.Rate)
+		n.Concurrency = cloneConc(n.Concurrency)
+		n.Replaces = slices.Clone(n.Replaces)
+		n.Children = cloneNodes(n.Children)
+		out[i] = n
+	}
+	return out
+}
+
+func cloneRate(r *Rate) *Rate {
+	if r == nil {
+		return nil
+	}
+	cp := *r
+	return &cp
+}
+
+func cloneConc(c *Concurrency) *Concurrency {
+	if c == nil {
+		return nil
+	}
+	cp := *c
+	return &cp
+}
+
+// Bucket keys are "domain" for the ceiling and "domain/k1=v1/k2=v2" for levels. '%', '/' and '='
+// inside names are percent-escaped so a key always splits back into its path.
+
+const hexDigits = "0123456789ABCDEF"
+
+func appendEscaped(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '%', '/', '=':
+			b = append(b, '%', hexDigits[c>>4], hexDigits[c&15])
+		default:
+			b = append(b, c)
+		}
+	}
+	return b
+}
+
+// appendEntry appends "/key=value" to a bucket key.
+func appendEntry(b []byte, e Entry) []byte {
+	b = append(b, '/')
+	b = appendEscaped(b, e.Key)
+	b = append(b, '=')
+	return appendEscaped(b, e.Value)
+}
+
+// BucketKey returns the key of the bucket for domain and the descriptor path entries, as used in
+// Decision.Charges and BucketStatus.Key.
+func BucketKey(domain string, entries ...Entry) string {
+	b := appendEscaped(nil, domain)
+	for _, e := range entries {
+		b = appendEntry(b, e)
+	}
+	return string(b)
+}
+
+// parseKey splits a bucket key back into its domain and entries.
+func parseKey(key string) (domain string, entries []Entry, ok bool) {
+	parts := strings.Split(key, "/")
+	domain, ok = unescape(parts[0])
+	if !ok {
+		return "", nil, false
+	}
+	entries = make([]Entry, 0, len(parts)-1)
+	for _, p := range parts[1:] {
+		k, v, found := strings.Cut(p, "=")
+		if !found {
+			return "", nil, false
+		}
+		uk, ok1 := unescape(k)
+		uv, ok2 := unescape(v)
+		if !ok1 || !ok2 {
+			return "", nil, false
+		}
+		entries = append(entries, Entry{Key: uk, Value: uv})
+	}
+	return domain, entries, true
+}
+
+func unescape(s string) (string, bool) {
+	if strings.IndexByte(s, '%') < 0 {
+		return s, true
+	}
+	var sb strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] != '%' {
+			sb.WriteByte(s[i])
+			continue
+		}
+		if i+2 >= len(s) {
+			return "", false
+		}
+		hi, lo := unhex(s[i+1]), unhex(s[i+2])
+		if hi < 0 || lo < 0 {
+			return "", false
+		}
+		sb.WriteByte(byte(hi<<4 | lo))
+		i += 2
+	}
+	return sb.String(), true
+}
+
+func unhex(c byte) int {
+	switch {
+	case '0' <= c && c <= '9':
+		return int(c - '0')
+	case 'A' <= c && c <= 'F':
+		return int(c-'A') + 10
+	case 'a' <= c && c <= 'f':
+		return int(c-'a') + 10
+	}
+	return -1
+}

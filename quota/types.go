@@ -1,0 +1,169 @@
+// Package quota is the pure core of quotad: token buckets, the limits hierarchy, concurrency
+// leases and pauses, decided deterministically.
+//
+// Everything here is a function of its inputs. The package never reads a clock (time is always
+// the argument now, nanoseconds on the replicated FSM clock), starts no goroutine, does no IO,
+// and never lets map iteration order reach an output. It imports nothing of quotad's. The fsm
+// package drives an Engine from the Raft log; every replica that applies the same commands ends
+// in the same state with the same Hash.
+package quota
+
+import "time"
+
+// Time is a point on the replicated FSM clock, in nanoseconds. It only ever moves forward.
+type Time int64
+
+// Add returns t+d.
+func (t Time) Add(d time.Duration) Time { return t + Time(d) }
+
+// Sub returns the duration t-u.
+func (t Time) Sub(u Time) time.Duration { return time.Duration(t - u) }
+
+// Reason says why a decision came out as it did. Its string values are part of the public API.
+type Reason string
+
+const (
+	ReasonOK                   Reason = "ok"
+	ReasonRateLimited          Reason = "rate_limited"
+	ReasonConcurrencyLimited   Reason = "concurrency_limited"
+	ReasonPaused               Reason = "paused"
+	ReasonUnknownDomain        Reason = "unknown_domain"
+	ReasonInvalid              Reason = "invalid"
+	ReasonRetryBudgetExhausted Reason = "retry_budget_exhausted"
+)
+
+// ScopeDomain is the Scope of a decision made by a domain's own (ceiling) limit.
+const ScopeDomain = "domain"
+
+// Limits is the whole replicated limits configuration. It is plain data: the config package
+// builds it from YAML, the fsm package replicates it, an Engine enforces it. Treat a *Limits
+// handed to an Engine as immutable.
+type Limits struct {
+	// Version increases by one with every applied change; the engine sets it.
+	Version uint64 `json:"version"`
+	// Domains sorted by Name, names unique.
+	Domains []Domain `json:"domains"`
+}
+
+// Domain is one quota domain (envoyproxy/ratelimit's "domain"): typically one provider
+// application or one platform.
+type Domain struct {
+	Name string `json:"name"`
+	// Rate is the domain's global ceiling, charged by every request in the domain. Nil: none.
+	Rate *Rate `json:"rate,omitempty"`
+	// Concurrency caps in-flight requests across the domain. Nil: none.
+	Concurrency *Concurrency `json:"concurrency,omitempty"`
+	// Descriptors are the first level of the descriptor tree.
+	Descriptors []Node `json:"descriptors,omitempty"`
+}
+
+// Node is one level of the descriptor tree. A request's descriptor entry (key, value) matches the
+// child with the same key and value, or else the child with the same key and an empty Value.
+// A Node with an empty Value gives every distinct value its own buckets (per-tenant buckets).
+type Node struct {
+	Key   string `json:"key"`
+	Value string `json:"value,omitempty"`
+	// Rate limits this level. Nil: the level only groups its children.
+	Rate *Rate `json:"rate,omitempty"`
+	// Unlimited: this level never denies (and is not stored); its children still apply.
+	Unlimited bool `json:"unlimited,omitempty"`
+	// ShadowMode: denials at this level are computed and reported but the request is admitted
+	// as far as this level is concerned (nothing is debited here when it would deny).
+	ShadowMode bool `json:"shadow_mode,omitempty"`
+	// Concurrency caps in-flight requests at this level (per distinct value). Nil: none.
+	Concurrency *Concurrency `json:"concurrency,omitempty"`
+	// Weight is the level's share weight for the fair scheduler (0 means 1).
+	Weight uint32 `json:"weight,omitempty"`
+	// Replaces names other limits this one replaces (Envoy RLS semantics only; the native
+	// API charges the whole path and ignores it).
+	Replaces []string `json:"replaces,omitempty"`
+	// Name identifies the limit for Replaces.
+	Name     string `json:"name,omitempty"`
+	Children []Node `json:"descriptors,omitempty"`
+}
+
+// Rate is a token bucket: Burst units of capacity, refilled at RequestsPerUnit per Unit.
+type Rate struct {
+	Unit            time.Duration `json:"unit"`
+	RequestsPerUnit uint64        `json:"requests_per_unit"`
+	// Burst is the bucket's capacity; 0 means RequestsPerUnit (one unit's worth).
+	Burst uint64 `json:"burst,omitempty"`
+}
+
+// Capacity returns the bucket capacity in units.
+func (r *Rate) Capacity() uint64 {
+	if r.Burst == 0 {
+		return r.RequestsPerUnit
+	}
+	return r.Burst
+}
+
+// Concurrency is a semaphore of MaxInFlight permits held by leases that expire after LeaseTTL
+// unless renewed.
+type Concurrency struct {
+	MaxInFlight uint64        `json:"max_in_flight"`
+	LeaseTTL    time.Duration `json:"lease_ttl"`
+}
+
+// Entry is one (key, value) of a request's descriptor path.
+type Entry struct {
+	Key   string
+	Value string
+}
+
+// Request asks for Cost units from every bucket on the descriptor path of Domain, and a
+// concurrency permit from every level on the path that caps concurrency.
+type Request struct {
+	Domain      string
+	Descriptors []Entry
+	// Cost in units; 0 is treated as 1.
+	Cost uint64
+	// LeaseTTL for concurrency permits; 0 uses each level's configured TTL (the smallest).
+	LeaseTTL time.Duration
+	// Attempt is 1 for a first try, >1 for a retry of the caller's work.
+	Attempt uint32
+	// WorkClass names the request's work class for the fair scheduler ("" = default).
+	WorkClass string
+}
+
+// Decision is the outcome of one Request.
+type Decision struct {
+	Admitted bool
+	Reason   Reason
+	// Scope is the level that refused ("domain" or a descriptor key), or when admitted the level
+	// whose bucket is tightest. Empty when no limit applied.
+	Scope string
+	// Limit is that level's RequestsPerUnit (or MaxInFlight for concurrency_limited).
+	Limit uint64
+	// Remaining whole units in that bucket after this decision.
+	Remaining uint64
+	// Window is that level's Unit.
+	Window time.Duration
+	// ResetAfter is the time until that bucket is full again.
+	ResetAfter time.Duration
+	// RetryAfter is, for a denial, the earliest wait after which the same request can succeed.
+	RetryAfter time.Duration
+	// LeaseID is non-zero when concurrency permits were taken; LeaseTTL is their TTL.
+	LeaseID  uint64
+	LeaseTTL time.Duration
+	// Message explains invalid and unknown_domain decisions.
+	Message string
+	// Charges lists the keys of the buckets that were debited Cost units, for Refund.
+	Charges []string
+	// Cost actually debited from each charged bucket.
+	Cost uint64
+}
+
+// BucketStatus is a read-only view of one level on a descriptor path.
+type BucketStatus struct {
+	Scope       string
+	Key         string
+	Limit       uint64
+	Burst       uint64
+	Remaining   uint64
+	Window      time.Duration
+	ResetAfter  time.Duration
+	InFlight    uint64
+	MaxInFlight uint64
+	PausedFor   time.Duration
+}

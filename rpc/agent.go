@@ -1,0 +1,267 @@
+package rpc
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/quotad/quotad/cluster"
+	"github.com/quotad/quotad/config"
+	"github.com/quotad/quotad/fsm"
+	"github.com/quotad/quotad/quota"
+)
+
+// AgentConfig configures a whole quotad server process: a cluster node, its gRPC API and its
+// HTTP endpoints.
+type AgentConfig struct {
+	Cluster cluster.Config
+	// LimitsFile, if set, is applied by whichever agent first leads a cluster that has no
+	// limits yet. Once the cluster has limits the file is ignored (change them with
+	// `quotad limits apply`).
+	LimitsFile string
+	Proposer   ProposerConfig
+	FSM        fsm.Options
+}
+
+// Agent is one running quotad server. Start it with StartAgent; Stop it once.
+type Agent struct {
+	cfg     AgentConfig
+	log     *slog.Logger
+	fsm     *fsm.FSM
+	node    *cluster.Node
+	server  *Server
+	metrics *Metrics
+	grpc    *grpc.Server
+	health  *health.Server
+	http    *http.Server
+	grpcLn  net.Listener
+	httpLn  net.Listener
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// StartAgent opens the data directory, joins or forms the cluster and starts serving.
+// Listen addresses with port 0 pick free ports; GRPCAddr and HTTPAddr report them.
+func StartAgent(cfg AgentConfig) (*Agent, error) {
+	log := cfg.Cluster.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	a := &Agent{cfg: cfg, log: log, fsm: fsm.New(cfg.FSM), metrics: NewMetrics(), stop: make(chan struct{})}
+	var limits *quota.Limits
+	if cfg.LimitsFile != "" {
+		l, err := config.LoadFile(cfg.LimitsFile)
+		if err != nil {
+			return nil, err
+		}
+		limits = l
+	}
+	var err error
+	if a.grpcLn, err = net.Listen("tcp", cfg.Cluster.GRPCAddr); err != nil {
+		return nil, fmt.Errorf("grpc address %q: %w", cfg.Cluster.GRPCAddr, err)
+	}
+	cfg.Cluster.GRPCAddr = a.grpcLn.Addr().String()
+	if cfg.Cluster.HTTPAddr != "" {
+		if a.httpLn, err = net.Listen("tcp", cfg.Cluster.HTTPAddr); err != nil {
+			a.grpcLn.Close()
+			return nil, fmt.Errorf("http address %q: %w", cfg.Cluster.HTTPAddr, err)
+		}
+		cfg.Cluster.HTTPAddr = a.httpLn.Addr().String()
+	}
+	if a.node, err = cluster.NewNode(cfg.Cluster, a.fsm); err != nil {
+		a.closeListeners()
+		return nil, err
+	}
+	a.server = NewServer(a.node, a.fsm, cfg.Proposer, a.metrics)
+	a.registerGauges()
+
+	a.grpc = grpc.NewServer()
+	a.server.Register(a.grpc)
+	a.health = health.NewServer()
+	healthpb.RegisterHealthServer(a.grpc, a.health)
+	a.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		if err := a.grpc.Serve(a.grpcLn); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			a.log.Error("grpc server stopped", "err", err)
+		}
+	}()
+	if a.httpLn != nil {
+		a.http = &http.Server{Handler: a.httpHandler(), ReadHeaderTimeout: 5 * time.Second}
+		a.wg.Add(1)
+		go func() {
+			defer a.wg.Done()
+			if err := a.http.Serve(a.httpLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				a.log.Error("http server stopped", "err", err)
+			}
+		}()
+	}
+	a.wg.Add(1)
+	go a.watch(limits)
+	return a, nil
+}
+
+func (a *Agent) closeListeners() {
+	a.grpcLn.Close()
+	if a.httpLn != nil {
+		a.httpLn.Close()
+	}
+}
+
+// watch keeps health and metrics in line with leadership and applies the initial limits file.
+func (a *Agent) watch(limits *quota.Limits) {
+	defer a.wg.Done()
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	lastLeader := ""
+	for {
+		select {
+		case <-a.stop:
+			return
+		case <-t.C:
+		}
+		id, _ := a.node.Leader()
+		if id != lastLeader {
+			lastLeader = id
+			a.metrics.LeaderChanged()
+			st := healthpb.HealthCheckResponse_NOT_SERVING
+			if id != "" {
+				st = healthpb.HealthCheckResponse_SERVING
+			}
+			a.health.SetServingStatus("", st)
+		}
+		if limits != nil && a.node.IsLeader() && a.fsm.Limits().Version == 0 {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			v, err := a.server.applyLimits(ctx, limits)
+			cancel()
+			if err != nil {
+				a.log.Warn("applying the initial limits file failed; will retry", "file", a.cfg.LimitsFile, "err", err)
+				continue
+			}
+			a.log.Info("applied the initial limits file", "file", a.cfg.LimitsFile, "version", v)
+			limits = nil
+		} else if limits != nil && a.fsm.Limits().Version > 0 {
+			limits = nil // the cluster has limits; they are changed with `limits apply` only
+		}
+	}
+}
+
+func (a *Agent) registerGauges() {
+	a.metrics.Registry.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "quotad_raft_leader", Help: "1 if this node is the Raft leader.",
+		}, func() float64 {
+			if a.node.IsLeader() {
+				return 1
+			}
+			return 0
+		}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "quotad_raft_applied_index", Help: "Index of the last log entry applied to the FSM.",
+		}, func() float64 { return float64(a.fsm.AppliedIndex()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "quotad_active_buckets", Help: "Buckets held in memory (absent buckets are full).",
+		}, func() float64 { return float64(a.fsm.Stats().Buckets) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "quotad_active_leases", Help: "Concurrency leases currently held.",
+		}, func() float64 { return float64(a.fsm.Stats().Leases) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "quotad_dedup_entries", Help: "Decisions remembered for request-ID retries.",
+		}, func() float64 { return float64(a.fsm.Stats().DedupEntries) }),
+	)
+}
+
+// DebugState is served at /debug/state: enough to compare replicas.
+type DebugState struct {
+	ID       string `json:"id"`
+	Leader   string `json:"leader"`
+	IsLeader bool   `json:"is_leader"`
+	fsm.StateHash
+	LimitsVersion uint64 `json:"limits_version"`
+}
+
+// State returns this agent's DebugState.
+func (a *Agent) State() DebugState {
+	id, _ := a.node.Leader()
+	return DebugState{
+		ID: a.cfg.Cluster.ID, Leader: id, IsLeader: a.node.IsLeader(),
+		StateHash: a.fsm.Hash(), LimitsVersion: a.fsm.Limits().Version,
+	}
+}
+
+func (a *Agent) httpHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(a.metrics.Registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	mux.HandleFunc("/debug/state", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(a.State())
+	})
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if id, _ := a.node.Leader(); id == "" {
+			http.Error(w, "no leader", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	return mux
+}
+
+// GRPCAddr returns the address the gRPC API listens on.
+func (a *Agent) GRPCAddr() string { return a.grpcLn.Addr().String() }
+
+// HTTPAddr returns the address of the HTTP endpoints, or "".
+func (a *Agent) HTTPAddr() string {
+	if a.httpLn == nil {
+		return ""
+	}
+	return a.httpLn.Addr().String()
+}
+
+// Node returns the agent's cluster node.
+func (a *Agent) Node() *cluster.Node { return a.node }
+
+// FSM returns the agent's state machine.
+func (a *Agent) FSM() *fsm.FSM { return a.fsm }
+
+// Stop shuts the agent down gracefully: stops taking calls, hands leadership over if it leads,
+// and closes its data files.
+func (a *Agent) Stop() error {
+	close(a.stop)
+	a.health.Shutdown()
+	stopped := make(chan struct{})
+	go func() { a.grpc.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(3 * time.Second):
+		a.grpc.Stop()
+	}
+	if a.http != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = a.http.Shutdown(ctx)
+		cancel()
+	}
+	a.server.Close()
+	err := a.node.Shutdown()
+	a.wg.Wait()
+	return err
+}

@@ -1,0 +1,44 @@
+package rpc
+
+import (
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// forwarder keeps one client connection per leader address for forwarding calls.
+type forwarder struct {
+	creds credentials.TransportCredentials
+
+	mu    sync.Mutex
+	conns map[string]*grpc.ClientConn
+}
+
+func newForwarder() *forwarder {
+	return &forwarder{creds: insecure.NewCredentials(), conns: make(map[string]*grpc.ClientConn)}
+}
+
+func (f *forwarder) conn(addr string) (*grpc.ClientConn, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if c, ok := f.conns[addr]; ok {
+		return c, nil
+	}
+	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(f.creds))
+	if err != nil {
+		return nil, err
+	}
+	f.conns[addr] = c
+	return c, nil
+}
+
+func (f *forwarder) close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for addr, c := range f.conns {
+		c.Close()
+		delete(f.conns, addr)
+	}
+}

@@ -1,0 +1,472 @@
+// Package rpc serves quotad's gRPC API (quotad.v1 Quota and Admin, grpc.health.v1) and its HTTP
+// endpoints (/metrics, /debug/pprof, /debug/state) on top of one cluster node.
+//
+// It owns leader routing (a follower forwards to the leader and names it in the
+// "x-quotad-leader" response header), group commit (concurrent calls share log entries) and
+// input validation (a bad request is refused with a message and never reaches the log). It holds
+// no quota logic: decisions are made by the FSM on every replica.
+package rpc
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	fsmv1 "github.com/quotad/quotad/api/quotad/fsm/v1"
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"github.com/quotad/quotad/cluster"
+	"github.com/quotad/quotad/config"
+	"github.com/quotad/quotad/fsm"
+	"github.com/quotad/quotad/quota"
+)
+
+// Metadata keys.
+const (
+	// LeaderHeader is set on every response to the leader's gRPC address, when known.
+	LeaderHeader = "x-quotad-leader"
+	// forwardedHeader marks a call a follower forwarded, so it is never forwarded twice.
+	forwardedHeader = "x-quotad-forwarded"
+)
+
+// Limits on one call, so one request cannot monopolise the leader.
+const (
+	MaxAdmissionsPerCall = 10000
+	MaxDescriptors       = 16
+	MaxCost              = 1 << 40
+	maxStringLen         = 256
+)
+
+// Node is what the server needs of a cluster node (*cluster.Node implements it).
+type Node interface {
+	Applier
+	IsLeader() bool
+	Leader() (id, grpcAddr string)
+	VerifyRead(ctx context.Context) error
+	Members() []cluster.Member
+	TransferLeadership(to string) error
+}
+
+// Server implements quotadv1.QuotaServer and quotadv1.AdminServer.
+type Server struct {
+	quotadv1.UnimplementedQuotaServer
+	quotadv1.UnimplementedAdminServer
+
+	node    Node
+	fsm     *fsm.FSM
+	prop    *proposer
+	fwd     *forwarder
+	metrics *Metrics
+}
+
+// NewServer returns a server for node, whose state machine is f. metrics may be nil.
+func NewServer(node Node, f *fsm.FSM, pc ProposerConfig, metrics *Metrics) *Server {
+	s := &Server{node: node, fsm: f, prop: newProposer(node, pc), fwd: newForwarder(), metrics: metrics}
+	if metrics != nil {
+		s.prop.observe = metrics.observeCommit
+	}
+	return s
+}
+
+// Register registers the Quota and Admin services on g.
+func (s *Server) Register(g *grpc.Server) {
+	quotadv1.RegisterQuotaServer(g, s)
+	quotadv1.RegisterAdminServer(g, s)
+}
+
+// Close stops group commit and closes forwarding connections.
+func (s *Server) Close() {
+	s.prop.close()
+	s.fwd.close()
+}
+
+// route decides where a call runs. It returns a connection to forward to, or nil to run here.
+// It always sets the leader header when the leader is known.
+func (s *Server) route(ctx context.Context) (*grpc.ClientConn, error) {
+	_, leaderAddr := s.node.Leader()
+	if leaderAddr != "" {
+		_ = grpc.SetHeader(ctx, metadata.Pairs(LeaderHeader, leaderAddr))
+	}
+	if s.node.IsLeader() {
+		return nil, nil
+	}
+	if leaderAddr == "" {
+		return nil, status.Error(codes.Unavailable, "no leader: the cluster is electing one or has lost quorum; retry shortly or check `quotad status`")
+	}
+	if md, ok := metadata.FromIncomingContext(ctx); ok && len(md.Get(forwardedHeader)) > 0 {
+		return nil, status.Errorf(codes.Unavailable, "not the leader (leader is %s); the call was already forwarded once — retry there", leaderAddr)
+	}
+	conn, err := s.fwd.conn(leaderAddr)
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "leader %s unreachable: %v", leaderAddr, err)
+	}
+	return conn, nil
+}
+
+func forwardCtx(ctx context.Context) context.Context {
+	return metadata.AppendToOutgoingContext(ctx, forwardedHeader, "1")
+}
+
+// Acquire decides a batch of admissions.
+func (s *Server) Acquire(ctx context.Context, req *quotadv1.AcquireRequest) (*quotadv1.AcquireResponse, error) {
+	if err := validateAcquire(req); err != nil {
+		return nil, err
+	}
+	conn, err := s.route(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if conn != nil {
+		return quotadv1.NewQuotaClient(conn).Acquire(forwardCtx(ctx), req)
+	}
+	start := time.Now()
+	resp := &quotadv1.AcquireResponse{Decisions: make([]*quotadv1.Decision, len(req.Admissions))}
+	// Submit every admission before waiting on any, so one call's admissions share entries.
+	pending := make([]*proposal, len(req.Admissions))
+	var submitErr error
+	for i, adm := range req.Admissions {
+		if msg := admissionProblem(adm); msg != "" {
+			resp.Decisions[i] = &quotadv1.Decision{Reason: string(quota.ReasonInvalid), Message: msg}
+			continue
+		}
+		op := &fsmv1.Op{Op: &fsmv1.Op_Acquire{Acquire: &fsmv1.Acquire{ClientId: req.ClientId, Admission: adm}}}
+		if pending[i], submitErr = s.prop.submit(ctx, op); submitErr != nil {
+			break
+		}
+	}
+	var waitErr error
+	for i, pr := range pending {
+		if pr == nil {
+			continue
+		}
+		r, err := s.prop.wait(ctx, pr)
+		if err != nil {
+			waitErr = err
+			continue
+		}
+		resp.Decisions[i] = decisionToProto(r.Decision)
+	}
+	if err := errors.Join(submitErr, waitErr); err != nil {
+		return nil, s.applyError(err)
+	}
+	took := time.Since(start)
+	for _, d := range resp.Decisions {
+		s.metrics.observeDecision(d.Reason, took)
+	}
+	return resp, nil
+}
+
+// applyError maps a failure to commit into a gRPC status a client can act on.
+func (s *Server) applyError(err error) error {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return status.Error(codes.DeadlineExceeded, "no decision before the deadline; the outcome is unknown — retry with the same request ID")
+	case errors.Is(err, cluster.ErrNotLeader):
+		_, addr := s.node.Leader()
+		return status.Errorf(codes.Unavailable, "leadership changed (leader now %q); the outcome is unknown — retry with the same request ID", addr)
+	case errors.Is(err, errStopped):
+		return status.Error(codes.Unavailable, "node is shutting down; retry on another node")
+	default:
+		return status.Errorf(codes.Unavailable, "commit failed, outcome unknown — retry with the same request ID: %v", err)
+	}
+}
+
+func validateAcquire(req *quotadv1.AcquireRequest) error {
+	switch {
+	case req.ClientId == "":
+		return status.Error(codes.InvalidArgument, "client_id is empty; set a stable ID per client so retries can be deduplicated")
+	case len(req.ClientId) > maxStringLen:
+		return status.Errorf(codes.InvalidArgument, "client_id is %d bytes; the limit is %d", len(req.ClientId), maxStringLen)
+	case len(req.Admissions) == 0:
+		return status.Error(codes.InvalidArgument, "no admissions in the request; send at least one")
+	case len(req.Admissions) > MaxAdmissionsPerCall:
+		return status.Errorf(codes.InvalidArgument, "%d admissions in one call; split into calls of at most %d", len(req.Admissions), MaxAdmissionsPerCall)
+	}
+	return nil
+}
+
+// admissionProblem returns why adm can never be decided, or "".
+func admissionProblem(adm *quotadv1.Admission) string {
+	switch {
+	case adm == nil:
+		return "admission is empty"
+	case adm.RequestId == 0:
+		return "request_id is 0; use a unique non-zero ID per request and reuse it only on retries"
+	case adm.Domain == "":
+		return "domain is empty; name the limits domain to charge"
+	case len(adm.Domain) > maxStringLen:
+		return fmt.Sprintf("domain is %d bytes; the limit is %d", len(adm.Domain), maxStringLen)
+	case len(adm.Descriptors) > MaxDescriptors:
+		return fmt.Sprintf("%d descriptor entries; at most %d are allowed", len(adm.Descriptors), MaxDescriptors)
+	case adm.Cost > MaxCost:
+		return fmt.Sprintf("cost %d is above the maximum %d", adm.Cost, uint64(MaxCost))
+	case adm.LeaseTtlMs < 0:
+		return fmt.Sprintf("lease_ttl_ms %d is negative; use 0 for the configured TTL or a positive number", adm.LeaseTtlMs)
+	case adm.MaxWaitMs < 0:
+		return fmt.Sprintf("max_wait_ms %d is negative", adm.MaxWaitMs)
+	}
+	for i, e := range adm.Descriptors {
+		if e.GetKey() == "" {
+			return fmt.Sprintf("descriptors[%d] has an empty key; every entry needs key=value", i)
+		}
+		if len(e.Key) > maxStringLen || len(e.Value) > maxStringLen {
+			return fmt.Sprintf("descriptors[%d] (%.40q) is longer than %d bytes", i, e.Key, maxStringLen)
+		}
+	}
+	return ""
+}
+
+func decisionToProto(d quota.Decision) *quotadv1.Decision {
+	return &quotadv1.Decision{
+		Admitted:     d.Admitted,
+		Reason:       string(d.Reason),
+		Scope:        d.Scope,
+		Limit:        d.Limit,
+		Remaining:    d.Remaining,
+		ResetAfterMs: ceilMs(d.ResetAfter),
+		RetryAfterMs: ceilMs(d.RetryAfter),
+		LeaseId:      d.LeaseID,
+		LeaseTtlMs:   d.LeaseTTL.Milliseconds(),
+		Message:      d.Message,
+		WindowMs:     d.Window.Milliseconds(),
+	}
+}
+
+// ceilMs rounds up, so a client that waits retry_after_ms is never early.
+func ceilMs(d time.Duration) int64 {
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+// Release returns a lease's permits.
+func (s *Server) Release(ctx context.Context, req *quotadv1.ReleaseRequest) (*quotadv1.ReleaseResponse, error) {
+	if req.LeaseId == 0 {
+		return nil, status.Error(codes.InvalidArgument, "lease_id is 0; pass the lease_id from an admitted decision")
+	}
+	conn, err := s.route(ctx)
+	if err != nil || conn != nil {
+		if err != nil {
+			return nil, err
+		}
+		return quotadv1.NewQuotaClient(conn).Release(forwardCtx(ctx), req)
+	}
+	r, err := s.prop.propose(ctx, &fsmv1.Op{Op: &fsmv1.Op_Release{Release: &fsmv1.Release{LeaseId: req.LeaseId}}})
+	if err != nil {
+		return nil, s.applyError(err)
+	}
+	return &quotadv1.ReleaseResponse{Released: r.Released}, nil
+}
+
+// Renew extends a lease.
+func (s *Server) Renew(ctx context.Context, req *quotadv1.RenewRequest) (*quotadv1.RenewResponse, error) {
+	if req.LeaseId == 0 {
+		return nil, status.Error(codes.InvalidArgument, "lease_id is 0; pass the lease_id from an admitted decision")
+	}
+	if req.LeaseTtlMs < 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "lease_ttl_ms %d is negative; use 0 to keep the lease's TTL", req.LeaseTtlMs)
+	}
+	conn, err := s.route(ctx)
+	if err != nil || conn != nil {
+		if err != nil {
+			return nil, err
+		}
+		return quotadv1.NewQuotaClient(conn).Renew(forwardCtx(ctx), req)
+	}
+	ttl := time.Duration(req.LeaseTtlMs) * time.Millisecond
+	r, err := s.prop.propose(ctx, &fsmv1.Op{Op: &fsmv1.Op_Renew{Renew: &fsmv1.Renew{LeaseId: req.LeaseId, TtlNs: int64(ttl)}}})
+	if err != nil {
+		return nil, s.applyError(err)
+	}
+	if r.Err != nil {
+		if errors.Is(r.Err, quota.ErrLeaseNotFound) {
+			return nil, status.Errorf(codes.NotFound, "lease %d expired or was released; acquire again", req.LeaseId)
+		}
+		return nil, status.Error(codes.InvalidArgument, r.Err.Error())
+	}
+	return &quotadv1.RenewResponse{LeaseTtlMs: r.LeaseTTL.Milliseconds()}, nil
+}
+
+// Refund returns the tokens of an admitted request that was not sent.
+func (s *Server) Refund(ctx context.Context, req *quotadv1.RefundRequest) (*quotadv1.RefundResponse, error) {
+	if req.ClientId == "" || req.RequestId == 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "client_id %q and request_id %d must both be set: they name the admitted request to refund", req.ClientId, req.RequestId)
+	}
+	conn, err := s.route(ctx)
+	if err != nil || conn != nil {
+		if err != nil {
+			return nil, err
+		}
+		return quotadv1.NewQuotaClient(conn).Refund(forwardCtx(ctx), req)
+	}
+	r, err := s.prop.propose(ctx, &fsmv1.Op{Op: &fsmv1.Op_Refund{Refund: &fsmv1.Refund{ClientId: req.ClientId, RequestId: req.RequestId}}})
+	if err != nil {
+		return nil, s.applyError(err)
+	}
+	return &quotadv1.RefundResponse{Refunded: r.Refunded}, nil
+}
+
+// MaxPause bounds how long one feedback can pause a scope.
+const MaxPause = time.Hour
+
+// Feedback pauses the scope a provider limited.
+func (s *Server) Feedback(ctx context.Context, req *quotadv1.FeedbackRequest) (*quotadv1.FeedbackResponse, error) {
+	if req.Domain == "" {
+		return nil, status.Error(codes.InvalidArgument, "domain is empty; name the limits domain the provider answered for")
+	}
+	if req.RetryAfterMs < 0 || time.Duration(req.RetryAfterMs)*time.Millisecond > MaxPause {
+		return nil, status.Errorf(codes.InvalidArgument, "retry_after_ms %d is outside 0..%d", req.RetryAfterMs, MaxPause.Milliseconds())
+	}
+	conn, err := s.route(ctx)
+	if err != nil || conn != nil {
+		if err != nil {
+			return nil, err
+		}
+		return quotadv1.NewQuotaClient(conn).Feedback(forwardCtx(ctx), req)
+	}
+	if req.RetryAfterMs == 0 {
+		// Nothing to pause for; the fair scheduler's adaptive limits act on such feedback.
+		return &quotadv1.FeedbackResponse{}, nil
+	}
+	d := time.Duration(req.RetryAfterMs) * time.Millisecond
+	r, err := s.prop.propose(ctx, &fsmv1.Op{Op: &fsmv1.Op_Pause{Pause: &fsmv1.Pause{Domain: req.Domain, Prefix: req.Descriptors, DurationNs: int64(d)}}})
+	if err != nil {
+		return nil, s.applyError(err)
+	}
+	if r.Err != nil {
+		return nil, status.Error(codes.InvalidArgument, r.Err.Error())
+	}
+	return &quotadv1.FeedbackResponse{PausedForMs: r.PausedFor.Milliseconds(), Scope: r.Scope}, nil
+}
+
+// Status reads buckets linearizably: leadership is verified with a quorum and the read waits
+// for everything committed before it to be applied.
+func (s *Server) Status(ctx context.Context, req *quotadv1.StatusRequest) (*quotadv1.StatusResponse, error) {
+	if req.Domain == "" {
+		return nil, status.Error(codes.InvalidArgument, "domain is empty")
+	}
+	conn, err := s.route(ctx)
+	if err != nil || conn != nil {
+		if err != nil {
+			return nil, err
+		}
+		return quotadv1.NewQuotaClient(conn).Status(forwardCtx(ctx), req)
+	}
+	if err := s.node.VerifyRead(ctx); err != nil {
+		return nil, s.applyError(err)
+	}
+	path := make([]quota.Entry, len(req.Descriptors))
+	for i, e := range req.Descriptors {
+		path[i] = quota.Entry{Key: e.Key, Value: e.Value}
+	}
+	bs, err := s.fsm.Status(req.Domain, path)
+	if err != nil {
+		return nil, status.Error(codes.NotFound, err.Error())
+	}
+	id, _ := s.node.Leader()
+	resp := &quotadv1.StatusResponse{AppliedIndex: s.fsm.AppliedIndex(), LeaderId: id}
+	for _, b := range bs {
+		resp.Buckets = append(resp.Buckets, &quotadv1.BucketStatus{
+			Scope: b.Scope, Key: b.Key, Limit: b.Limit, Burst: b.Burst, Remaining: b.Remaining,
+			ResetAfterMs: ceilMs(b.ResetAfter), InFlight: b.InFlight, MaxInFlight: b.MaxInFlight,
+			PausedForMs: ceilMs(b.PausedFor), WindowMs: b.Window.Milliseconds(),
+		})
+	}
+	return resp, nil
+}
+
+// ApplyLimits parses, validates and replicates a limits file.
+func (s *Server) ApplyLimits(ctx context.Context, req *quotadv1.ApplyLimitsRequest) (*quotadv1.ApplyLimitsResponse, error) {
+	name := req.FileName
+	if name == "" {
+		name = "limits"
+	}
+	limits, err := config.Parse(name, []byte(req.Yaml))
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	conn, err := s.route(ctx)
+	if err != nil || conn != nil {
+		if err != nil {
+			return nil, err
+		}
+		return quotadv1.NewAdminClient(conn).ApplyLimits(forwardCtx(ctx), req)
+	}
+	version, err := s.applyLimits(ctx, limits)
+	if err != nil {
+		return nil, err
+	}
+	resp := &quotadv1.ApplyLimitsResponse{Version: version}
+	for _, d := range limits.Domains {
+		resp.Domains = append(resp.Domains, d.Name)
+	}
+	return resp, nil
+}
+
+func (s *Server) applyLimits(ctx context.Context, limits *quota.Limits) (uint64, error) {
+	data, err := json.Marshal(limits)
+	if err != nil {
+		return 0, status.Errorf(codes.Internal, "encoding limits: %v", err)
+	}
+	r, err := s.prop.propose(ctx, &fsmv1.Op{Op: &fsmv1.Op_SetLimits{SetLimits: &fsmv1.SetLimits{LimitsJson: data}}})
+	if err != nil {
+		return 0, s.applyError(err)
+	}
+	if r.Err != nil {
+		return 0, status.Error(codes.InvalidArgument, r.Err.Error())
+	}
+	return r.LimitsVersion, nil
+}
+
+// GetLimits returns the limits in force, linearizably, as YAML that ApplyLimits accepts.
+func (s *Server) GetLimits(ctx context.Context, req *quotadv1.GetLimitsRequest) (*quotadv1.GetLimitsResponse, error) {
+	conn, err := s.route(ctx)
+	if err != nil || conn != nil {
+		if err != nil {
+			return nil, err
+		}
+		return quotadv1.NewAdminClient(conn).GetLimits(forwardCtx(ctx), req)
+	}
+	if err := s.node.VerifyRead(ctx); err != nil {
+		return nil, s.applyError(err)
+	}
+	l := s.fsm.Limits()
+	return &quotadv1.GetLimitsResponse{Version: l.Version, Yaml: string(config.Format(l))}, nil
+}
+
+// Members lists the cluster's servers as this node sees them (answered locally, so it works
+// without a leader — that is when an operator needs it most).
+func (s *Server) Members(ctx context.Context, _ *quotadv1.MembersRequest) (*quotadv1.MembersResponse, error) {
+	resp := &quotadv1.MembersResponse{}
+	for _, m := range s.node.Members() {
+		pm := &quotadv1.Member{
+			Id: m.ID, GrpcAddr: m.GRPCAddr, RaftAddr: m.RaftAddr, Suffrage: m.Suffrage,
+			State: m.State, AppliedIndex: m.AppliedIndex, GossipAddr: m.GossipAddr, HttpAddr: m.HTTPAddr,
+		}
+		if m.State == "leader" {
+			resp.Leader = pm
+		}
+		resp.Members = append(resp.Members, pm)
+	}
+	return resp, nil
+}
+
+// TransferLeadership hands leadership to another voter.
+func (s *Server) TransferLeadership(ctx context.Context, req *quotadv1.TransferLeadershipRequest) (*quotadv1.TransferLeadershipResponse, error) {
+	conn, err := s.route(ctx)
+	if err != nil || conn != nil {
+		if err != nil {
+			return nil, err
+		}
+		return quotadv1.NewAdminClient(conn).TransferLeadership(forwardCtx(ctx), req)
+	}
+	if err := s.node.TransferLeadership(req.To); err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "transferring leadership to %q: %v", req.To, err)
+	}
+	id, _ := s.node.Leader()
+	return &quotadv1.TransferLeadershipResponse{LeaderId: id}, nil
+}
