@@ -268,10 +268,10 @@ func (p *parser) document(doc *yaml.Node) (parsedDomain, bool) {
 	out := parsedDomain{file: p.file, line: root.Line}
 	ok := false
 	if df, has := f["domain"]; !has {
-		p.errorf(root, "domain", "missing; start the document with the domain it limits, e.g. domain: provider")
+		p.missing(root, "domain", "domain", "missing; start the document with the domain it limits, e.g. domain: provider")
 	} else if name, good := p.str(df.val, "domain", "domain: provider"); good {
 		if name == "" {
-			p.errorf(df.key, "domain", "is empty; name the domain, e.g. domain: provider")
+			p.errorf(df.key, "domain", "\"\" is empty; name the domain, e.g. domain: provider")
 		} else {
 			out.Name, out.line, ok = name, df.key.Line, true
 		}
@@ -341,10 +341,10 @@ func (p *parser) descriptor(n *yaml.Node, path string, depth int) (quota.Node, b
 	var d quota.Node
 	ok := false
 	if kf, has := f["key"]; !has {
-		p.errorf(n, join(path, "key"), "missing; every descriptor needs a key, e.g. key: tenant")
+		p.missing(n, "key", join(path, "key"), "missing; every descriptor needs a key, e.g. key: tenant")
 	} else if key, good := p.str(kf.val, join(path, "key"), "key: tenant"); good {
 		if key == "" {
-			p.errorf(kf.key, join(path, "key"), "is empty; every descriptor needs a key, e.g. key: tenant")
+			p.errorf(kf.key, join(path, "key"), "\"\" is empty; every descriptor needs a key, e.g. key: tenant")
 		} else {
 			d.Key, ok = key, true
 		}
@@ -472,7 +472,7 @@ func (p *parser) rateLimit(n *yaml.Node, path string, domainLevel bool) rateSpec
 	good := true
 	unit := time.Duration(0)
 	if !hasUnit {
-		p.errorf(n, join(path, "unit"), "missing; add unit: %s", unitChoices)
+		p.missing(n, "unit", join(path, "unit"), "missing; add unit: %s", unitChoices)
 		good = false
 	} else if s, ok := p.str(unitF.val, join(path, "unit"), "unit: second"); !ok {
 		good = false
@@ -482,7 +482,7 @@ func (p *parser) rateLimit(n *yaml.Node, path string, domainLevel bool) rateSpec
 	}
 	var rpu uint64
 	if !hasRPU {
-		p.errorf(n, join(path, "requests_per_unit"), "missing; add requests_per_unit: N, the units allowed per %s", orDefault(unitF.val, "unit"))
+		p.missing(n, "requests_per_unit", join(path, "requests_per_unit"), "missing; add requests_per_unit: N, the units allowed per %s", orDefault(unitF.val, "unit"))
 		good = false
 	} else if v, ok := p.count(rpuF.val, join(path, "requests_per_unit"), MaxUnits, zeroHint); ok {
 		rpu = v
@@ -555,7 +555,7 @@ func (p *parser) replaces(n *yaml.Node, path string) []string {
 		f := p.fields(item, ipath, replacesKeys)
 		nf, has := f["name"]
 		if !has {
-			p.errorf(item, join(ipath, "name"), "missing; name the limit this one replaces, e.g. - name: other-limit")
+			p.missing(item, "name", join(ipath, "name"), "missing; name the limit this one replaces, e.g. - name: other-limit")
 			continue
 		}
 		name, ok := p.str(nf.val, join(ipath, "name"), "name: other-limit")
@@ -563,7 +563,7 @@ func (p *parser) replaces(n *yaml.Node, path string) []string {
 			continue
 		}
 		if name == "" {
-			p.errorf(nf.key, join(ipath, "name"), "is empty; name the limit this one replaces, e.g. - name: other-limit")
+			p.errorf(nf.key, join(ipath, "name"), "\"\" is empty; name the limit this one replaces, e.g. - name: other-limit")
 			continue
 		}
 		out = append(out, name)
@@ -581,7 +581,7 @@ func (p *parser) concurrency(n *yaml.Node, path string) *quota.Concurrency {
 	c := quota.Concurrency{LeaseTTL: DefaultLeaseTTL}
 	good := true
 	if mf, has := f["max_in_flight"]; !has {
-		p.errorf(n, join(path, "max_in_flight"), "missing; add max_in_flight: N, the permits that may be held at once")
+		p.missing(n, "max_in_flight", join(path, "max_in_flight"), "missing; add max_in_flight: N, the permits that may be held at once")
 		good = false
 	} else if m, ok := p.count(mf.val, join(path, "max_in_flight"), MaxUnits, ""); ok {
 		c.MaxInFlight = m

@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -24,6 +25,18 @@ type parser struct {
 	errs      []*Error
 	nodesLeft int
 	exhausted bool
+	// typos remembers, per mapping, the allowed keys that an unknown key was taken to be a
+	// misspelling of, so that the key is not also reported missing.
+	typos map[*yaml.Node]map[string]bool
+}
+
+// missing reports a required key absent from mapping m, unless an unknown key in m was
+// already reported as its misspelling.
+func (p *parser) missing(m *yaml.Node, key, path, format string, args ...any) {
+	if p.typos[m][key] {
+		return
+	}
+	p.errorf(m, path, format, args...)
 }
 
 func (p *parser) errorf(n *yaml.Node, path, format string, args ...any) {
@@ -122,6 +135,13 @@ func (p *parser) collectFields(m *yaml.Node, path string, allowed []string, out 
 			hint := ""
 			if s := suggest(name, allowed); s != "" {
 				hint = fmt.Sprintf("did you mean %q? ", s)
+				if p.typos == nil {
+					p.typos = make(map[*yaml.Node]map[string]bool)
+				}
+				if p.typos[m] == nil {
+					p.typos[m] = make(map[string]bool)
+				}
+				p.typos[m][s] = true
 			}
 			p.errorf(k, join(path, name), "unknown key %q; %sallowed here: %s", name, hint, strings.Join(allowed, ", "))
 			continue
@@ -244,6 +264,10 @@ func (p *parser) count(n *yaml.Node, path string, maxValue uint64, zeroHint stri
 		p.errorf(n, path, "%q is a string; write the number without quotes, e.g. %s: 10", n.Value, lastKey(path))
 		return 0, false
 	case "!!float":
+		if wholeNumberRE.MatchString(n.Value) { // too many digits for an integer
+			p.errorf(n, path, "%s is too large; use at most %d", n.Value, maxValue)
+			return 0, false
+		}
 		p.errorf(n, path, "%s is not a whole number; use digits only, e.g. %s: 10", n.Value, lastKey(path))
 		return 0, false
 	default:
@@ -272,6 +296,8 @@ func (p *parser) count(n *yaml.Node, path string, maxValue uint64, zeroHint stri
 	p.errorf(n, path, "%s is too large; use at most %d", n.Value, maxValue)
 	return 0, false
 }
+
+var wholeNumberRE = regexp.MustCompile(`^[-+]?[0-9][0-9_]*$`)
 
 func (p *parser) boolean(n *yaml.Node, path string) (bool, bool) {
 	n = deref(n)

@@ -100,8 +100,9 @@ func (r *rateParams) timeFor(needMicro uint64) time.Duration {
 	return time.Duration(d)
 }
 
-// waitUntil returns how long after now a bucket in state (tokens, last) — already refilled to
-// now — holds wantMicro micro-units. Measured from last, since the credit accrues from there.
+// waitUntil returns how long after now a bucket whose stored state is (tokens, last) holds
+// wantMicro micro-units (0 if it already does). Computed from the stored state, not a refilled
+// copy, so it is exact for what later refills will compute.
 func (r *rateParams) waitUntil(tokens uint64, last, now Time, wantMicro uint64) time.Duration {
 	if tokens >= wantMicro {
 		return 0

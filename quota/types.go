@@ -152,6 +152,9 @@ type Decision struct {
 	Charges []string
 	// Cost actually debited from each charged bucket.
 	Cost uint64
+	// ShadowDenials lists the scopes of shadow-mode levels that would have refused this request
+	// (they were skipped: no debit, no permit). Nil when none.
+	ShadowDenials []string
 }
 
 // BucketStatus is a read-only view of one level on a descriptor path.

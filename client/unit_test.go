@@ -1,0 +1,151 @@
+package client
+
+import (
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+)
+
+func TestBackoffFullJitterBounds(t *testing.T) {
+	b := BackoffConfig{Initial: 10 * time.Millisecond, Max: 200 * time.Millisecond, Factor: 2}
+	for attempt, ceil := range []time.Duration{10, 20, 40, 80, 160, 200, 200} {
+		ceil *= time.Millisecond
+		var maxSeen, minSeen time.Duration = 0, time.Hour
+		for range 2000 {
+			d := b.delay(attempt)
+			if d < 0 || d > ceil {
+				t.Fatalf("attempt %d: delay %v outside [0, %v]", attempt, d, ceil)
+			}
+			maxSeen, minSeen = max(maxSeen, d), min(minSeen, d)
+		}
+		// Full jitter spreads over the whole range, not around the ceiling.
+		if maxSeen < ceil*8/10 || minSeen > ceil*2/10 {
+			t.Errorf("attempt %d: delays in [%v, %v], want spread over [0, %v]", attempt, minSeen, maxSeen, ceil)
+		}
+	}
+	if d := b.delay(10_000); d > b.Max {
+		t.Errorf("huge attempt: %v > Max", d)
+	}
+}
+
+func TestRequestIDsUniqueAndStartAtClock(t *testing.T) {
+	before := uint64(time.Now().UnixNano())
+	c, err := New(Config{Addrs: []string{"127.0.0.1:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if len(c.ClientID()) != 32 {
+		t.Errorf("generated client ID %q, want 32 hex digits", c.ClientID())
+	}
+	c2, _ := New(Config{Addrs: []string{"127.0.0.1:1"}})
+	defer c2.Close()
+	if c.ClientID() == c2.ClientID() {
+		t.Error("two clients got the same random ID")
+	}
+	const goroutines, per = 16, 1000
+	ids := make([][]uint64, goroutines)
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Go(func() {
+			for range per {
+				ids[g] = append(ids[g], c.nextID())
+			}
+		})
+	}
+	wg.Wait()
+	seen := map[uint64]bool{}
+	for _, l := range ids {
+		for _, id := range l {
+			if id <= before || seen[id] {
+				t.Fatalf("request ID %d repeated or not above the start clock %d", id, before)
+			}
+			seen[id] = true
+		}
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	if err := DefaultConfig("a:1").Validate(); err != nil {
+		t.Fatalf("DefaultConfig: %v", err)
+	}
+	bad := Config{Batch: BatchConfig{MaxSize: 5000}, Backoff: BackoffConfig{Initial: time.Second, Max: time.Millisecond, Factor: 0.5}}
+	err := bad.Validate()
+	if err == nil {
+		t.Fatal("want an error")
+	}
+	for _, want := range []string{"Addrs is empty", "MaxSize 5000", "Initial 1s and Backoff.Max 1ms", "Factor 0.5"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
+	}
+	if _, err := New(bad); err == nil {
+		t.Error("New accepted an invalid config")
+	}
+}
+
+func TestErrorTaxonomy(t *testing.T) {
+	at := time.Now()
+	cases := []struct {
+		reason   string
+		admitted bool
+		is       error
+	}{
+		{"ok", true, nil},
+		{"rate_limited", false, ErrDenied},
+		{"concurrency_limited", false, ErrDenied},
+		{"paused", false, ErrDenied},
+		{"retry_budget_exhausted", false, ErrDenied},
+		{"some_future_reason", false, ErrDenied},
+		{"invalid", false, ErrInvalid},
+		{"unknown_domain", false, ErrInvalid},
+	}
+	for _, tc := range cases {
+		d := decisionFromProto(&quotadv1.Decision{Admitted: tc.admitted, Reason: tc.reason, Scope: "tenant", RetryAfterMs: 1500}, 7, at)
+		err := decisionError(d)
+		if tc.is == nil {
+			if err != nil {
+				t.Errorf("%s: %v", tc.reason, err)
+			}
+			continue
+		}
+		if !errors.Is(err, tc.is) {
+			t.Errorf("%s: %v is not %v", tc.reason, err, tc.is)
+		}
+		for _, other := range []error{ErrDenied, ErrInvalid, ErrUnavailable} {
+			if other != tc.is && errors.Is(err, other) {
+				t.Errorf("%s: %v also matches %v", tc.reason, err, other)
+			}
+		}
+		if tc.is == ErrDenied {
+			var de *DeniedError
+			if !errors.As(err, &de) || de.Decision.RequestID != 7 || de.Decision.RetryAt() != at.Add(1500*time.Millisecond) {
+				t.Errorf("%s: DeniedError %+v", tc.reason, de)
+			}
+			if ra, ok := RetryAfter(err); !ok || ra != 1500*time.Millisecond {
+				t.Errorf("%s: RetryAfter = %v, %v", tc.reason, ra, ok)
+			}
+		}
+	}
+}
+
+func TestRequestValidation(t *testing.T) {
+	for _, r := range []Request{
+		{},
+		{Domain: "d", Descriptors: []Entry{{Key: "", Value: "x"}}},
+		{Domain: "d", LeaseTTL: -1},
+		{Domain: "d", MaxWait: -1},
+	} {
+		if err := r.validate(); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%+v: err %v, want ErrInvalid", r, err)
+		}
+	}
+	a := (&Request{Domain: "d", Descriptors: Descriptors("tenant", "acme"), LeaseTTL: 1500 * time.Microsecond}).admission(9)
+	if a.Attempt != 1 || a.LeaseTtlMs != 2 || a.RequestId != 9 || a.Descriptors[0].Value != "acme" {
+		t.Errorf("admission %v", a)
+	}
+}

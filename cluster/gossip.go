@@ -1,0 +1,309 @@
+package cluster
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/hashicorp/raft"
+)
+
+// nodeMeta is what a node advertises in its memberlist metadata (JSON, well under
+// memberlist.MetaMaxSize; Config.Validate bounds the variable parts).
+type nodeMeta struct {
+	Version  int    `json:"v"`
+	ID       string `json:"id"`
+	Raft     string `json:"r"`
+	GRPC     string `json:"g,omitempty"`
+	HTTP     string `json:"h,omitempty"`
+	Expect   int    `json:"e,omitempty"` // BootstrapExpect
+	HasState bool   `json:"s,omitempty"` // has Raft state: part of (or was part of) a cluster
+	Applied  uint64 `json:"a,omitempty"` // FSM applied index
+}
+
+const metaVersion = 1
+
+// peer is this node's view of one gossip member.
+type peer struct {
+	meta       nodeMeta
+	gossipAddr string
+	alive      bool
+	left       bool      // left gracefully (vs. failed)
+	since      time.Time // Clock reading at the last alive/dead transition
+}
+
+type gossipState struct {
+	mu    sync.Mutex
+	peers map[string]*peer // by ID (memberlist node name)
+
+	metaMu sync.Mutex
+	meta   nodeMeta
+	raw    []byte
+}
+
+func (n *Node) startGossip() error {
+	ip, port, err := resolveIPPort(n.cfg.GossipAddr)
+	if err != nil {
+		return fmt.Errorf("cluster: GossipAddr %q: %w", n.cfg.GossipAddr, err)
+	}
+	n.setMeta(func(m *nodeMeta) {
+		*m = nodeMeta{
+			Version:  metaVersion,
+			ID:       n.cfg.ID,
+			Raft:     n.raftAddr,
+			GRPC:     n.cfg.GRPCAddr,
+			HTTP:     n.cfg.HTTPAddr,
+			Expect:   n.cfg.BootstrapExpect,
+			HasState: n.raft.LastIndex() > 0,
+			Applied:  n.fsm.AppliedIndex(),
+		}
+	})
+
+	mc := memberlist.DefaultLocalConfig()
+	mc.Name = n.cfg.ID
+	mc.BindAddr = ip.String()
+	mc.BindPort = port
+	// Fast failure detection for a LAN of a few nodes: a failed node is suspected within
+	// ~0.5 s and declared dead ~1–3 s later. A false suspicion only matters after
+	// DeadNodeTimeout, and the suspect refutes it long before.
+	mc.ProbeInterval = 500 * time.Millisecond
+	mc.ProbeTimeout = 250 * time.Millisecond
+	mc.SuspicionMult = 2
+	mc.SuspicionMaxTimeoutMult = 3
+	mc.PushPullInterval = 5 * time.Second
+	// A node restarting on a new address (same ID) may reclaim its name this soon after it
+	// was declared dead (immediately if it left gracefully).
+	mc.DeadNodeReclaimTime = time.Second
+	mc.SecretKey = n.cfg.GossipSecretKey
+	mc.Logger = newStdLogger(n.log, "memberlist", n.cfg.LibraryLogLevel)
+	mc.Delegate = gossipDelegate{n}
+	mc.Events = gossipEvents{n}
+	ml, err := memberlist.Create(mc)
+	if err != nil {
+		return fmt.Errorf("cluster: start gossip on %q: %w", n.cfg.GossipAddr, err)
+	}
+	n.ml = ml
+	local := ml.LocalNode()
+	n.gossipAddr = net.JoinHostPort(local.Addr.String(), strconv.Itoa(int(local.Port)))
+	return nil
+}
+
+func (n *Node) setMeta(update func(*nodeMeta)) (changed bool) {
+	g := &n.gossip
+	g.metaMu.Lock()
+	defer g.metaMu.Unlock()
+	m := g.meta
+	update(&m)
+	if m == g.meta && g.raw != nil {
+		return false
+	}
+	raw, err := json.Marshal(m)
+	if err != nil {
+		panic(err) // plain struct; cannot fail
+	}
+	g.meta, g.raw = m, raw
+	return true
+}
+
+// metaLoop re-advertises the applied index and whether this node has Raft state.
+func (n *Node) metaLoop() {
+	for n.sleepCtx(n.cfg.MetaInterval) {
+		changed := n.setMeta(func(m *nodeMeta) {
+			m.Applied = n.fsm.AppliedIndex()
+			m.HasState = m.HasState || n.raft.LastIndex() > 0
+		})
+		if changed {
+			if err := n.ml.UpdateNode(n.cfg.MetaInterval); err != nil && n.ctx.Err() == nil {
+				n.log.Debug("gossip meta update", "err", err)
+			}
+		}
+	}
+}
+
+// joinLoop joins the configured gossip addresses, retrying with backoff until one answers.
+func (n *Node) joinLoop() {
+	var addrs []string
+	for _, a := range n.cfg.Join {
+		if a != n.gossipAddr && a != n.cfg.GossipAddr {
+			addrs = append(addrs, a)
+		}
+	}
+	if len(addrs) == 0 {
+		return
+	}
+	backoff := n.cfg.JoinRetryMin
+	for attempt := 1; ; attempt++ {
+		k, err := n.ml.Join(addrs)
+		if k > 0 {
+			n.log.Info("joined gossip", "contacted", k, "attempt", attempt)
+			return
+		}
+		lvl := n.log.Debug
+		if attempt%10 == 0 {
+			lvl = n.log.Warn
+		}
+		lvl("gossip join failed; retrying", "addrs", addrs, "attempt", attempt, "err", err, "backoff", backoff)
+		if !n.sleepCtx(backoff) {
+			return
+		}
+		backoff = min(2*backoff, n.cfg.JoinRetryMax)
+	}
+}
+
+// bootstrapLoop bootstraps a new cluster once exactly BootstrapExpect gossip members
+// without Raft state are visible. It gives up as soon as any member has state (an existing
+// cluster: its leader will add this node) or this node got state.
+func (n *Node) bootstrapLoop() {
+	warned := false
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-n.bootstrapCh:
+		case <-time.After(200 * time.Millisecond):
+		}
+		if n.raft.LastIndex() > 0 {
+			return
+		}
+		members := n.ml.Members()
+		var servers []raft.Server
+		for _, m := range members {
+			var meta nodeMeta
+			if err := json.Unmarshal(m.Meta, &meta); err != nil || meta.Raft == "" {
+				continue
+			}
+			if meta.HasState && m.Name != n.cfg.ID {
+				n.log.Info("existing cluster seen in gossip; not bootstrapping", "member", m.Name)
+				return
+			}
+			if meta.Expect != n.cfg.BootstrapExpect {
+				if !warned {
+					n.log.Warn("gossip member has a different bootstrap-expect; not bootstrapping",
+						"member", m.Name, "theirs", meta.Expect, "ours", n.cfg.BootstrapExpect)
+					warned = true
+				}
+				servers = nil
+				break
+			}
+			servers = append(servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(m.Name), Address: raft.ServerAddress(meta.Raft)})
+		}
+		if len(servers) != n.cfg.BootstrapExpect {
+			if len(servers) > n.cfg.BootstrapExpect && !warned {
+				n.log.Warn("more gossip members than bootstrap-expect; not bootstrapping",
+					"members", len(servers), "expect", n.cfg.BootstrapExpect)
+				warned = true
+			}
+			continue
+		}
+		slices.SortFunc(servers, func(a, b raft.Server) int {
+			return compareStrings(string(a.ID), string(b.ID))
+		})
+		err := n.raft.BootstrapCluster(raft.Configuration{Servers: servers}).Error()
+		if err != nil && err != raft.ErrCantBootstrap {
+			n.log.Warn("bootstrap failed; retrying", "err", err)
+			continue
+		}
+		n.log.Info("bootstrapped cluster", "servers", fmt.Sprint(servers))
+		n.setMeta(func(m *nodeMeta) { m.HasState = true })
+		_ = n.ml.UpdateNode(n.cfg.MetaInterval)
+		return
+	}
+}
+
+func compareStrings(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func (n *Node) triggerReconcile() {
+	select {
+	case n.reconcileCh <- struct{}{}:
+	default:
+	}
+}
+
+func (n *Node) peer(id string) (peer, bool) {
+	n.gossip.mu.Lock()
+	defer n.gossip.mu.Unlock()
+	p, ok := n.gossip.peers[id]
+	if !ok {
+		return peer{}, false
+	}
+	return *p, true
+}
+
+func (n *Node) peersSnapshot() map[string]peer {
+	n.gossip.mu.Lock()
+	defer n.gossip.mu.Unlock()
+	out := make(map[string]peer, len(n.gossip.peers))
+	for id, p := range n.gossip.peers {
+		out[id] = *p
+	}
+	return out
+}
+
+// gossipEvents records membership changes. memberlist calls it with its own locks held,
+// so it only updates the peer map and signals.
+type gossipEvents struct{ n *Node }
+
+func (e gossipEvents) NotifyJoin(m *memberlist.Node)   { e.n.onGossip(m, true) }
+func (e gossipEvents) NotifyLeave(m *memberlist.Node)  { e.n.onGossip(m, false) }
+func (e gossipEvents) NotifyUpdate(m *memberlist.Node) { e.n.onGossip(m, true) }
+
+func (n *Node) onGossip(m *memberlist.Node, alive bool) {
+	var meta nodeMeta
+	if err := json.Unmarshal(m.Meta, &meta); err != nil {
+		n.log.Warn("ignoring gossip member with unreadable metadata", "member", m.Name, "err", err)
+		return
+	}
+	now := n.clock.Now()
+	n.gossip.mu.Lock()
+	p, ok := n.gossip.peers[m.Name]
+	if !ok {
+		p = &peer{}
+		n.gossip.peers[m.Name] = p
+	}
+	if !ok || p.alive != alive {
+		p.since = now
+	}
+	p.meta = meta
+	p.gossipAddr = net.JoinHostPort(m.Addr.String(), strconv.Itoa(int(m.Port)))
+	p.alive = alive
+	p.left = !alive && m.State == memberlist.StateLeft
+	n.gossip.mu.Unlock()
+	if !ok || !alive {
+		n.log.Info("gossip member", "member", m.Name, "alive", alive, "left", p.left, "addr", p.gossipAddr)
+	}
+	n.triggerReconcile()
+	select {
+	case n.bootstrapCh <- struct{}{}:
+	default:
+	}
+}
+
+// gossipDelegate supplies this node's metadata; no user messages or state are exchanged.
+type gossipDelegate struct{ n *Node }
+
+func (d gossipDelegate) NodeMeta(limit int) []byte {
+	d.n.gossip.metaMu.Lock()
+	defer d.n.gossip.metaMu.Unlock()
+	if len(d.n.gossip.raw) > limit {
+		d.n.log.Error("gossip metadata too large; advertising nothing", "size", len(d.n.gossip.raw), "limit", limit)
+		return nil
+	}
+	return d.n.gossip.raw
+}
+func (gossipDelegate) NotifyMsg([]byte)                           {}
+func (gossipDelegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
+func (gossipDelegate) LocalState(join bool) []byte                { return nil }
+func (gossipDelegate) MergeRemoteState(buf []byte, join bool)     {}

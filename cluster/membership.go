@@ -1,0 +1,251 @@
+package cluster
+
+import (
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// Member is one node as this node sees it: the union of the Raft configuration and gossip.
+type Member struct {
+	ID         string
+	RaftAddr   string
+	GossipAddr string // "" if not seen in gossip
+	GRPCAddr   string
+	HTTPAddr   string
+	Suffrage   string // SuffrageVoter, SuffrageNonvoter, or "" if not in the Raft configuration
+	State      string // StateLeader, StateFollower, ...
+	// AppliedIndex is the member's FSM applied index: exact for this node, as last
+	// advertised through gossip (about Config.MetaInterval stale) for others.
+	AppliedIndex uint64
+}
+
+// Member suffrages and states.
+const (
+	SuffrageVoter    = "voter"
+	SuffrageNonvoter = "nonvoter"
+
+	StateLeader      = "leader"      // the Raft leader
+	StateFollower    = "follower"    // in the configuration and alive in gossip
+	StateCandidate   = "candidate"   // this node, campaigning
+	StateUnreachable = "unreachable" // gossip reports it failed, or never saw it
+	StateLeft        = "left"        // left gossip gracefully (shut down)
+	StateJoining     = "joining"     // alive in gossip but not (yet) in the configuration
+)
+
+// Members returns every node in the Raft configuration or alive in gossip, sorted by ID.
+func (n *Node) Members() []Member {
+	var servers []raft.Server
+	if cf := n.raft.GetConfiguration(); cf.Error() == nil {
+		servers = cf.Configuration().Servers
+	}
+	peers := n.peersSnapshot()
+	_, leaderID := n.raft.LeaderWithID()
+	seen := make(map[string]bool, len(servers))
+	var out []Member
+	fill := func(m *Member) {
+		if p, ok := peers[m.ID]; ok {
+			m.GossipAddr, m.GRPCAddr, m.HTTPAddr, m.AppliedIndex = p.gossipAddr, p.meta.GRPC, p.meta.HTTP, p.meta.Applied
+			switch {
+			case p.alive:
+				m.State = StateFollower
+			case p.left:
+				m.State = StateLeft
+			default:
+				m.State = StateUnreachable
+			}
+		} else {
+			m.State = StateUnreachable
+		}
+		if m.ID == n.cfg.ID {
+			m.GossipAddr, m.GRPCAddr, m.HTTPAddr = n.gossipAddr, n.cfg.GRPCAddr, n.cfg.HTTPAddr
+			m.AppliedIndex = n.fsm.AppliedIndex()
+			m.State = StateFollower
+			if n.raft.State() == raft.Candidate {
+				m.State = StateCandidate
+			}
+		}
+		if m.ID == string(leaderID) {
+			m.State = StateLeader
+		}
+	}
+	for _, s := range servers {
+		m := Member{ID: string(s.ID), RaftAddr: string(s.Address), Suffrage: SuffrageNonvoter}
+		if s.Suffrage == raft.Voter {
+			m.Suffrage = SuffrageVoter
+		}
+		fill(&m)
+		seen[m.ID] = true
+		out = append(out, m)
+	}
+	for id, p := range peers {
+		if seen[id] || !p.alive {
+			continue
+		}
+		m := Member{ID: id, RaftAddr: p.meta.Raft}
+		fill(&m)
+		m.State = StateJoining
+		out = append(out, m)
+	}
+	slices.SortFunc(out, func(a, b Member) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+// reconcileLoop makes the Raft configuration follow gossip while this node is the
+// established leader: add new nodes as non-voters, promote caught-up non-voters, follow
+// address changes, remove nodes dead for longer than DeadNodeTimeout (keeping MinVoters).
+func (n *Node) reconcileLoop() {
+	var r reconciler
+	t := time.NewTicker(n.cfg.ReconcileInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-t.C:
+		case <-n.reconcileCh:
+		}
+		term, ok := n.readyTerm()
+		if !ok {
+			r = reconciler{}
+			continue
+		}
+		if r.term != term {
+			r = reconciler{term: term, leaderSince: n.clock.Now(), catchUp: map[string]time.Time{}}
+		}
+		n.reconcile(&r)
+	}
+}
+
+// reconciler is the leader's bookkeeping for one term.
+type reconciler struct {
+	term        uint64
+	leaderSince time.Time            // for servers gossip never reported: dead since then at most
+	catchUp     map[string]time.Time // non-voter ID -> since when continuously caught up
+	prevIndex   uint64               // leader's applied index at the previous round
+	prevAt      time.Time
+}
+
+func (n *Node) reconcile(r *reconciler) {
+	cf := n.raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		n.log.Warn("reconcile: read configuration", "err", err)
+		return
+	}
+	servers := cf.Configuration().Servers
+	now := n.clock.Now()
+	peers := n.peersSnapshot()
+	leaderIdx := n.fsm.AppliedIndex()
+	// Compare non-voters with the leader one round back: their advertisement is that stale.
+	ref := r.prevIndex
+	if now.Sub(r.prevAt) >= n.cfg.ReconcileInterval/2 {
+		r.prevIndex, r.prevAt = leaderIdx, now
+	}
+	timeout := n.cfg.ElectionTimeout
+
+	voters := 0
+	inConfig := make(map[string]bool, len(servers))
+	for _, s := range servers {
+		inConfig[string(s.ID)] = true
+		if s.Suffrage == raft.Voter {
+			voters++
+		}
+	}
+	for _, s := range servers {
+		id := string(s.ID)
+		if id == n.cfg.ID {
+			if string(s.Address) != n.raftAddr {
+				n.changeServer("update own address", s, raft.ServerAddress(n.raftAddr), s.Suffrage, timeout)
+			}
+			continue
+		}
+		p, known := peers[id]
+		if known && p.alive {
+			if p.meta.Raft != "" && p.meta.Raft != string(s.Address) {
+				n.changeServer("update address", s, raft.ServerAddress(p.meta.Raft), s.Suffrage, timeout)
+				s.Address = raft.ServerAddress(p.meta.Raft)
+			}
+			if s.Suffrage == raft.Nonvoter {
+				if n.caughtUp(r, id, p, ref, now) {
+					if n.changeServer("promote caught-up non-voter", s, s.Address, raft.Voter, timeout) {
+						voters++
+					}
+					delete(r.catchUp, id)
+				}
+			}
+			continue
+		}
+		delete(r.catchUp, id)
+		deadSince := r.leaderSince
+		if known && p.since.After(deadSince) {
+			deadSince = p.since
+		}
+		if now.Sub(deadSince) < n.cfg.DeadNodeTimeout {
+			continue
+		}
+		if s.Suffrage == raft.Voter && voters-1 < n.cfg.MinVoters {
+			continue // keep it: removing would leave fewer than MinVoters voters
+		}
+		f := n.raft.RemoveServer(s.ID, 0, timeout)
+		if err := f.Error(); err != nil {
+			n.log.Warn("reconcile: remove dead server failed", "server", id, "err", err)
+			continue
+		}
+		n.log.Info("removed dead server", "server", id, "suffrage", s.Suffrage.String(),
+			"dead_for", now.Sub(deadSince).Round(time.Millisecond))
+		if s.Suffrage == raft.Voter {
+			voters--
+		}
+	}
+	ids := make([]string, 0, len(peers))
+	for id := range peers {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		p := peers[id]
+		if inConfig[id] || !p.alive || p.meta.Raft == "" || id == n.cfg.ID {
+			continue
+		}
+		f := n.raft.AddNonvoter(raft.ServerID(id), raft.ServerAddress(p.meta.Raft), 0, timeout)
+		if err := f.Error(); err != nil {
+			n.log.Warn("reconcile: add non-voter failed", "server", id, "err", err)
+			continue
+		}
+		n.log.Info("added non-voter", "server", id, "raft_addr", p.meta.Raft)
+	}
+}
+
+// caughtUp reports whether non-voter id has been within PromoteMaxLag of the leader for
+// PromoteStableFor.
+func (n *Node) caughtUp(r *reconciler, id string, p peer, ref uint64, now time.Time) bool {
+	ok := p.meta.HasState && p.meta.Applied+n.cfg.PromoteMaxLag >= ref
+	if !ok {
+		delete(r.catchUp, id)
+		return false
+	}
+	since, seen := r.catchUp[id]
+	if !seen {
+		r.catchUp[id] = now
+		return false
+	}
+	return now.Sub(since) >= n.cfg.PromoteStableFor
+}
+
+// changeServer adds or updates s with the given address and suffrage; true on success.
+func (n *Node) changeServer(what string, s raft.Server, addr raft.ServerAddress, suffrage raft.ServerSuffrage, timeout time.Duration) bool {
+	var f raft.IndexFuture
+	if suffrage == raft.Voter {
+		f = n.raft.AddVoter(s.ID, addr, 0, timeout)
+	} else {
+		f = n.raft.AddNonvoter(s.ID, addr, 0, timeout)
+	}
+	if err := f.Error(); err != nil {
+		n.log.Warn("reconcile: "+what+" failed", "server", s.ID, "addr", addr, "err", err)
+		return false
+	}
+	n.log.Info("reconcile: "+what, "server", s.ID, "old_addr", s.Address, "addr", addr, "suffrage", suffrage.String())
+	return true
+}

@@ -1,0 +1,520 @@
+// Package cluster runs one quotad node: a hashicorp/raft replica (BoltDB log and stable store
+// fsynced on every write, an in-memory log cache, file snapshots, TCP transport), memberlist
+// gossip for discovery, joining, bootstrapping and dead-node cleanup, and the leader's
+// monotonic clock and idle ticks.
+//
+// cluster owns every clock read that reaches the state machine: while this node is the
+// established leader, Now() stamps commands with FSM time derived from the monotonic clock,
+// and the FSM itself never reads a clock. cluster never interprets log entries; it must never
+// serve reads from follower state (see VerifyRead) and never turns off fsync.
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"go.etcd.io/bbolt"
+)
+
+// FSM is what a Node needs of its state machine (fsm.FSM implements it).
+//
+// Raft calls Apply/ApplyBatch, Snapshot and Restore from its FSM goroutine, one at a time.
+// Clock and AppliedIndex are called from other goroutines concurrently with those, so they
+// must be safe for concurrent use (an atomic load is enough). EncodeTick is pure.
+type FSM interface {
+	raft.BatchingFSM
+
+	// Clock returns FSM time (ns) after the last applied entry: the maximum of the timestamps
+	// carried by every entry applied so far (and the clock restored from a snapshot).
+	Clock() int64
+
+	// AppliedIndex returns the Raft index of the last entry the FSM applied (0 if none).
+	AppliedIndex() uint64
+
+	// EncodeTick returns a log entry that only advances FSM time to ts (expiring leases and
+	// refilling buckets as any entry at ts would).
+	EncodeTick(ts int64) []byte
+}
+
+// Node is one member of a quotad cluster. Create it with NewNode; it is running when
+// NewNode returns and stops with Shutdown. All methods are safe for concurrent use.
+type Node struct {
+	cfg   Config
+	log   *slog.Logger
+	clock Clock
+	fsm   FSM
+
+	raft       *raft.Raft
+	trans      *raft.NetworkTransport
+	bolt       *raftboltdb.BoltStore
+	ml         *memberlist.Memberlist
+	raftAddr   string
+	gossipAddr string
+
+	ctx      context.Context
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	stopOnce sync.Once
+	stopErr  error
+	closed   atomic.Bool
+
+	clk leaderClock
+
+	lcMu sync.Mutex
+	lcCh chan struct{}
+
+	gossip gossipState
+
+	reconcileCh chan struct{}
+	bootstrapCh chan struct{}
+}
+
+// leaderClock is the leader's FSM-time source for one term.
+type leaderClock struct {
+	mu    sync.Mutex
+	ready bool      // leadership established in term
+	term  uint64    // raft term the clock was established in
+	base  int64     // FSM clock after the barrier
+	start time.Time // Clock reading taken right after base
+	last  int64     // largest value Now returned, across terms: Now never decreases
+}
+
+// NewNode opens (or creates) the node's data directory, starts Raft, memberlist and the
+// node's background loops, and returns. It does not wait for a leader.
+func NewNode(cfg Config, f FSM) (*Node, error) {
+	if f == nil {
+		return nil, errors.New("cluster: NewNode needs an FSM, got nil")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = SystemClock{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	cfg.Join = append([]string(nil), cfg.Join...)
+	n := &Node{
+		cfg:         cfg,
+		log:         cfg.Logger.With("node", cfg.ID),
+		clock:       cfg.Clock,
+		fsm:         f,
+		lcCh:        make(chan struct{}),
+		reconcileCh: make(chan struct{}, 1),
+		bootstrapCh: make(chan struct{}, 1),
+	}
+	n.gossip.peers = make(map[string]*peer)
+	n.ctx, n.cancel = context.WithCancel(context.Background())
+
+	if err := n.openRaft(); err != nil {
+		n.closeStores()
+		return nil, err
+	}
+	if err := n.startGossip(); err != nil {
+		_ = n.raft.Shutdown().Error()
+		n.closeStores()
+		return nil, err
+	}
+	n.goLoop(n.leadershipLoop)
+	n.goLoop(n.observeLoop)
+	n.goLoop(n.metaLoop)
+	n.goLoop(n.reconcileLoop)
+	if len(n.cfg.Join) > 0 {
+		n.goLoop(n.joinLoop)
+	}
+	if n.cfg.BootstrapExpect > 0 && n.raft.LastIndex() == 0 {
+		n.goLoop(n.bootstrapLoop)
+	}
+	n.log.Info("node started", "raft_addr", n.raftAddr, "gossip_addr", n.gossipAddr,
+		"existing_state", n.raft.LastIndex() > 0)
+	return n, nil
+}
+
+func (n *Node) goLoop(f func()) {
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		f()
+	}()
+}
+
+func (n *Node) openRaft() error {
+	cfg := n.cfg
+	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+		return fmt.Errorf("cluster: create data dir %q: %w", cfg.DataDir, err)
+	}
+	// NoSync stays false: an acknowledged decision must be on disk on a quorum (invariant 5).
+	bolt, err := raftboltdb.New(raftboltdb.Options{
+		Path:        filepath.Join(cfg.DataDir, "raft.db"),
+		BoltOptions: &bbolt.Options{Timeout: 2 * time.Second},
+	})
+	if err != nil {
+		return fmt.Errorf("cluster: open %s: %w (is another node using this data dir?)",
+			filepath.Join(cfg.DataDir, "raft.db"), err)
+	}
+	n.bolt = bolt
+	cache, err := raft.NewLogCache(cfg.LogCacheSize, bolt)
+	if err != nil {
+		return fmt.Errorf("cluster: log cache: %w", err)
+	}
+	hl := newHCLog(n.log, "raft", cfg.LibraryLogLevel)
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, cfg.SnapshotRetain, hl.Named("snapshots"))
+	if err != nil {
+		return fmt.Errorf("cluster: snapshot store in %q: %w", cfg.DataDir, err)
+	}
+	trans, err := raft.NewTCPTransportWithConfig(cfg.RaftAddr, nil, &raft.NetworkTransportConfig{
+		MaxPool: 3,
+		Timeout: 10 * time.Second,
+		Logger:  hl.Named("transport"),
+	})
+	if err != nil {
+		return fmt.Errorf("cluster: raft transport on %q: %w", cfg.RaftAddr, err)
+	}
+	n.trans = trans
+	n.raftAddr = string(trans.LocalAddr())
+
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(cfg.ID)
+	rc.Logger = hl
+	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
+	rc.ElectionTimeout = cfg.ElectionTimeout
+	rc.LeaderLeaseTimeout = cfg.LeaderLeaseTimeout
+	rc.CommitTimeout = cfg.CommitTimeout
+	rc.MaxAppendEntries = cfg.MaxAppendEntries
+	rc.BatchApplyCh = true
+	rc.SnapshotInterval = cfg.SnapshotInterval
+	rc.SnapshotThreshold = cfg.SnapshotThreshold
+	rc.TrailingLogs = cfg.TrailingLogs
+	// A node removed while dead keeps running as a follower so the leader can add it back
+	// when it returns; raft's default would shut it down for good.
+	rc.ShutdownOnRemove = false
+	if err := raft.ValidateConfig(rc); err != nil {
+		return fmt.Errorf("cluster: raft config: %w", err)
+	}
+	r, err := raft.NewRaft(rc, n.fsm, cache, bolt, snaps, trans)
+	if err != nil {
+		return fmt.Errorf("cluster: start raft: %w", err)
+	}
+	n.raft = r
+	return nil
+}
+
+func (n *Node) closeStores() {
+	if n.trans != nil {
+		_ = n.trans.Close()
+	}
+	if n.bolt != nil {
+		_ = n.bolt.Close()
+	}
+}
+
+// ID returns the node's ID.
+func (n *Node) ID() string { return n.cfg.ID }
+
+// RaftAddr returns the address the Raft transport listens on (the actual port if
+// Config.RaftAddr had port 0).
+func (n *Node) RaftAddr() string { return n.raftAddr }
+
+// GossipAddr returns the address memberlist listens on (the actual port if
+// Config.GossipAddr had port 0).
+func (n *Node) GossipAddr() string { return n.gossipAddr }
+
+// Raft returns the underlying raft instance, for metrics and tests. Entries applied through
+// it directly bypass the leader clock; use Node.Apply.
+func (n *Node) Raft() *raft.Raft { return n.raft }
+
+// Now returns the leader's timestamp for a new command, in FSM time (ns): the FSM clock
+// when this node's leadership was established plus the time elapsed since on the node's
+// monotonic Clock. The election gap is not credited. Successive calls never decrease, also
+// across this node's terms. It returns ErrNotLeader unless this node is the leader and has
+// finished establishing leadership (barrier applied, base clock read).
+func (n *Node) Now() (int64, error) {
+	n.clk.mu.Lock()
+	defer n.clk.mu.Unlock()
+	if !n.clk.ready || n.raft.State() != raft.Leader || n.raft.CurrentTerm() != n.clk.term {
+		return 0, ErrNotLeader
+	}
+	ts := n.clk.base + int64(n.clock.Now().Sub(n.clk.start))
+	if ts < n.clk.last {
+		ts = n.clk.last
+	}
+	n.clk.last = ts
+	return ts, nil
+}
+
+// IsLeader reports whether this node is the leader and has established its clock, i.e.
+// whether Now would succeed. Leader() may name this node slightly earlier.
+func (n *Node) IsLeader() bool {
+	_, ok := n.readyTerm()
+	return ok
+}
+
+func (n *Node) readyTerm() (uint64, bool) {
+	n.clk.mu.Lock()
+	defer n.clk.mu.Unlock()
+	ok := n.clk.ready && n.raft.State() == raft.Leader && n.raft.CurrentTerm() == n.clk.term
+	return n.clk.term, ok
+}
+
+// Leader returns the current leader's ID and advertised gRPC address as this node knows
+// them; either is "" if unknown (no leader, or its gossip metadata not seen yet).
+func (n *Node) Leader() (id, grpcAddr string) {
+	_, lid := n.raft.LeaderWithID()
+	id = string(lid)
+	if id == "" {
+		return "", ""
+	}
+	if id == n.cfg.ID {
+		return id, n.cfg.GRPCAddr
+	}
+	if p, ok := n.peer(id); ok {
+		return id, p.meta.GRPC
+	}
+	return id, ""
+}
+
+// LeaderChanged returns a channel that is closed at the next change of this node's view of
+// leadership: another leader elected or lost, or this node becoming able (IsLeader) or no
+// longer able to serve as leader. Call it before reading Leader()/IsLeader() to not miss a
+// change:
+//
+//	for {
+//		ch := n.LeaderChanged()
+//		id, addr := n.Leader()
+//		...
+//		<-ch
+//	}
+func (n *Node) LeaderChanged() <-chan struct{} {
+	n.lcMu.Lock()
+	defer n.lcMu.Unlock()
+	return n.lcCh
+}
+
+func (n *Node) notifyLeaderChange() {
+	n.lcMu.Lock()
+	close(n.lcCh)
+	n.lcCh = make(chan struct{})
+	n.lcMu.Unlock()
+}
+
+// Apply appends data to the Raft log and waits until it is committed and applied, returning
+// the FSM's response for it. ctx's deadline bounds the wait to enqueue the entry; ctx's end
+// also stops the wait for the commit.
+//
+// Errors: ErrNotLeader (nothing appended; retry on the leader); ErrOutcomeUnknown when the
+// entry may have been appended but its fate is unknown: leadership lost
+// (raft.ErrLeadershipLost, also wrapped), shutdown, or ctx ended while waiting. An unknown
+// outcome may still commit later, so retries must carry the same request ID.
+func (n *Node) Apply(ctx context.Context, data []byte) (any, error) {
+	if n.closed.Load() {
+		return nil, ErrShutdown
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var timeout time.Duration
+	if dl, ok := ctx.Deadline(); ok {
+		if timeout = time.Until(dl); timeout <= 0 {
+			return nil, context.DeadlineExceeded
+		}
+	}
+	f := n.raft.Apply(data, timeout)
+	if err := waitFuture(ctx, f); err != nil {
+		return nil, applyError(err)
+	}
+	return f.Response(), nil
+}
+
+// waitFuture waits for f, or for ctx to end, whichever is first.
+func waitFuture(ctx context.Context, f raft.Future) error {
+	if ctx.Done() == nil {
+		return f.Error()
+	}
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("%w: %w", ErrOutcomeUnknown, ctx.Err())
+	}
+}
+
+func applyError(err error) error {
+	switch {
+	case errors.Is(err, ErrOutcomeUnknown):
+		return err
+	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipTransferInProgress):
+		return fmt.Errorf("%w: %w", ErrNotLeader, err)
+	case errors.Is(err, raft.ErrLeadershipLost):
+		return fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
+	case errors.Is(err, raft.ErrRaftShutdown):
+		return fmt.Errorf("%w: %w: %w", ErrOutcomeUnknown, ErrShutdown, err)
+	case errors.Is(err, raft.ErrEnqueueTimeout):
+		// Not appended: the apply queue stayed full until the deadline.
+		return fmt.Errorf("%w: %w", context.DeadlineExceeded, err)
+	}
+	return fmt.Errorf("cluster: apply: %w", err)
+}
+
+// VerifyRead establishes a linearizable read point: when it returns nil, this node's FSM
+// reflects every write acknowledged anywhere before VerifyRead was called, so the caller may
+// read FSM state (it should read right away; the guarantee is for "now").
+//
+// Why no applied-index wait is needed: leadership setup applied a barrier, so the FSM holds
+// everything committed before this term; every write acknowledged in this term went through
+// this node's Apply, which returns only after the local FSM applied it; and VerifyLeader
+// proves no newer leader could have acknowledged anything. The term is re-checked after
+// VerifyLeader so a lost-and-regained leadership (new barrier pending) is not mistaken for
+// the old one. Errors: ErrNotLeader, ErrShutdown, or ctx's error.
+func (n *Node) VerifyRead(ctx context.Context) error {
+	if n.closed.Load() {
+		return ErrShutdown
+	}
+	term, ok := n.readyTerm()
+	if !ok {
+		return ErrNotLeader
+	}
+	if err := waitFuture(ctx, n.raft.VerifyLeader()); err != nil {
+		switch {
+		case errors.Is(err, ErrOutcomeUnknown):
+			return ctx.Err()
+		case errors.Is(err, raft.ErrRaftShutdown):
+			return fmt.Errorf("%w: %w", ErrShutdown, err)
+		}
+		return fmt.Errorf("%w: %w", ErrNotLeader, err)
+	}
+	if t, ok := n.readyTerm(); !ok || t != term {
+		return ErrNotLeader
+	}
+	return nil
+}
+
+// TransferLeadership hands leadership to the voter with ID to, or to the most up-to-date
+// voter if to is "". It returns once the transfer succeeded or failed (raft bounds it by
+// ElectionTimeout). ErrNotLeader if this node is not the leader; ErrUnknownServer if to is
+// not a voter in the configuration.
+func (n *Node) TransferLeadership(to string) error {
+	if n.raft.State() != raft.Leader {
+		return ErrNotLeader
+	}
+	var f raft.Future
+	if to == "" {
+		f = n.raft.LeadershipTransfer()
+	} else {
+		cf := n.raft.GetConfiguration()
+		if err := cf.Error(); err != nil {
+			return fmt.Errorf("cluster: transfer leadership: %w", err)
+		}
+		var addr raft.ServerAddress
+		for _, s := range cf.Configuration().Servers {
+			if string(s.ID) == to && s.Suffrage == raft.Voter {
+				addr = s.Address
+			}
+		}
+		if addr == "" {
+			return fmt.Errorf("%w: %q is not a voter", ErrUnknownServer, to)
+		}
+		f = n.raft.LeadershipTransferToServer(raft.ServerID(to), addr)
+	}
+	if err := f.Error(); err != nil {
+		if errors.Is(err, raft.ErrNotLeader) {
+			return fmt.Errorf("%w: %w", ErrNotLeader, err)
+		}
+		return fmt.Errorf("cluster: transfer leadership to %q: %w", to, err)
+	}
+	return nil
+}
+
+// Shutdown stops the node gracefully: a leader first hands leadership to another voter (so
+// the cluster does not wait out an election timeout), then the node leaves gossip, Raft
+// shuts down and the log store is closed. Safe to call more than once.
+func (n *Node) Shutdown() error { return n.stop(true) }
+
+// Kill stops the node as a crash would, for tests and the chaos suite: no leadership
+// transfer, no gossip leave (peers notice through failed probes). Everything already
+// acknowledged is on disk (fsync), so the data dir restarts like after kill -9.
+func (n *Node) Kill() error { return n.stop(false) }
+
+func (n *Node) stop(graceful bool) error {
+	n.stopOnce.Do(func() {
+		n.closed.Store(true)
+		if graceful && n.raft.State() == raft.Leader && n.otherVoters() > 0 {
+			if err := n.raft.LeadershipTransfer().Error(); err != nil {
+				n.log.Warn("leadership transfer before shutdown failed", "err", err)
+			}
+		}
+		n.cancel()
+		if graceful {
+			if err := n.ml.Leave(time.Second); err != nil {
+				n.log.Warn("gossip leave failed", "err", err)
+			}
+		}
+		var errs []error
+		if err := n.ml.Shutdown(); err != nil {
+			errs = append(errs, fmt.Errorf("memberlist: %w", err))
+		}
+		if err := n.raft.Shutdown().Error(); err != nil {
+			errs = append(errs, fmt.Errorf("raft: %w", err))
+		}
+		if err := n.trans.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("raft transport: %w", err))
+		}
+		n.wg.Wait()
+		if err := n.bolt.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("bolt: %w", err))
+		}
+		n.notifyLeaderChange()
+		if len(errs) > 0 {
+			n.stopErr = fmt.Errorf("cluster: shutdown %s: %w", n.cfg.ID, errors.Join(errs...))
+		}
+		n.log.Info("node stopped", "graceful", graceful)
+	})
+	return n.stopErr
+}
+
+func (n *Node) otherVoters() int {
+	cf := n.raft.GetConfiguration()
+	if cf.Error() != nil {
+		return 0
+	}
+	c := 0
+	for _, s := range cf.Configuration().Servers {
+		if s.Suffrage == raft.Voter && string(s.ID) != n.cfg.ID {
+			c++
+		}
+	}
+	return c
+}
+
+// sleepCtx waits d or until the node stops; false if it stopped.
+func (n *Node) sleepCtx(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-n.ctx.Done():
+		return false
+	}
+}
+
+func resolveIPPort(addr string) (net.IP, int, error) {
+	ta, err := net.ResolveTCPAddr("tcp", addr)
+	if err != nil {
+		return nil, 0, err
+	}
+	return ta.IP, ta.Port, nil
+}

@@ -1,0 +1,232 @@
+package fsm
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	fsmv1 "github.com/quotad/quotad/api/quotad/fsm/v1"
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"github.com/quotad/quotad/quota"
+)
+
+var testLimits = &quota.Limits{Domains: []quota.Domain{{
+	Name: "provider",
+	Rate: &quota.Rate{Unit: time.Second, RequestsPerUnit: 10, Burst: 5},
+	Descriptors: []quota.Node{{
+		Key:         "tenant",
+		Rate:        &quota.Rate{Unit: time.Second, RequestsPerUnit: 2, Burst: 3},
+		Concurrency: &quota.Concurrency{MaxInFlight: 2, LeaseTTL: 5 * time.Second},
+	}},
+}}}
+
+// log feeds commands to an FSM as raft would, with consecutive indexes.
+type log struct {
+	t     *testing.T
+	f     *FSM
+	index uint64
+}
+
+func (l *log) apply(ts time.Duration, ops ...*fsmv1.Op) *Result {
+	l.t.Helper()
+	data, err := Encode(&fsmv1.Command{Ts: int64(ts), Ops: ops})
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	l.index++
+	out := l.f.Apply(&raft.Log{Index: l.index, Term: 1, Type: raft.LogCommand, Data: data})
+	res, ok := out.(*Result)
+	if !ok {
+		l.t.Fatalf("Apply returned %T", out)
+	}
+	return res
+}
+
+func setLimits(t *testing.T, l *quota.Limits) *fsmv1.Op {
+	data, err := json.Marshal(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &fsmv1.Op{Op: &fsmv1.Op_SetLimits{SetLimits: &fsmv1.SetLimits{LimitsJson: data}}}
+}
+
+func acquire(client string, id uint64, tenant string, cost uint64) *fsmv1.Op {
+	return &fsmv1.Op{Op: &fsmv1.Op_Acquire{Acquire: &fsmv1.Acquire{ClientId: client, Admission: &quotadv1.Admission{
+		RequestId: id, Domain: "provider", Cost: cost,
+		Descriptors: []*quotadv1.Entry{{Key: "tenant", Value: tenant}},
+	}}}}
+}
+
+func newLog(t *testing.T) *log {
+	l := &log{t: t, f: New(Options{DedupWindow: 10 * time.Second})}
+	if r := l.apply(0, setLimits(t, testLimits)); r.Ops[0].Err != nil {
+		t.Fatal(r.Ops[0].Err)
+	}
+	return l
+}
+
+func TestRetryReturnsOriginalDecisionDebitedOnce(t *testing.T) {
+	l := newLog(t)
+	first := l.apply(time.Millisecond, acquire("c1", 1, "acme", 2)).Ops[0]
+	if !first.Decision.Admitted || first.Duplicate {
+		t.Fatalf("first acquire: %+v", first)
+	}
+	retry := l.apply(2*time.Millisecond, acquire("c1", 1, "acme", 2)).Ops[0]
+	if !retry.Duplicate || retry.Decision.LeaseID != first.Decision.LeaseID || retry.Decision.Remaining != first.Decision.Remaining {
+		t.Fatalf("retry got %+v, want the original %+v", retry, first)
+	}
+	// Only one debit: tenant burst 3 - 2 = 1 left, so cost 1 passes and a further cost 1 fails.
+	if d := l.apply(3*time.Millisecond, acquire("c1", 2, "acme", 1)).Ops[0].Decision; !d.Admitted {
+		t.Fatalf("second distinct request denied (%s): the retry was debited twice", d.Reason)
+	}
+	// Another client with the same request ID is a different request.
+	if d := l.apply(4*time.Millisecond, acquire("c2", 1, "acme", 1)).Ops[0].Decision; d.Admitted {
+		t.Fatalf("bucket should be empty, got %+v", d)
+	}
+}
+
+func TestDedupExpiresByFSMTime(t *testing.T) {
+	l := newLog(t)
+	l.apply(time.Second, acquire("c1", 7, "acme", 1))
+	if got := l.f.Stats().DedupEntries; got != 1 {
+		t.Fatalf("dedup entries = %d, want 1", got)
+	}
+	r := l.apply(12*time.Second, acquire("c1", 7, "acme", 1)).Ops[0]
+	if r.Duplicate {
+		t.Fatal("a retry after the dedup window was answered from the table")
+	}
+}
+
+func TestTimeNeverGoesBackwards(t *testing.T) {
+	l := newLog(t)
+	l.apply(10*time.Second, acquire("c1", 1, "acme", 3))
+	// A stale timestamp (e.g. from a leader whose clock lags) is applied at the FSM clock and
+	// refills nothing.
+	d := l.apply(time.Second, acquire("c1", 2, "acme", 1)).Ops[0].Decision
+	if d.Admitted {
+		t.Fatalf("stale timestamp refilled the bucket: %+v", d)
+	}
+	if got := l.f.Clock(); got != int64(10*time.Second) {
+		t.Fatalf("clock = %v, want 10s", time.Duration(got))
+	}
+}
+
+func TestRefundOnceViaDedupRecord(t *testing.T) {
+	l := newLog(t)
+	l.apply(time.Millisecond, acquire("c1", 1, "acme", 3))
+	refund := &fsmv1.Op{Op: &fsmv1.Op_Refund{Refund: &fsmv1.Refund{ClientId: "c1", RequestId: 1}}}
+	if n := l.apply(time.Millisecond, refund).Ops[0].Refunded; n != 3 { // same instant: no refill to clamp
+		t.Fatalf("refunded %d, want 3", n)
+	}
+	if n := l.apply(3*time.Millisecond, refund).Ops[0].Refunded; n != 0 {
+		t.Fatalf("second refund returned %d units, want 0", n)
+	}
+	unknown := &fsmv1.Op{Op: &fsmv1.Op_Refund{Refund: &fsmv1.Refund{ClientId: "c1", RequestId: 99}}}
+	if n := l.apply(4*time.Millisecond, unknown).Ops[0].Refunded; n != 0 {
+		t.Fatalf("refund of an unknown request returned %d", n)
+	}
+}
+
+func TestInvalidLimitsChangeNothing(t *testing.T) {
+	l := newLog(t)
+	before := l.f.Hash()
+	bad := &quota.Limits{Domains: []quota.Domain{{Name: "x", Rate: &quota.Rate{Unit: time.Second}}}}
+	r := l.apply(time.Millisecond, setLimits(t, bad)).Ops[0]
+	if r.Err == nil {
+		t.Fatal("limits with requests_per_unit 0 were accepted")
+	}
+	after := l.f.Hash()
+	if after.Hash != before.Hash || l.f.Limits().Version != 1 {
+		t.Fatalf("state changed by refused limits: %+v -> %+v", before, after)
+	}
+}
+
+func TestUnknownCommandVersionStops(t *testing.T) {
+	f := New(Options{})
+	data, _ := Encode(&fsmv1.Command{})
+	// Rewrite the version field to one from the future.
+	future := append([]byte{}, data...)
+	future = append(future, 0x08, 0x63) // field 1 varint 99 (last one wins)
+	defer func() {
+		if recover() == nil {
+			t.Fatal("an entry with a future command version was applied")
+		}
+	}()
+	f.Apply(&raft.Log{Index: 1, Type: raft.LogCommand, Data: future})
+}
+
+type memSink struct {
+	bytes.Buffer
+	cancelled bool
+}
+
+func (s *memSink) ID() string    { return "mem" }
+func (s *memSink) Cancel() error { s.cancelled = true; return nil }
+func (s *memSink) Close() error  { return nil }
+
+func snapshotBytes(t *testing.T, f *FSM) []byte {
+	t.Helper()
+	snap, err := f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sink memSink
+	if err := snap.Persist(&sink); err != nil {
+		t.Fatal(err)
+	}
+	snap.Release()
+	return sink.Bytes()
+}
+
+func TestSnapshotRestoreReplacesState(t *testing.T) {
+	l := newLog(t)
+	l.apply(time.Millisecond, acquire("c1", 1, "acme", 2), acquire("c1", 2, "beta", 1))
+	want := l.f.Hash()
+	data := snapshotBytes(t, l.f)
+
+	// Restore into an FSM that has diverged: restore must replace, not merge.
+	other := newLog(t)
+	other.apply(time.Hour, acquire("zz", 5, "gamma", 3))
+	if err := other.f.Restore(io.NopCloser(bytes.NewReader(data))); err != nil {
+		t.Fatal(err)
+	}
+	if got := other.f.Hash(); got != want {
+		t.Fatalf("restored hash %+v, want %+v", got, want)
+	}
+	// The dedup table came along: a retry of c1/1 is a duplicate on the restored replica.
+	other.index = l.index
+	r := other.apply(2*time.Millisecond, acquire("c1", 1, "acme", 2)).Ops[0]
+	if !r.Duplicate {
+		t.Fatal("restored FSM lost the dedup table")
+	}
+
+	// A corrupt snapshot is refused and leaves state alone.
+	data[len(data)/2] ^= 0xff
+	before := other.f.Hash()
+	if err := other.f.Restore(io.NopCloser(bytes.NewReader(data))); err == nil {
+		t.Fatal("a corrupt snapshot was restored")
+	}
+	if other.f.Hash() != before {
+		t.Fatal("a refused snapshot changed state")
+	}
+}
+
+func TestReplicasAgree(t *testing.T) {
+	a, b := newLog(t), newLog(t)
+	for i := uint64(1); i <= 200; i++ {
+		ts := time.Duration(i) * 37 * time.Millisecond
+		ops := []*fsmv1.Op{acquire("c", i, []string{"a", "b", "c"}[i%3], 1+i%2)}
+		if i%10 == 0 {
+			ops = append(ops, &fsmv1.Op{Op: &fsmv1.Op_Release{Release: &fsmv1.Release{LeaseId: i / 2}}})
+		}
+		a.apply(ts, ops...)
+		b.apply(ts, ops...)
+		if ha, hb := a.f.Hash(), b.f.Hash(); ha != hb {
+			t.Fatalf("replicas diverged at entry %d: %+v vs %+v", i, ha, hb)
+		}
+	}
+}

@@ -1,0 +1,598 @@
+package quota
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+)
+
+var (
+	// ErrLeaseNotFound: the lease was released, expired, or never granted. Its permits, if it
+	// had any, are already back.
+	ErrLeaseNotFound = errors.New("quota: lease not found (released, expired or never granted)")
+	// ErrUnknownDomain: no domain of that name in the installed limits.
+	ErrUnknownDomain = errors.New("quota: unknown domain")
+	// ErrInvalidLimits wraps every SetLimits validation error.
+	ErrInvalidLimits = errors.New("quota: invalid limits")
+	// ErrInvalidRequest wraps malformed arguments to Pause, Resume, Renew and Status.
+	ErrInvalidRequest = errors.New("quota: invalid request")
+	// ErrBadSnapshot wraps every UnmarshalBinary error.
+	ErrBadSnapshot = errors.New("quota: bad snapshot")
+)
+
+// Engine is the replicated quota state: token buckets, concurrency leases and pauses, enforced
+// against an installed Limits. Every method that takes now first moves the engine's clock to
+// max(clock, now), so time never runs backwards and a late timestamp is treated as "now".
+//
+// Methods that change state (SetLimits, Acquire, Refund, Release, Renew, Pause, Resume, Tick,
+// UnmarshalBinary) are commands: replicas applying the same commands in the same order end with
+// the same Hash. Status, Limits, Clock, Stats, Hash and MarshalBinary only read.
+//
+// An Engine is not safe for concurrent use (it reuses scratch buffers on the Acquire path); the
+// fsm applies commands one at a time. The zero value is not usable; call NewEngine.
+type Engine struct {
+	clock Time
+	lim   *compiled
+
+	buckets  map[string]*bucket // stored (not full) buckets by key
+	leases   map[uint64]*lease
+	expiries expiryHeap
+	inflight map[string]uint64 // concurrency key → permits held
+	pauses   map[string]Time   // scope key → paused until (exclusive)
+	leaseSeq uint64            // last lease ID issued
+
+	// scratch for Acquire; valid until the next call.
+	keybuf []byte
+	steps  []step
+}
+
+// step is one matched level of a request's path during Acquire.
+type step struct {
+	lv       *level
+	end      int // this level's key is keybuf[:end]
+	b        *bucket
+	tokens   uint64 // refilled balance at now, micro-units
+	last     Time
+	skipRate bool // shadow level that would deny: not debited
+	skipConc bool // shadow level that is full: no permit taken
+}
+
+// Stats counts what an Engine holds; its memory grows with these, not with key cardinality.
+type Stats struct {
+	Buckets       int    // stored (not full) token buckets
+	Leases        int    // live concurrency leases
+	Pauses        int    // pause entries, including ones that have ended but not been ticked away
+	LimitsVersion uint64 // version of the installed limits
+}
+
+// NewEngine returns an engine with empty limits (version 0) at clock 0.
+func NewEngine() *Engine {
+	lim, err := compileLimits(&Limits{}, 0)
+	if err != nil {
+		panic(err) // empty limits always compile
+	}
+	return &Engine{
+		lim:      lim,
+		buckets:  make(map[string]*bucket),
+		leases:   make(map[uint64]*lease),
+		inflight: make(map[string]uint64),
+		pauses:   make(map[string]Time),
+	}
+}
+
+// Clock returns the latest time the engine has seen.
+func (e *Engine) Clock() Time { return e.clock }
+
+// Stats returns the engine's current counts.
+func (e *Engine) Stats() Stats {
+	return Stats{
+		Buckets:       len(e.buckets),
+		Leases:        len(e.leases),
+		Pauses:        len(e.pauses),
+		LimitsVersion: e.lim.limits.Version,
+	}
+}
+
+// Limits returns a copy of the installed limits (domains sorted by name, Version set).
+func (e *Engine) Limits() *Limits { return cloneLimits(e.lim.limits) }
+
+func (e *Engine) advance(now Time) Time {
+	if now > e.clock {
+		e.clock = now
+	}
+	return e.clock
+}
+
+// SetLimits validates l and installs it as version prev+1. Bucket balances carry over by bucket
+// key: each is refilled to now under its old rate and clamped to its new capacity (a changed
+// rate keeps the balance; refill under the new rate starts at now). Buckets whose key no longer
+// reaches a rate-limited level are dropped. Leases are kept; their permits count against the new
+// max_in_flight, which may be exceeded until they end. Pauses are kept until they end.
+// On error (wrapping ErrInvalidLimits) nothing changes, not even the clock.
+func (e *Engine) SetLimits(now Time, l *Limits) error {
+	c, err := compileLimits(l, e.lim.limits.Version+1)
+	if err != nil {
+		return err
+	}
+	now = e.advance(now)
+	for k, b := range e.buckets {
+		old := b.lvl.rate
+		tokens, last := old.refill(b.tokens, b.last, now)
+		nl := c.matchKey(k)
+		if nl == nil || nl.rate == nil {
+			delete(e.buckets, k)
+			continue
+		}
+		if !nl.rate.same(old) {
+			// Don't let the fraction accrued under the old rate be valued at the new one.
+			last = now
+			tokens = min(tokens, nl.rate.capMicro)
+		}
+		b.tokens, b.last, b.lvl = tokens, last, nl
+	}
+	e.lim = c
+	return nil
+}
+
+// requestProblem returns why a request's shape is invalid, or "".
+func requestProblem(domain string, entries []Entry, ttl time.Duration) string {
+	if domain == "" {
+		return "domain is empty; set Request.Domain to a configured domain"
+	}
+	for i := range entries {
+		if entries[i].Key == "" {
+			return fmt.Sprintf("descriptor entry #%d (value %q) has an empty key; every entry needs a key", i, entries[i].Value)
+		}
+	}
+	if ttl < 0 {
+		return fmt.Sprintf("lease TTL must be >= 0 (got %v); use 0 for the configured TTL", ttl)
+	}
+	return ""
+}
+
+// matchPath matches entries level by level below root and builds each level's key in e.keybuf.
+// Matching stops at the first entry that matches nothing; later entries charge nothing.
+func (e *Engine) matchPath(root *level, domain string, entries []Entry) []step {
+	kb := appendEscaped(e.keybuf[:0], domain)
+	steps := append(e.steps[:0], step{lv: root, end: len(kb)})
+	lv := root
+	for _, en := range entries {
+		if lv = lv.child(en); lv == nil {
+			break
+		}
+		kb = appendEntry(kb, en)
+		steps = append(steps, step{lv: lv, end: len(kb)})
+	}
+	e.keybuf, e.steps = kb, steps
+	return steps
+}
+
+// Acquire decides req all-or-nothing across the domain ceiling, every rate-limited level on the
+// matched descriptor path, every concurrency-limited level on it, and any pause covering them.
+//
+// Matching: each entry selects the child with the same key and value, else the child with the
+// same key and an empty value (one bucket per distinct value); matching stops at the first entry
+// that selects nothing. Unlimited levels and levels without a Rate charge nothing.
+//
+// Checks, in order; the first that refuses decides:
+//  1. invalid: empty domain or entry key, negative LeaseTTL, or Cost above the capacity of a
+//     (non-shadow) bucket on the path — such a request could never succeed;
+//  2. unknown_domain (checked before 1's capacity test, which needs the domain);
+//  3. paused: the domain or a matched prefix is paused; Scope is the pause with the most time
+//     left, RetryAfter that time;
+//  4. concurrency_limited: a level's permits are all held; Scope is the outermost full level,
+//     RetryAfter 0 (a permit returns on Release or lease expiry, which the engine cannot
+//     foresee);
+//  5. rate_limited: a bucket holds fewer than Cost units; when several do, Scope is the one
+//     with the longest RetryAfter (the binding one), so retrying after RetryAfter finds every
+//     bucket refilled enough.
+//
+// A shadow-mode level never refuses: when it would, it is skipped (no debit, no permit) and its
+// scope is listed in Decision.ShadowDenials.
+//
+// Admitted: every charged bucket is debited Cost (listed in Charges), and one lease (LeaseID)
+// holds one permit at every concurrency-limited level for LeaseTTL: req.LeaseTTL if set, else the
+// smallest configured lease_ttl among those levels. Limit, Remaining, Window and ResetAfter
+// describe the refusing bucket, or when admitted the charged bucket with the fewest remaining
+// units (the outermost on a tie; the tightest concurrency level if no bucket was charged).
+// A refused request changes nothing but the clock and lease expiry.
+func (e *Engine) Acquire(now Time, req Request) Decision {
+	now = e.advance(now)
+	e.expireLeases(now)
+
+	cost := req.Cost
+	if cost == 0 {
+		cost = 1
+	}
+	if msg := requestProblem(req.Domain, req.Descriptors, req.LeaseTTL); msg != "" {
+		return Decision{Reason: ReasonInvalid, Message: msg, Cost: cost}
+	}
+	root := e.lim.domains[req.Domain]
+	if root == nil {
+		return Decision{Reason: ReasonUnknownDomain, Cost: cost,
+			Message: fmt.Sprintf("domain %q is not configured (limits version %d)", req.Domain, e.lim.limits.Version)}
+	}
+	steps := e.matchPath(root, req.Domain, req.Descriptors)
+	kb := e.keybuf
+
+	for i := range steps {
+		lv := steps[i].lv
+		if r := lv.rate; r != nil && !lv.shadow && cost > r.capUnits {
+			d := e.levelView(&steps[i], now)
+			d.Reason, d.Cost = ReasonInvalid, cost
+			d.Message = fmt.Sprintf("cost %d exceeds the capacity %d of bucket %q (scope %s), so it can never be admitted; "+
+				"split the request into smaller costs or raise that limit's burst", cost, r.capUnits, kb[:steps[i].end], lv.scope)
+			return d
+		}
+	}
+
+	if len(e.pauses) > 0 {
+		best, left := -1, time.Duration(0)
+		for i := range steps {
+			if until, ok := e.pauses[string(kb[:steps[i].end])]; ok && until > now {
+				if d := until.Sub(now); best < 0 || d > left {
+					best, left = i, d
+				}
+			}
+		}
+		if best >= 0 {
+			d := e.levelView(&steps[best], now)
+			d.Reason, d.RetryAfter, d.Cost = ReasonPaused, left, cost
+			return d
+		}
+	}
+
+	var shadow []string
+	nConc := 0
+	for i := range steps {
+		s := &steps[i]
+		s.skipConc = false
+		c := s.lv.conc
+		if c == nil {
+			continue
+		}
+		if e.inflight[string(kb[:s.end])] >= c.MaxInFlight {
+			if s.lv.shadow {
+				s.skipConc = true
+				shadow = appendScope(shadow, s.lv.scope)
+				continue
+			}
+			return Decision{Reason: ReasonConcurrencyLimited, Scope: s.lv.scope, Limit: c.MaxInFlight, Cost: cost, ShadowDenials: shadow}
+		}
+		nConc++
+	}
+
+	costMicro := uint64(math.MaxUint64)
+	if cost <= maxUnits {
+		costMicro = cost * microPerUnit
+	}
+	deny, denyRetry := -1, time.Duration(0)
+	nRate := 0
+	for i := range steps {
+		s := &steps[i]
+		s.skipRate = false
+		r := s.lv.rate
+		if r == nil {
+			continue
+		}
+		s.b = e.buckets[string(kb[:s.end])]
+		if s.b == nil {
+			s.tokens, s.last = r.capMicro, now
+		} else {
+			s.tokens, s.last = r.refill(s.b.tokens, s.b.last, now)
+		}
+		// Waits are computed from the stored state, which a refusal leaves as it is: the
+		// refilled one has its last rounded up and would overstate them by up to 1ns.
+		storedTokens, storedLast := s.tokens, s.last
+		if s.b != nil {
+			storedTokens, storedLast = s.b.tokens, s.b.last
+		}
+		if s.tokens >= costMicro {
+			nRate++
+			continue
+		}
+		if s.lv.shadow {
+			s.skipRate = true
+			shadow = appendScope(shadow, s.lv.scope)
+			continue
+		}
+		if retry := r.waitUntil(storedTokens, storedLast, now, costMicro); deny < 0 || retry > denyRetry {
+			deny, denyRetry = i, retry
+		}
+	}
+	if deny >= 0 {
+		s := &steps[deny]
+		d := e.levelView(s, now)
+		d.Reason, d.RetryAfter, d.Cost, d.ShadowDenials = ReasonRateLimited, denyRetry, cost, shadow
+		return d
+	}
+
+	// Admitted: debit every bucket, then take the permits.
+	d := Decision{Admitted: true, Reason: ReasonOK, Cost: cost, ShadowDenials: shadow}
+	if nRate > 0 {
+		d.Charges = make([]string, 0, nRate)
+	}
+	tight, tightRem := -1, uint64(0)
+	for i := range steps {
+		s := &steps[i]
+		if s.lv.rate == nil || s.skipRate {
+			continue
+		}
+		b := s.b
+		if b == nil {
+			b = &bucket{key: string(kb[:s.end]), lvl: s.lv}
+			e.buckets[b.key] = b
+			s.b = b
+		}
+		b.tokens, b.last = s.tokens-costMicro, s.last
+		d.Charges = append(d.Charges, b.key)
+		if rem := b.tokens / microPerUnit; tight < 0 || rem < tightRem {
+			tight, tightRem = i, rem
+		}
+	}
+	if tight >= 0 {
+		s := &steps[tight]
+		rateView(&d, s.lv, s.b.tokens, s.b.last, now)
+	}
+	if nConc > 0 {
+		e.grantLease(&d, steps, kb, now, req.LeaseTTL, nConc, tight < 0)
+	}
+	return d
+}
+
+// grantLease takes one permit at every non-skipped concurrency level under one new lease.
+func (e *Engine) grantLease(d *Decision, steps []step, kb []byte, now Time, ttl time.Duration, n int, report bool) {
+	keys := make([]string, 0, n)
+	configured := time.Duration(0)
+	tight, tightRem := -1, uint64(0)
+	for i := range steps {
+		s := &steps[i]
+		c := s.lv.conc
+		if c == nil || s.skipConc {
+			continue
+		}
+		k := string(kb[:s.end])
+		if s.b != nil {
+			k = s.b.key // share the bucket key's bytes
+		}
+		keys = append(keys, k)
+		if configured == 0 || c.LeaseTTL < configured {
+			configured = c.LeaseTTL
+		}
+		if rem := c.MaxInFlight - min(c.MaxInFlight, e.inflight[k]+1); tight < 0 || rem < tightRem {
+			tight, tightRem = i, rem
+		}
+	}
+	if ttl == 0 {
+		ttl = configured
+	}
+	e.leaseSeq++
+	e.addLease(&lease{id: e.leaseSeq, expiry: addSat(now, ttl), ttl: ttl, keys: keys})
+	d.LeaseID, d.LeaseTTL = e.leaseSeq, ttl
+	if report {
+		d.Scope, d.Limit, d.Remaining = steps[tight].lv.scope, steps[tight].lv.conc.MaxInFlight, tightRem
+	}
+}
+
+func appendScope(scopes []string, s string) []string {
+	if slices.Contains(scopes, s) {
+		return scopes
+	}
+	return append(scopes, s)
+}
+
+func addSat(t Time, d time.Duration) Time {
+	if d > 0 && int64(t) > math.MaxInt64-int64(d) {
+		return Time(math.MaxInt64)
+	}
+	return t.Add(d)
+}
+
+// rateView fills the bucket fields of d from a bucket of lv whose stored state is (tokens, last).
+func rateView(d *Decision, lv *level, tokens uint64, last, now Time) {
+	r := lv.rate
+	d.Scope = lv.scope
+	d.Limit = r.rpu
+	d.Window = r.window
+	refilled, _ := r.refill(tokens, last, now)
+	d.Remaining = refilled / microPerUnit
+	d.ResetAfter = r.waitUntil(tokens, last, now, r.capMicro)
+}
+
+// levelView describes a matched level without changing anything: its bucket if it has a rate,
+// else its concurrency.
+func (e *Engine) levelView(s *step, now Time) Decision {
+	key := e.keybuf[:s.end]
+	d := Decision{Scope: s.lv.scope}
+	if r := s.lv.rate; r != nil {
+		tokens, last := r.capMicro, now // absent: full
+		if b := e.buckets[string(key)]; b != nil {
+			tokens, last = b.tokens, b.last
+		}
+		rateView(&d, s.lv, tokens, last, now)
+	} else if c := s.lv.conc; c != nil {
+		d.Limit = c.MaxInFlight
+		d.Remaining = c.MaxInFlight - min(c.MaxInFlight, e.inflight[string(key)])
+	}
+	return d
+}
+
+// stored returns the stored state of the bucket key; an absent bucket is full.
+func (e *Engine) stored(key string, r *rateParams, now Time) (uint64, Time) {
+	if b := e.buckets[key]; b != nil {
+		return b.tokens, b.last
+	}
+	return r.capMicro, now
+}
+
+// Refund credits cost units back to each bucket named in charges (normally a Decision's Charges),
+// after refilling it to now, clamped to its capacity. It returns the smallest number of whole
+// units credited to any named bucket: 0 when any was already full (a full bucket is not stored,
+// so a key that names no stored bucket also counts as full). The caller must not refund more
+// than it was charged; the engine cannot tell.
+func (e *Engine) Refund(now Time, charges []string, cost uint64) (refunded uint64) {
+	now = e.advance(now)
+	if len(charges) == 0 || cost == 0 {
+		return 0
+	}
+	refunded = math.MaxUint64
+	for _, k := range charges {
+		b := e.buckets[k]
+		if b == nil {
+			refunded = 0
+			continue
+		}
+		r := b.lvl.rate
+		tokens, last := r.refill(b.tokens, b.last, now)
+		add := min(cost, r.capUnits) * microPerUnit
+		add = min(add, r.capMicro-tokens)
+		b.tokens, b.last = tokens+add, last
+		refunded = min(refunded, add/microPerUnit)
+	}
+	return refunded
+}
+
+// Release ends a lease and returns its permits. It reports false if the lease is unknown or has
+// already expired (its permits are then already back).
+func (e *Engine) Release(now Time, leaseID uint64) bool {
+	now = e.advance(now)
+	e.expireLeases(now)
+	l := e.leases[leaseID]
+	if l == nil {
+		return false
+	}
+	e.endLease(l)
+	return true
+}
+
+// Renew extends a live lease to now+ttl (ttl 0: the TTL it was granted with) and returns the TTL
+// applied. A lease at or past its expiry is gone: ErrLeaseNotFound.
+func (e *Engine) Renew(now Time, leaseID uint64, ttl time.Duration) (time.Duration, error) {
+	now = e.advance(now)
+	e.expireLeases(now)
+	if ttl < 0 {
+		return 0, fmt.Errorf("%w: renew lease %d: ttl must be >= 0 (got %v); use 0 for the granted TTL", ErrInvalidRequest, leaseID, ttl)
+	}
+	l := e.leases[leaseID]
+	if l == nil {
+		return 0, fmt.Errorf("renew lease %d: %w", leaseID, ErrLeaseNotFound)
+	}
+	if ttl == 0 {
+		ttl = l.ttl
+	}
+	l.expiry = addSat(now, ttl)
+	e.expiries.push(expiryEntry{at: l.expiry, id: l.id})
+	return ttl, nil
+}
+
+// scopeKey matches prefix fully against domain's tree and returns the scope's key and name.
+func (e *Engine) scopeKey(op, domain string, prefix []Entry) (key, scope string, err error) {
+	if msg := requestProblem(domain, prefix, 0); msg != "" {
+		return "", "", fmt.Errorf("%w: %s: %s", ErrInvalidRequest, op, msg)
+	}
+	lv := e.lim.domains[domain]
+	if lv == nil {
+		return "", "", fmt.Errorf("%s: domain %q: %w", op, domain, ErrUnknownDomain)
+	}
+	kb := appendEscaped(nil, domain)
+	for i, en := range prefix {
+		if lv = lv.child(en); lv == nil {
+			return "", "", fmt.Errorf("%w: %s: descriptor entry #%d (%s=%s) matches no limit in domain %q; name a prefix of a configured descriptor path",
+				ErrInvalidRequest, op, i, en.Key, en.Value, domain)
+		}
+		kb = appendEntry(kb, en)
+	}
+	return string(kb), lv.scope, nil
+}
+
+// Pause refuses every request through the scope named by domain and a descriptor prefix (empty:
+// the whole domain) until `until`, with reason paused. The prefix must match the domain's tree
+// entry by entry. An existing pause is only ever extended, so concurrent reports of the same
+// provider 429 cannot shorten one another; use Resume to lift a pause early. until <= now changes
+// nothing. Returns the scope name: "domain" or the last entry's key.
+func (e *Engine) Pause(now Time, domain string, prefix []Entry, until Time) (scope string, err error) {
+	key, scope, err := e.scopeKey("pause", domain, prefix)
+	if err != nil {
+		return "", err
+	}
+	now = e.advance(now)
+	if until > now && until > e.pauses[key] {
+		e.pauses[key] = until
+	}
+	return scope, nil
+}
+
+// Resume lifts a pause set by Pause on exactly that scope; it reports whether one was active.
+func (e *Engine) Resume(now Time, domain string, prefix []Entry) (bool, error) {
+	key, _, err := e.scopeKey("resume", domain, prefix)
+	if err != nil {
+		return false, err
+	}
+	now = e.advance(now)
+	until, ok := e.pauses[key]
+	delete(e.pauses, key)
+	return ok && until > now, nil
+}
+
+// Tick expires leases and pauses whose time has come and drops buckets that have refilled to
+// capacity (an absent bucket is full), so memory follows active keys only.
+func (e *Engine) Tick(now Time) {
+	now = e.advance(now)
+	e.expireLeases(now)
+	for k, until := range e.pauses {
+		if until <= now {
+			delete(e.pauses, k)
+		}
+	}
+	for k, b := range e.buckets {
+		r := b.lvl.rate
+		if t, _ := r.refill(b.tokens, b.last, now); t >= r.capMicro {
+			delete(e.buckets, k)
+		}
+	}
+}
+
+// Status describes every level on the path that a request with these descriptors would match —
+// the domain first — as of now, changing nothing (not even the clock). InFlight counts leases not
+// yet reaped; an expired lease is reaped by the next command at or after its expiry.
+func (e *Engine) Status(now Time, domain string, path []Entry) ([]BucketStatus, error) {
+	if msg := requestProblem(domain, path, 0); msg != "" {
+		return nil, fmt.Errorf("%w: status: %s", ErrInvalidRequest, msg)
+	}
+	now = max(now, e.clock)
+	lv := e.lim.domains[domain]
+	if lv == nil {
+		return nil, fmt.Errorf("status: domain %q: %w", domain, ErrUnknownDomain)
+	}
+	kb := appendEscaped(nil, domain)
+	out := []BucketStatus{e.status(lv, string(kb), now)}
+	for _, en := range path {
+		if lv = lv.child(en); lv == nil {
+			break
+		}
+		kb = appendEntry(kb, en)
+		out = append(out, e.status(lv, string(kb), now))
+	}
+	return out, nil
+}
+
+func (e *Engine) status(lv *level, key string, now Time) BucketStatus {
+	st := BucketStatus{Scope: lv.scope, Key: key}
+	if r := lv.rate; r != nil {
+		tokens, last := e.stored(key, r, now)
+		refilled, _ := r.refill(tokens, last, now)
+		st.Limit, st.Burst, st.Window = r.rpu, r.capUnits, r.window
+		st.Remaining = refilled / microPerUnit
+		st.ResetAfter = r.waitUntil(tokens, last, now, r.capMicro)
+	}
+	if c := lv.conc; c != nil {
+		st.MaxInFlight = c.MaxInFlight
+		st.InFlight = e.inflight[key]
+	}
+	if until, ok := e.pauses[key]; ok && until > now {
+		st.PausedFor = until.Sub(now)
+	}
+	return st
+}

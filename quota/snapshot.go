@@ -1,0 +1,323 @@
+package quota
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// snapshotFormat is the leading byte of MarshalBinary's output. Bump it on any layout change and
+// keep decoding the old layouts.
+const snapshotFormat byte = 1
+
+// fnv-64a, inlined so hashing integers allocates nothing.
+const (
+	fnvOffset = 14695981039346656037
+	fnvPrime  = 1099511628211
+)
+
+type fnv64 uint64
+
+func (h fnv64) str(s string) fnv64 {
+	for i := 0; i < len(s); i++ {
+		h = (h ^ fnv64(s[i])) * fnvPrime
+	}
+	return h.u64(uint64(len(s))) // length-delimited: ("ab","c") ≠ ("a","bc")
+}
+
+func (h fnv64) u64(v uint64) fnv64 {
+	for i := 0; i < 8; i++ {
+		h = (h ^ fnv64(v&0xff)) * fnvPrime
+		v >>= 8
+	}
+	return h
+}
+
+// mix is the splitmix64 finalizer; it spreads each element's hash before the elements are summed.
+func mix(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
+
+// Hash is a deterministic 64-bit digest of the whole replicated state: clock, limits (version and
+// content), lease counter, stored buckets, leases and pauses. Replicas that applied the same
+// commands have equal hashes; MarshalBinary/UnmarshalBinary preserve it.
+//
+// Collections are combined as a sum of per-element hashes, which does not depend on the order
+// of map iteration and needs no sort (Hash stays O(n) with a million buckets). It is a
+// divergence detector, not a cryptographic digest.
+func (e *Engine) Hash() uint64 {
+	var bucketSum, leaseSum, pauseSum uint64
+	for k, b := range e.buckets {
+		bucketSum += mix(uint64(fnv64(fnvOffset).str(k).u64(b.tokens).u64(uint64(b.last))))
+	}
+	for id, l := range e.leases {
+		h := fnv64(fnvOffset).u64(id).u64(uint64(l.expiry)).u64(uint64(l.ttl)).u64(uint64(len(l.keys)))
+		for _, k := range l.keys {
+			h = h.str(k)
+		}
+		leaseSum += mix(uint64(h))
+	}
+	for k, until := range e.pauses {
+		pauseSum += mix(uint64(fnv64(fnvOffset).str(k).u64(uint64(until))))
+	}
+	h := fnv64(fnvOffset).u64(uint64(snapshotFormat)).
+		u64(uint64(e.clock)).
+		u64(e.lim.limits.Version).
+		u64(e.lim.digest).
+		u64(e.leaseSeq).
+		u64(uint64(len(e.buckets))).u64(bucketSum).
+		u64(uint64(len(e.leases))).u64(leaseSum).
+		u64(uint64(len(e.pauses))).u64(pauseSum)
+	return uint64(h)
+}
+
+// MarshalBinary encodes the whole state: a format byte, the limits as JSON, the clock, the lease
+// counter, then buckets (sorted by key, keys prefix-compressed), leases (sorted by ID) and pauses
+// (sorted by key), all as varints. The output is a function of the state alone.
+func (e *Engine) MarshalBinary() ([]byte, error) {
+	js, err := json.Marshal(e.lim.limits)
+	if err != nil {
+		return nil, fmt.Errorf("quota: marshal limits: %w", err)
+	}
+	bs := make([]*bucket, 0, len(e.buckets))
+	for _, b := range e.buckets {
+		bs = append(bs, b)
+	}
+	slices.SortFunc(bs, func(a, b *bucket) int { return strings.Compare(a.key, b.key) })
+
+	buf := make([]byte, 0, 64+len(js)+len(bs)*24)
+	buf = append(buf, snapshotFormat)
+	buf = binary.AppendUvarint(buf, uint64(len(js)))
+	buf = append(buf, js...)
+	buf = binary.AppendVarint(buf, int64(e.clock))
+	buf = binary.AppendUvarint(buf, e.leaseSeq)
+
+	buf = binary.AppendUvarint(buf, uint64(len(bs)))
+	prev := ""
+	for _, b := range bs {
+		shared := commonPrefix(prev, b.key)
+		buf = binary.AppendUvarint(buf, uint64(shared))
+		buf = binary.AppendUvarint(buf, uint64(len(b.key)-shared))
+		buf = append(buf, b.key[shared:]...)
+		buf = binary.AppendUvarint(buf, uint64(b.lvl.idx))
+		buf = binary.AppendUvarint(buf, b.tokens)
+		buf = binary.AppendUvarint(buf, uint64(e.clock-b.last)) // last <= clock
+		prev = b.key
+	}
+
+	ids := make([]uint64, 0, len(e.leases))
+	for id := range e.leases {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	buf = binary.AppendUvarint(buf, uint64(len(ids)))
+	for _, id := range ids {
+		l := e.leases[id]
+		buf = binary.AppendUvarint(buf, id)
+		buf = binary.AppendVarint(buf, int64(l.expiry))
+		buf = binary.AppendVarint(buf, int64(l.ttl))
+		buf = binary.AppendUvarint(buf, uint64(len(l.keys)))
+		for _, k := range l.keys {
+			buf = appendString(buf, k)
+		}
+	}
+
+	pk := make([]string, 0, len(e.pauses))
+	for k := range e.pauses {
+		pk = append(pk, k)
+	}
+	slices.Sort(pk)
+	buf = binary.AppendUvarint(buf, uint64(len(pk)))
+	for _, k := range pk {
+		buf = appendString(buf, k)
+		buf = binary.AppendVarint(buf, int64(e.pauses[k]))
+	}
+	return buf, nil
+}
+
+func appendString(buf []byte, s string) []byte {
+	buf = binary.AppendUvarint(buf, uint64(len(s)))
+	return append(buf, s...)
+}
+
+func commonPrefix(a, b string) int {
+	n := min(len(a), len(b))
+	for i := 0; i < n; i++ {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return n
+}
+
+// UnmarshalBinary replaces the whole state with one encoded by MarshalBinary. On error (wrapping
+// ErrBadSnapshot) the engine is unchanged.
+func (e *Engine) UnmarshalBinary(data []byte) error {
+	n, err := decodeSnapshot(data)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrBadSnapshot, err)
+	}
+	*e = *n
+	return nil
+}
+
+type decoder struct {
+	data []byte
+	off  int
+	err  error
+}
+
+func (d *decoder) fail(format string, args ...any) {
+	if d.err == nil {
+		d.err = fmt.Errorf("at byte %d: %s", d.off, fmt.Sprintf(format, args...))
+	}
+}
+
+func (d *decoder) uvarint() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.data[d.off:])
+	if n <= 0 {
+		d.fail("bad uvarint")
+		return 0
+	}
+	d.off += n
+	return v
+}
+
+func (d *decoder) varint() int64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Varint(d.data[d.off:])
+	if n <= 0 {
+		d.fail("bad varint")
+		return 0
+	}
+	d.off += n
+	return v
+}
+
+func (d *decoder) bytes(n uint64) []byte {
+	if d.err != nil {
+		return nil
+	}
+	if n > uint64(len(d.data)-d.off) {
+		d.fail("length %d runs past the end", n)
+		return nil
+	}
+	b := d.data[d.off : d.off+int(n)]
+	d.off += int(n)
+	return b
+}
+
+// count reads a collection length and bounds it by the bytes left (each element takes at least
+// minBytes), so corrupt input cannot make us allocate without limit.
+func (d *decoder) count(minBytes int) int {
+	n := d.uvarint()
+	if d.err == nil && n > uint64((len(d.data)-d.off)/minBytes) {
+		d.fail("count %d exceeds the remaining input", n)
+		return 0
+	}
+	return int(n)
+}
+
+func decodeSnapshot(data []byte) (*Engine, error) {
+	if len(data) == 0 {
+		return nil, fmt.Errorf("empty input")
+	}
+	if data[0] != snapshotFormat {
+		return nil, fmt.Errorf("unknown format %d (this build reads format %d)", data[0], snapshotFormat)
+	}
+	d := &decoder{data: data, off: 1}
+	js := d.bytes(d.uvarint())
+	if d.err != nil {
+		return nil, d.err
+	}
+	var l Limits
+	if err := json.Unmarshal(js, &l); err != nil {
+		return nil, fmt.Errorf("limits: %v", err)
+	}
+	lim, err := compileLimits(&l, l.Version)
+	if err != nil {
+		return nil, fmt.Errorf("limits: %v", err)
+	}
+	e := NewEngine()
+	e.lim = lim
+	e.clock = Time(d.varint())
+	e.leaseSeq = d.uvarint()
+
+	nb := d.count(5)
+	e.buckets = make(map[string]*bucket, nb)
+	var key []byte
+	for i := 0; i < nb && d.err == nil; i++ {
+		shared := d.uvarint()
+		suffix := d.bytes(d.uvarint())
+		if shared > uint64(len(key)) {
+			d.fail("bucket #%d: shared prefix %d longer than the previous key", i, shared)
+			break
+		}
+		key = append(key[:shared], suffix...)
+		idx := d.uvarint()
+		tokens := d.uvarint()
+		age := d.uvarint()
+		if d.err != nil {
+			break
+		}
+		if idx >= uint64(len(lim.levels)) || lim.levels[idx].rate == nil {
+			d.fail("bucket %q: level %d has no rate", key, idx)
+			break
+		}
+		lv := lim.levels[idx]
+		if tokens > lv.rate.capMicro || age > uint64(e.clock)+1<<63 { // last = clock-age must not wrap
+			d.fail("bucket %q: balance %d or age %d out of range", key, tokens, age)
+			break
+		}
+		b := &bucket{key: string(key), tokens: tokens, last: e.clock - Time(age), lvl: lv}
+		if _, dup := e.buckets[b.key]; dup {
+			d.fail("bucket %q appears twice", key)
+			break
+		}
+		e.buckets[b.key] = b
+	}
+
+	nl := d.count(4)
+	for i := 0; i < nl && d.err == nil; i++ {
+		l := &lease{id: d.uvarint(), expiry: Time(d.varint()), ttl: time.Duration(d.varint())}
+		nk := d.count(1)
+		l.keys = make([]string, 0, nk)
+		for j := 0; j < nk && d.err == nil; j++ {
+			l.keys = append(l.keys, string(d.bytes(d.uvarint())))
+		}
+		if d.err != nil {
+			break
+		}
+		if _, dup := e.leases[l.id]; dup || l.id == 0 || l.id > e.leaseSeq {
+			d.fail("lease %d duplicated or beyond the lease counter %d", l.id, e.leaseSeq)
+			break
+		}
+		e.addLease(l)
+	}
+
+	np := d.count(2)
+	for i := 0; i < np && d.err == nil; i++ {
+		k := string(d.bytes(d.uvarint()))
+		e.pauses[k] = Time(d.varint())
+	}
+	if d.err == nil && d.off != len(data) {
+		d.fail("%d trailing bytes", len(data)-d.off)
+	}
+	if d.err != nil {
+		return nil, d.err
+	}
+	return e, nil
+}
