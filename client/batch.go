@@ -93,6 +93,10 @@ func (b *batcher) submit(ctx context.Context, adm *quotadv1.Admission) (*quotadv
 	}
 	select {
 	case r := <-p.done:
+		if r.err != nil && ctx.Err() != nil {
+			// The batch gave up because this caller did: report the caller's own reason.
+			return nil, time.Time{}, b.c.unavailable("Acquire", 1, r.err, ctx.Err())
+		}
 		return r.d, r.at, r.err
 	case <-ctx.Done():
 		// The answer may have arrived in the same instant; prefer it.

@@ -5,6 +5,7 @@ package client
 
 import (
 	"io"
+	"runtime"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -25,6 +26,9 @@ rate_limit: {unit: year, requests_per_unit: 1, burst: 10}
 domain: paced
 rate_limit: {unit: second, requests_per_unit: 20, burst: 1}
 ---
+domain: slow
+rate_limit: {unit: second, requests_per_unit: 2, burst: 1}
+---
 domain: bench
 rate_limit: {unit: second, requests_per_unit: 100000000, burst: 100000000}
 ---
@@ -33,13 +37,16 @@ concurrency: {max_in_flight: 1, lease_ttl: 1s}
 `
 
 type testCluster struct {
-	t      *testing.T
+	t      testing.TB
 	agents []*rpc.Agent // nil once killed
 }
 
 // startCluster starts three agents that bootstrap one cluster with testLimits and waits
 // until one of them leads with the limits applied.
-func startCluster(t *testing.T) *testCluster {
+func startCluster(t *testing.T) *testCluster { return startClusterB(t) }
+
+// startClusterB is startCluster for tests and benchmarks.
+func startClusterB(t testing.TB) *testCluster {
 	t.Helper()
 	limits := filepath.Join(t.TempDir(), "limits.yaml")
 	if err := os.WriteFile(limits, []byte(testLimits), 0o644); err != nil {
@@ -138,3 +145,5 @@ func newTestClient(t testing.TB, addrs []string, mutate func(*Config)) *Client {
 	t.Cleanup(func() { c.Close() })
 	return c
 }
+
+func testingProcs() int { return runtime.GOMAXPROCS(0) }

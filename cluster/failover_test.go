@@ -109,7 +109,7 @@ func TestFailoverTimes(t *testing.T) {
 			l := c.Node(c.WaitLeader(leaderTimeout))
 			for _, m := range l.Members() {
 				if m.State != cluster.StateLeader && m.State != cluster.StateFollower {
-					return errf("member %s %s", m.ID, m.State)
+					return fmt.Errorf("member %s %s", m.ID, m.State)
 				}
 			}
 			return nil
@@ -120,9 +120,3 @@ func TestFailoverTimes(t *testing.T) {
 		took[0].Round(time.Millisecond), took[len(took)/2].Round(time.Millisecond),
 		took[len(took)*9/10].Round(time.Millisecond), took[len(took)-1].Round(time.Millisecond))
 }
-
-type strErr string
-
-func (e strErr) Error() string { return string(e) }
-
-func errf(format string, args ...any) error { return strErr(fmt.Sprintf(format, args...)) }

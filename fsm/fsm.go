@@ -209,7 +209,9 @@ func (f *FSM) applyAcquire(now quota.Time, a *fsmv1.Acquire) OpResult {
 		Attempt:     adm.Attempt,
 		WorkClass:   adm.WorkClass,
 	})
-	if a.ClientId != "" && adm.RequestId != 0 {
+	// Invalid and unknown-domain answers change nothing and would come out the same on a
+	// retry, so they are not remembered either.
+	if a.ClientId != "" && adm.RequestId != 0 && d.Reason != quota.ReasonInvalid && d.Reason != quota.ReasonUnknownDomain {
 		f.dedup.put(a.ClientId, adm.RequestId, now.Add(f.dedupWindow), d)
 	}
 	return OpResult{Decision: d}

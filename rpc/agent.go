@@ -243,6 +243,20 @@ func (a *Agent) Node() *cluster.Node { return a.node }
 // FSM returns the agent's state machine.
 func (a *Agent) FSM() *fsm.FSM { return a.fsm }
 
+// Kill stops the agent abruptly, as a crash would: connections are cut, leadership is not
+// handed over, nothing is flushed beyond what Raft already fsynced. For tests.
+func (a *Agent) Kill() error {
+	close(a.stop)
+	a.grpc.Stop()
+	if a.http != nil {
+		a.http.Close()
+	}
+	a.server.Close()
+	err := a.node.Kill()
+	a.wg.Wait()
+	return err
+}
+
 // Stop shuts the agent down gracefully: stops taking calls, hands leadership over if it leads,
 // and closes its data files.
 func (a *Agent) Stop() error {

@@ -1,0 +1,283 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// consumed returns how many units the cluster has debited from a non-refilling domain
+// bucket, read linearizably through Status.
+func consumed(t *testing.T, c *Client, domain string) uint64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := c.Status(ctx, domain)
+	if err != nil {
+		t.Fatalf("Status(%s): %v", domain, err)
+	}
+	for _, b := range s.Buckets {
+		if b.Scope == "domain" {
+			return b.Burst - b.Remaining
+		}
+	}
+	return 0 // a full bucket need not be stored
+}
+
+func TestClusterAllowFollowsLeader(t *testing.T) {
+	tc := startCluster(t)
+	follower := (tc.leader() + 1) % 3
+	// Only a follower's address: the client must learn the leader from x-quotad-leader.
+	c := newTestClient(t, []string{tc.agents[follower].GRPCAddr()}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	d, err := c.Allow(ctx, Request{Domain: "small", Cost: 3})
+	if err != nil || !d.Admitted || d.Reason != ReasonOK || d.Scope != "domain" || d.Remaining != 7 {
+		t.Fatalf("Allow = %+v, %v; want admitted with 7 remaining", d, err)
+	}
+	n, _ := c.nodes.target()
+	if want := tc.agents[tc.leader()].GRPCAddr(); n.addr != want {
+		t.Errorf("client targets %s after one call, want the leader %s", n.addr, want)
+	}
+	d, err = c.Allow(ctx, Request{Domain: "small", Cost: 8})
+	var de *DeniedError
+	if !errors.As(err, &de) || d.Admitted || d.Reason != ReasonRateLimited || d.RetryAfter <= 0 {
+		t.Errorf("over-budget Allow = %+v, %v; want a rate_limited denial with RetryAfter", d, err)
+	}
+	if _, err := c.Allow(ctx, Request{Domain: "no-such-domain"}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("unknown domain: %v, want ErrInvalid", err)
+	}
+	if got, err := c.Refund(ctx, Decision{Admitted: true, RequestID: de.Decision.RequestID - 1}); err != nil || got != 3 {
+		t.Errorf("Refund of the first admission = %d, %v; want 3", got, err)
+	}
+	if got := consumed(t, c, "small"); got != 0 {
+		t.Errorf("consumed after refund = %d, want 0", got)
+	}
+}
+
+// TestClusterLeaderKilledDuringConcurrentAllow: 10,000 Allow calls from 64 goroutines on a
+// bucket of 5,000 that does not refill; the leader is killed after about a third of them.
+// Every call must end with a decision or ErrUnavailable before its deadline, admissions must
+// stay within the bucket, and the cluster must have debited each request ID at most once.
+func TestClusterLeaderKilledDuringConcurrentAllow(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster failover test")
+	}
+	for _, batched := range []bool{true, false} {
+		name := map[bool]string{true: "batched", false: "unbatched"}[batched]
+		t.Run(name, func(t *testing.T) { testLeaderKilled(t, batched) })
+	}
+}
+
+func testLeaderKilled(t *testing.T, batched bool) {
+	tc := startCluster(t)
+	c := newTestClient(t, tc.addrs(), func(cfg *Config) {
+		cfg.Batch.Disabled = !batched
+		cfg.AttemptTimeout = 500 * time.Millisecond
+	})
+	const (
+		calls      = 10000
+		goroutines = 64
+		burst      = 5000
+		callBudget = 8 * time.Second
+		slack      = 250 * time.Millisecond
+	)
+	var next, done, admitted, denied, unavailable atomic.Int64
+	var mu sync.Mutex
+	var failures []string
+	ids := make(map[uint64]bool, calls)
+	killAt := int64(calls / 3)
+	killed := make(chan struct{})
+	var wg sync.WaitGroup
+	for range goroutines {
+		wg.Go(func() {
+			for next.Add(1) <= calls {
+				start := time.Now()
+				ctx, cancel := context.WithTimeout(context.Background(), callBudget)
+				d, err := c.Allow(ctx, Request{Domain: "fixed"})
+				cancel()
+				took := time.Since(start)
+				mu.Lock()
+				switch {
+				case err == nil:
+					admitted.Add(1)
+					if ids[d.RequestID] {
+						failures = append(failures, "request ID admitted twice in the client's view")
+					}
+					ids[d.RequestID] = true
+				case errors.Is(err, ErrDenied):
+					denied.Add(1)
+				case errors.Is(err, ErrUnavailable):
+					unavailable.Add(1)
+				default:
+					failures = append(failures, "unexpected error: "+err.Error())
+				}
+				if took > callBudget+slack {
+					failures = append(failures, "a call took "+took.String())
+				}
+				mu.Unlock()
+				if done.Add(1) == killAt {
+					close(killed)
+				}
+			}
+		})
+	}
+	<-killed
+	old := tc.leader()
+	killTime := time.Now()
+	tc.kill(old)
+	t.Logf("killed leader node%d after %d calls", old, killAt)
+	wg.Wait()
+	t.Logf("%d calls: %d admitted, %d denied, %d unavailable in %v after the kill; client %+v",
+		calls, admitted.Load(), denied.Load(), unavailable.Load(), time.Since(killTime).Round(time.Millisecond), c.Stats())
+	for i, f := range failures {
+		if i == 10 {
+			t.Errorf("... and %d more", len(failures)-10)
+			break
+		}
+		t.Error(f)
+	}
+	if a := admitted.Load(); a > burst {
+		t.Errorf("admitted %d > bucket bound %d", a, burst)
+	}
+	if admitted.Load()+denied.Load() == 0 {
+		t.Fatal("no decisions at all: vacuous run")
+	}
+	// The cluster's own account: units debited. Each admission the client saw was debited
+	// once; each call that ended unavailable was debited at most once; anything beyond is a
+	// double debit.
+	got := consumed(t, c, "fixed")
+	if got < uint64(admitted.Load()) || got > uint64(admitted.Load()+unavailable.Load()) {
+		t.Errorf("cluster debited %d units; client saw %d admitted and %d unknown outcomes: want admitted ≤ debited ≤ admitted+unknown",
+			got, admitted.Load(), unavailable.Load())
+	}
+	if denied.Load() > 0 && got != burst {
+		t.Errorf("denials were given while the bucket had %d of %d left", burst-got, burst)
+	}
+}
+
+// forcedTimeout returns an interceptor that lets the first Acquire reach the server (which
+// commits it) and then reports DeadlineExceeded, as if the answer were lost. It records the
+// request IDs of every Acquire attempt.
+func forcedTimeout(seen *[][]uint64, mu *sync.Mutex) grpc.UnaryClientInterceptor {
+	var fired atomic.Bool
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if ar, ok := req.(*quotadv1.AcquireRequest); ok {
+			var ids []uint64
+			for _, a := range ar.Admissions {
+				ids = append(ids, a.RequestId)
+			}
+			mu.Lock()
+			*seen = append(*seen, ids)
+			mu.Unlock()
+			if err == nil && fired.CompareAndSwap(false, true) {
+				return status.Error(codes.DeadlineExceeded, "forced timeout after the server committed")
+			}
+		}
+		return err
+	}
+}
+
+// TestClusterRetryAfterCommittedTimeout: the first attempt is committed but its answer is
+// replaced by a timeout; the retry carries the same request ID and gets the original
+// decision, and the cluster debits once.
+func TestClusterRetryAfterCommittedTimeout(t *testing.T) {
+	tc := startCluster(t)
+	for _, batched := range []bool{true, false} {
+		var seen [][]uint64
+		var mu sync.Mutex
+		c := newTestClient(t, tc.addrs(), func(cfg *Config) {
+			cfg.Batch.Disabled = !batched
+			cfg.DialOptions = []grpc.DialOption{grpc.WithUnaryInterceptor(forcedTimeout(&seen, &mu))}
+		})
+		before := consumed(t, c, "small")
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		d, err := c.Allow(ctx, Request{Domain: "small", Cost: 4})
+		cancel()
+		if err != nil || !d.Admitted || d.Remaining != 10-before-4 {
+			t.Fatalf("batched=%v: Allow = %+v, %v; want admitted with %d remaining (the original decision)", batched, d, err, 10-before-4)
+		}
+		mu.Lock()
+		if len(seen) != 2 || len(seen[0]) != 1 || len(seen[1]) != 1 || seen[0][0] != seen[1][0] || seen[0][0] != d.RequestID {
+			t.Errorf("batched=%v: Acquire attempts carried request IDs %v; want two attempts with ID %d", batched, seen, d.RequestID)
+		}
+		mu.Unlock()
+		if got := consumed(t, c, "small"); got != before+4 {
+			t.Errorf("batched=%v: the cluster debited %d units for one admission of cost 4", batched, got-before)
+		}
+	}
+}
+
+func TestClusterWaitSleepsPerRetryAfter(t *testing.T) {
+	tc := startCluster(t)
+	c := newTestClient(t, tc.addrs(), nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// paced: 20/s, burst 1. Five Waits in a row take about 4 × 50 ms.
+	start := time.Now()
+	for i := range 5 {
+		if d, err := c.Wait(ctx, Request{Domain: "paced"}); err != nil || !d.Admitted {
+			t.Fatalf("Wait %d = %+v, %v", i, d, err)
+		}
+	}
+	if took := time.Since(start); took < 150*time.Millisecond || took > 3*time.Second {
+		t.Errorf("5 Waits at 20/s with burst 1 took %v, want about 200ms", took)
+	}
+	// A deadline shorter than the retry-after (slow: 2/s, so about 500ms) gives the denial
+	// back at once rather than sleeping until the deadline.
+	if _, err := c.Allow(ctx, Request{Domain: "slow"}); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel2 := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel2()
+	start = time.Now()
+	d, err := c.Wait(short, Request{Domain: "slow"})
+	if !errors.Is(err, ErrDenied) || d.RetryAfter < 300*time.Millisecond || d.RetryAt().IsZero() {
+		t.Errorf("Wait with a too-short deadline = %+v, %v; want the denial with RetryAfter ≥ 300ms", d, err)
+	}
+	if took := time.Since(start); took > 250*time.Millisecond {
+		t.Errorf("Wait slept %v before giving up; it should return the denial at once", took)
+	}
+}
+
+func TestClusterLeaseRenewedUntilReleased(t *testing.T) {
+	tc := startCluster(t)
+	c := newTestClient(t, tc.addrs(), nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	l, err := c.TryAcquire(ctx, Request{Domain: "slots"})
+	if err != nil || l.ID() == 0 {
+		t.Fatalf("TryAcquire = %v, %v; want a lease", l, err)
+	}
+	// The lease TTL is 1s; hold it for 2.5s on renewals alone.
+	time.Sleep(2500 * time.Millisecond)
+	if l.Err() != nil {
+		t.Fatalf("lease ended while held: %v", l.Err())
+	}
+	_, err = c.TryAcquire(ctx, Request{Domain: "slots"})
+	var de *DeniedError
+	if !errors.As(err, &de) || de.Decision.Reason != ReasonConcurrencyLimited {
+		t.Fatalf("second TryAcquire while held: %v, want concurrency_limited", err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(l.Err(), ErrLeaseReleased) {
+		t.Errorf("Err after Release = %v", l.Err())
+	}
+	l2, err := c.Acquire(ctx, Request{Domain: "slots"})
+	if err != nil {
+		t.Fatalf("Acquire after Release: %v", err)
+	}
+	l2.Release(ctx)
+}

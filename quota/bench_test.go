@@ -1,0 +1,150 @@
+package quota
+
+import (
+	"runtime"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// benchLimits: a domain ceiling, per-tenant and per-consumer buckets, all roomy enough that the
+// benchmarks measure admission, not refusal.
+func benchLimits() *Limits {
+	return &Limits{Domains: []Domain{{
+		Name: "api",
+		Rate: &Rate{Unit: time.Second, RequestsPerUnit: 10_000_000},
+		Descriptors: []Node{{
+			Key:  "tenant",
+			Rate: &Rate{Unit: time.Second, RequestsPerUnit: 1_000_000},
+			Children: []Node{{
+				Key:  "consumer",
+				Rate: &Rate{Unit: time.Second, RequestsPerUnit: 1_000_000},
+			}},
+		}},
+	}}}
+}
+
+// BenchmarkAcquire is the hot path: one request through three buckets, admitted.
+func BenchmarkAcquire(b *testing.B) {
+	e := mustEngine(b, benchLimits())
+	req := Request{Domain: "api", Descriptors: []Entry{{"tenant", "acme"}, {"consumer", "mobile-app"}}}
+	now := Time(0)
+	b.ReportAllocs()
+	for b.Loop() {
+		now += Time(time.Microsecond)
+		if d := e.Acquire(now, req); !d.Admitted {
+			b.Fatalf("refused: %+v", d)
+		}
+	}
+}
+
+// BenchmarkAcquireDenied: under overload most requests are refused; that path must stay cheap.
+func BenchmarkAcquireDenied(b *testing.B) {
+	e := mustEngine(b, oneBucket(1, time.Hour, 0))
+	req := Request{Domain: "d"}
+	e.Acquire(0, req)
+	b.ReportAllocs()
+	for b.Loop() {
+		if d := e.Acquire(1, req); d.Admitted {
+			b.Fatal("admitted")
+		}
+	}
+}
+
+// BenchmarkAcquireManyKeys cycles through 1M tenants, so nearly every call misses the CPU cache
+// and half the buckets are new.
+func BenchmarkAcquireManyKeys(b *testing.B) {
+	const keys = 1 << 20
+	tenants := make([]string, keys)
+	for i := range tenants {
+		tenants[i] = "t" + strconv.Itoa(i)
+	}
+	e := mustEngine(b, benchLimits())
+	req := Request{Domain: "api", Descriptors: []Entry{{"tenant", ""}}}
+	now := Time(0)
+	i := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		now += Time(time.Microsecond)
+		req.Descriptors[0].Value = tenants[i&(keys-1)]
+		i++
+		if d := e.Acquire(now, req); !d.Admitted {
+			b.Fatalf("refused: %+v", d)
+		}
+	}
+	b.ReportMetric(float64(e.Stats().Buckets), "buckets")
+}
+
+// engineWithBuckets returns an engine holding n stored per-tenant buckets (plus the ceiling).
+func engineWithBuckets(tb testing.TB, n int) *Engine {
+	e := mustEngine(tb, benchLimits())
+	req := Request{Domain: "api", Descriptors: []Entry{{"tenant", ""}}}
+	for i := 0; i < n; i++ {
+		req.Descriptors[0].Value = "tenant-" + strconv.Itoa(i)
+		if d := e.Acquire(Time(i), req); !d.Admitted {
+			tb.Fatalf("refused: %+v", d)
+		}
+	}
+	return e
+}
+
+// BenchmarkSnapshot1M: MarshalBinary and UnmarshalBinary of an engine with 1M buckets.
+func BenchmarkSnapshot1M(b *testing.B) {
+	e := engineWithBuckets(b, 1_000_000)
+	data, err := e.MarshalBinary()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("Marshal", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := e.MarshalBinary(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(len(data)), "bytes")
+	})
+	b.Run("Unmarshal", func(b *testing.B) {
+		for b.Loop() {
+			if err := NewEngine().UnmarshalBinary(data); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("RoundTrip", func(b *testing.B) {
+		for b.Loop() {
+			data, err := e.MarshalBinary()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := NewEngine().UnmarshalBinary(data); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("Hash", func(b *testing.B) {
+		for b.Loop() {
+			e.Hash()
+		}
+	})
+	b.Run("Tick", func(b *testing.B) {
+		for b.Loop() {
+			e.Tick(e.Clock()) // nothing is full yet: a full scan that drops nothing
+		}
+	})
+}
+
+// BenchmarkMemory1M reports the live heap per stored bucket with 1M buckets.
+func BenchmarkMemory1M(b *testing.B) {
+	for b.Loop() {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		e := engineWithBuckets(b, 1_000_000)
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		n := e.Stats().Buckets
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(n), "heapB/bucket")
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/(1<<20), "heapMiB")
+		runtime.KeepAlive(e)
+	}
+}
