@@ -144,15 +144,17 @@ type Config struct {
 // DefaultConfig returns a Config that works on a LAN or loopback, without ID, DataDir and
 // addresses.
 //
-// Timeouts: HeartbeatTimeout 1s / ElectionTimeout 1s / LeaderLeaseTimeout 500ms. Followers
-// start an election after 1–2 s without a heartbeat (raft randomizes in [T, 2T]) and the
-// election itself takes a few milliseconds on a LAN, so a crashed leader is replaced in
-// about 1–2 s. The leader heartbeats every HeartbeatTimeout/10 = 100 ms on a path that does
-// not wait for fsync, so a spurious election needs a follower to hear nothing for a whole
-// second; on a loaded 2-core machine (GC, fsync stalls, -race) that does not happen, while
-// 500 ms did produce occasional elections there. LeaderLeaseTimeout 500 ms makes a leader
-// cut off from its quorum step down (and stop stamping time) well before a new one can be
-// elected.
+// Raft timeouts: HeartbeatTimeout 600ms, ElectionTimeout 600ms, LeaderLeaseTimeout 500ms.
+// A follower checks for leader contact on a timer drawn from [T, 2T), so after a leader
+// crash it notices between T and 3T later (the first of two followers usually sooner); the
+// pre-vote and vote rounds then take milliseconds. With T = 1s that measured median 1.7 s
+// but p90 2.6 s; with T = 600ms, median 1.2 s and max 1.8 s over 15 kill -9 trials (1.85 s
+// max under -race), inside the 2 s target. The leader heartbeats every 60–120 ms on a path
+// that does not wait for fsync, so a spurious election needs 600 ms of silence: none
+// occurred in 10 s of full-speed applies plus a CPU burner per core on the 2-core machine,
+// with or without -race (TestFailoverTimes measures both; run it before changing these).
+// LeaderLeaseTimeout 500ms makes a leader cut off from its quorum step down and stop
+// stamping time before a new leader can be elected (>= 600ms).
 func DefaultConfig() Config {
 	return Config{
 		BootstrapExpect:    0,
@@ -165,8 +167,8 @@ func DefaultConfig() Config {
 		PromoteStableFor:   2 * time.Second,
 		MetaInterval:       500 * time.Millisecond,
 		TickInterval:       500 * time.Millisecond,
-		HeartbeatTimeout:   1000 * time.Millisecond,
-		ElectionTimeout:    1000 * time.Millisecond,
+		HeartbeatTimeout:   600 * time.Millisecond,
+		ElectionTimeout:    600 * time.Millisecond,
 		LeaderLeaseTimeout: 500 * time.Millisecond,
 		CommitTimeout:      50 * time.Millisecond,
 		MaxAppendEntries:   512,
