@@ -28,7 +28,7 @@ func BenchmarkClusterAllow(b *testing.B) {
 				b.Fatal(err)
 			}
 			before := c.Stats()
-			b.SetParallelism(64/max(1, testingProcs())+1)
+			b.SetParallelism(64/max(1, testingProcs()) + 1)
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {

@@ -166,26 +166,24 @@ func (c *Client) Allow(ctx context.Context, req Request) (Decision, error) {
 
 // Wait decides req, and while the cluster says no for a reason that passes with time
 // (rate_limited, concurrency_limited, paused, retry_budget_exhausted) sleeps the decision's
-// RetryAfter plus up to 20% jitter and asks again, each time as a new admission. Like
+// RetryAfter plus up to 20% jitter (or, when the decision gives none, as for a
+// concurrency_limited one, the client's Backoff with jitter) and asks again, each time as a
+// new admission. Like
 // rate.Limiter.Wait it gives up at once, returning the last denial, when ctx's deadline
 // comes before the earliest retry could succeed: a worker can then reschedule its job durably
 // at Decision.RetryAt instead of holding a goroutine.
 //
 // Errors are as for Allow. A denial that ended because ctx ended wraps ctx's error too.
 func (c *Client) Wait(ctx context.Context, req Request) (Decision, error) {
-	for {
+	for denials := 0; ; denials++ {
 		d, err := c.Allow(ctx, req)
 		if err == nil || !errors.Is(err, ErrDenied) || !transient(d.Reason) {
 			return d, err
 		}
-		wait := d.RetryAfter
-		if wait <= 0 {
-			wait = time.Millisecond
-		}
-		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d.RetryAfter {
 			return d, err
 		}
-		wait += time.Duration(rand.Int64N(int64(wait/5) + int64(time.Millisecond)))
+		wait := waitAfterDenial(d, denials, c.cfg.Backoff)
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
 			wait = time.Until(dl)
 		}
@@ -193,6 +191,18 @@ func (c *Client) Wait(ctx context.Context, req Request) (Decision, error) {
 			return d, fmt.Errorf("%w: %w", err, ctx.Err())
 		}
 	}
+}
+
+// waitAfterDenial is how long Wait sleeps after its n-th consecutive denial (0-based). With a
+// RetryAfter it is that plus up to 20% (so waiters do not all return at once); without one
+// (a concurrency permit returns when its holder releases it, which nobody can foresee) it is
+// the client's backoff with equal jitter, so waiters poll gently instead of spinning.
+func waitAfterDenial(d Decision, n int, b BackoffConfig) time.Duration {
+	if d.RetryAfter > 0 {
+		return d.RetryAfter + time.Duration(rand.Int64N(int64(d.RetryAfter/5)+int64(time.Millisecond)))
+	}
+	ceil := b.delayCeil(n)
+	return ceil/2 + time.Duration(rand.Int64N(int64(ceil/2)+1))
 }
 
 // transient reports whether a denial for reason can turn into an admission by waiting.

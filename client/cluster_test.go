@@ -5,10 +5,10 @@ package client
 
 import (
 	"io"
-	"runtime"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 	"time"
 

@@ -11,16 +11,15 @@ import (
 
 // Defaults used by DefaultConfig and by New for zero fields.
 const (
-	DefaultBatchWindow     = 500 * time.Microsecond
-	DefaultBatchMaxSize    = 256
-	DefaultBackoffInitial  = 10 * time.Millisecond
-	DefaultBackoffMax      = time.Second
-	DefaultBackoffFactor   = 2.0
-	DefaultAttemptTimeout  = 2 * time.Second
-	maxAdmissionsPerBatch  = 4096
-	minLeaseRenewInterval  = 10 * time.Millisecond
-	leaderHeader           = "x-quotad-leader"
-	defaultTryAcquireGrace = 0
+	DefaultBatchWindow    = 500 * time.Microsecond
+	DefaultBatchMaxSize   = 256
+	DefaultBackoffInitial = 10 * time.Millisecond
+	DefaultBackoffMax     = time.Second
+	DefaultBackoffFactor  = 2.0
+	DefaultAttemptTimeout = 2 * time.Second
+	maxAdmissionsPerBatch = 4096
+	minLeaseRenewInterval = 10 * time.Millisecond
+	leaderHeader          = "x-quotad-leader"
 )
 
 // Config configures a Client. The zero value of every field except Addrs is usable: New fills

@@ -128,16 +128,22 @@ func (ns *nodes) close() error {
 }
 
 // delay returns the full-jitter backoff before retry number attempt (0-based):
-// uniform in [0, min(Max, Initial*Factor^attempt)].
+// uniform in [0, delayCeil(attempt)].
 func (b BackoffConfig) delay(attempt int) time.Duration {
-	ceil := float64(b.Initial) * math.Pow(b.Factor, float64(attempt))
-	if ceil > float64(b.Max) || math.IsInf(ceil, 0) || math.IsNaN(ceil) {
-		ceil = float64(b.Max)
-	}
+	ceil := b.delayCeil(attempt)
 	if ceil <= 0 {
 		return 0
 	}
 	return time.Duration(rand.Int64N(int64(ceil) + 1))
+}
+
+// delayCeil is min(Max, Initial*Factor^attempt).
+func (b BackoffConfig) delayCeil(attempt int) time.Duration {
+	ceil := float64(b.Initial) * math.Pow(b.Factor, float64(attempt))
+	if ceil > float64(b.Max) || math.IsInf(ceil, 0) || math.IsNaN(ceil) {
+		return b.Max
+	}
+	return time.Duration(ceil)
 }
 
 // retryable reports whether a failed attempt may be repeated: the cluster gave no answer

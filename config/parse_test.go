@@ -327,9 +327,12 @@ func TestExample(t *testing.T) {
 	}
 	charges := provider.Descriptors[0]
 	if charges.Key != "endpoint" || charges.Value != "charges" ||
-		!reflect.DeepEqual(charges.Rate, &quota.Rate{Unit: time.Second, RequestsPerUnit: 20, Burst: 10}) ||
-		charges.Concurrency == nil {
-		t.Errorf("charges: %+v", charges)
+		!reflect.DeepEqual(charges.Rate, &quota.Rate{Unit: time.Minute, RequestsPerUnit: 60, Burst: 10}) ||
+		charges.Concurrency != nil {
+		t.Errorf("charges (the README tour expects 60/minute, burst 10, no concurrency cap): %+v", charges)
+	}
+	if reports := provider.Descriptors[1]; reports.Value != "reports" || reports.Concurrency == nil || reports.Concurrency.MaxInFlight != 4 {
+		t.Errorf("reports (the README tour expects max_in_flight 4): %+v", reports)
 	}
 	tenant := charges.Children[0]
 	if tenant.Key != "tenant" || tenant.Value != "" || !reflect.DeepEqual(tenant.Rate, perSecond(10)) {

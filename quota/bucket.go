@@ -100,6 +100,14 @@ func (r *rateParams) timeFor(needMicro uint64) time.Duration {
 	return time.Duration(d)
 }
 
+// fullAt returns when a bucket whose stored state is (tokens, last) is full, absent debits.
+func (r *rateParams) fullAt(tokens uint64, last Time) Time {
+	if tokens >= r.capMicro {
+		return last
+	}
+	return addSat(last, r.timeFor(r.capMicro-tokens))
+}
+
 // waitUntil returns how long after now a bucket whose stored state is (tokens, last) holds
 // wantMicro micro-units (0 if it already does). Computed from the stored state, not a refilled
 // copy, so it is exact for what later refills will compute.
@@ -124,5 +132,6 @@ type bucket struct {
 	key    string // also the map key; shared, so Charges need no allocation
 	tokens uint64 // micro-units as of last
 	last   Time
-	lvl    *level // the level whose rate governs this bucket; re-pointed by SetLimits
+	lvl    *level // the level whose rate governs this bucket; re-pointed by SetLimits; nil once dropped
+	sched  Time   // time of this bucket's entry in Engine.fullAt (not part of the state)
 }

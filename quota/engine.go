@@ -38,10 +38,11 @@ type Engine struct {
 
 	buckets  map[string]*bucket // stored (not full) buckets by key
 	leases   map[uint64]*lease
-	expiries expiryHeap
-	inflight map[string]uint64 // concurrency key → permits held
-	pauses   map[string]Time   // scope key → paused until (exclusive)
-	leaseSeq uint64            // last lease ID issued
+	expiries timeHeap[expiryEntry]
+	fullAt   timeHeap[fullEntry] // when stored buckets may be full; see scheduleFull
+	inflight map[string]uint64   // concurrency key → permits held
+	pauses   map[string]Time     // scope key → paused until (exclusive)
+	leaseSeq uint64              // last lease ID issued
 
 	// scratch for Acquire; valid until the next call.
 	keybuf []byte
@@ -123,6 +124,7 @@ func (e *Engine) SetLimits(now Time, l *Limits) error {
 		nl := c.matchKey(k)
 		if nl == nil || nl.rate == nil {
 			delete(e.buckets, k)
+			b.lvl = nil
 			continue
 		}
 		if !nl.rate.same(old) {
@@ -133,6 +135,7 @@ func (e *Engine) SetLimits(now Time, l *Limits) error {
 		b.tokens, b.last, b.lvl = tokens, last, nl
 	}
 	e.lim = c
+	e.rebuildFullAt()
 	return nil
 }
 
@@ -325,8 +328,12 @@ func (e *Engine) Acquire(now Time, req Request) Decision {
 			b = &bucket{key: string(kb[:s.end]), lvl: s.lv}
 			e.buckets[b.key] = b
 			s.b = b
+			b.tokens, b.last = s.tokens-costMicro, s.last
+			e.scheduleFull(b)
+		} else {
+			// A debit only moves the full-at time later, so b's entry stays valid.
+			b.tokens, b.last = s.tokens-costMicro, s.last
 		}
-		b.tokens, b.last = s.tokens-costMicro, s.last
 		d.Charges = append(d.Charges, b.key)
 		if rem := b.tokens / microPerUnit; tight < 0 || rem < tightRem {
 			tight, tightRem = i, rem
@@ -449,6 +456,9 @@ func (e *Engine) Refund(now Time, charges []string, cost uint64) (refunded uint6
 		add := min(cost, r.capUnits) * microPerUnit
 		add = min(add, r.capMicro-tokens)
 		b.tokens, b.last = tokens+add, last
+		if r.fullAt(b.tokens, b.last) < b.sched {
+			e.scheduleFull(b)
+		}
 		refunded = min(refunded, add/microPerUnit)
 	}
 	return refunded
@@ -536,8 +546,9 @@ func (e *Engine) Resume(now Time, domain string, prefix []Entry) (bool, error) {
 	return ok && until > now, nil
 }
 
-// Tick expires leases and pauses whose time has come and drops buckets that have refilled to
-// capacity (an absent bucket is full), so memory follows active keys only.
+// Tick expires leases and pauses whose time has come and drops exactly the buckets that have
+// refilled to capacity by now (an absent bucket is full), so memory follows active keys only.
+// Its cost is proportional to what is due, not to the number of stored buckets.
 func (e *Engine) Tick(now Time) {
 	now = e.advance(now)
 	e.expireLeases(now)
@@ -546,12 +557,48 @@ func (e *Engine) Tick(now Time) {
 			delete(e.pauses, k)
 		}
 	}
-	for k, b := range e.buckets {
-		r := b.lvl.rate
-		if t, _ := r.refill(b.tokens, b.last, now); t >= r.capMicro {
-			delete(e.buckets, k)
+	for len(e.fullAt) > 0 && e.fullAt[0].at <= now {
+		x := e.fullAt.pop()
+		b := x.b
+		if b.lvl == nil || b.sched != x.at {
+			continue // dropped, or rescheduled earlier by a refund
 		}
+		if at := b.lvl.rate.fullAt(b.tokens, b.last); at > now {
+			b.sched = at // debited since it was scheduled
+			e.fullAt.push(fullEntry{at, b})
+			continue
+		}
+		delete(e.buckets, b.key)
+		b.lvl = nil
 	}
+}
+
+// fullEntry says bucket b may be full at at. Invariant: every stored bucket has an entry at
+// b.sched, and b.sched is no later than the time it becomes full. So Tick(now) visits every
+// bucket full at now, and drops exactly those, whatever the heap's history: replicas and
+// restored snapshots agree.
+type fullEntry struct {
+	at Time
+	b  *bucket
+}
+
+func (x fullEntry) due() Time { return x.at }
+
+// scheduleFull (re)schedules b at the time it becomes full.
+func (e *Engine) scheduleFull(b *bucket) {
+	b.sched = b.lvl.rate.fullAt(b.tokens, b.last)
+	e.fullAt.push(fullEntry{b.sched, b})
+}
+
+// rebuildFullAt rebuilds the full-at index from the stored buckets.
+func (e *Engine) rebuildFullAt() {
+	h := make(timeHeap[fullEntry], 0, len(e.buckets))
+	for _, b := range e.buckets {
+		b.sched = b.lvl.rate.fullAt(b.tokens, b.last)
+		h = append(h, fullEntry{b.sched, b})
+	}
+	h.heapify()
+	e.fullAt = h
 }
 
 // Status describes every level on the path that a request with these descriptors would match —

@@ -17,22 +17,19 @@ type expiryEntry struct {
 	id uint64
 }
 
-// expiryHeap is a min-heap by (at, id). It is an index only: Hash and snapshots never see it.
-type expiryHeap []expiryEntry
+func (x expiryEntry) due() Time { return x.at }
 
-func (h expiryHeap) less(i, j int) bool {
-	if h[i].at != h[j].at {
-		return h[i].at < h[j].at
-	}
-	return h[i].id < h[j].id
-}
+// timeHeap is a min-heap by due time. The engine uses them as indexes only (lease expiries,
+// bucket full-at times): every entry due at or before now is processed, so the order among
+// equal times never shows, and Hash and snapshots never see the heaps.
+type timeHeap[T interface{ due() Time }] []T
 
-func (h *expiryHeap) push(e expiryEntry) {
-	*h = append(*h, e)
+func (h *timeHeap[T]) push(x T) {
+	*h = append(*h, x)
 	s := *h
 	for i := len(s) - 1; i > 0; {
 		p := (i - 1) / 2
-		if !s.less(i, p) {
+		if s[p].due() <= s[i].due() {
 			break
 		}
 		s[i], s[p] = s[p], s[i]
@@ -40,28 +37,42 @@ func (h *expiryHeap) push(e expiryEntry) {
 	}
 }
 
-func (h *expiryHeap) pop() expiryEntry {
+func (h *timeHeap[T]) pop() T {
 	s := *h
 	top := s[0]
 	n := len(s) - 1
 	s[0] = s[n]
+	var zero T
+	s[n] = zero // drop the reference
 	s = s[:n]
-	for i := 0; ; {
+	s.down(0)
+	*h = s
+	return top
+}
+
+func (h timeHeap[T]) down(i int) {
+	n := len(h)
+	for {
 		l, r, m := 2*i+1, 2*i+2, i
-		if l < n && s.less(l, m) {
+		if l < n && h[l].due() < h[m].due() {
 			m = l
 		}
-		if r < n && s.less(r, m) {
+		if r < n && h[r].due() < h[m].due() {
 			m = r
 		}
 		if m == i {
-			break
+			return
 		}
-		s[i], s[m] = s[m], s[i]
+		h[i], h[m] = h[m], h[i]
 		i = m
 	}
-	*h = s
-	return top
+}
+
+// heapify orders an arbitrary slice into a heap in O(n).
+func (h timeHeap[T]) heapify() {
+	for i := len(h)/2 - 1; i >= 0; i-- {
+		h.down(i)
+	}
 }
 
 // expireLeases ends every lease whose expiry is at or before now.

@@ -195,7 +195,23 @@ func (r *runner) apply(t *rapid.T, op histOp) string {
 		r.maxTTL = max(r.maxTTL, ttl)
 		return fmt.Sprint(ttl, err)
 	case opTick:
+		// Tick must drop exactly the buckets that are full at now (checked by brute force).
+		now := max(r.now, e.Clock())
+		keep := map[string]bool{}
+		for k, b := range e.buckets {
+			if tokens, _ := b.lvl.rate.refill(b.tokens, b.last, now); tokens < b.lvl.rate.capMicro {
+				keep[k] = true
+			}
+		}
 		e.Tick(r.now)
+		if len(e.buckets) != len(keep) {
+			t.Fatalf("tick at %v kept %d buckets, want the %d not yet full", time.Duration(now), len(e.buckets), len(keep))
+		}
+		for k := range e.buckets {
+			if !keep[k] {
+				t.Fatalf("tick at %v kept full bucket %q", time.Duration(now), k)
+			}
+		}
 		return formatStats(e.Stats())
 	case opPause:
 		var prefix []Entry

@@ -10,8 +10,8 @@
 //
 //	go run ./examples/worker -domain provider -jobs 300
 //
-// The cluster's limits must define the domain (-domain) with a per-tenant level keyed
-// "tenant"; see examples/limits.yaml.
+// The cluster's limits must define the domain (-domain). Each request's descriptor path is
+// endpoint=<-endpoint>, tenant=<tenant>; levels the limits do not define charge nothing.
 package main
 
 import (
@@ -46,6 +46,7 @@ type tenantKey struct{}
 func main() {
 	addrs := flag.String("addrs", "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103", "comma-separated quotad gRPC addresses")
 	domain := flag.String("domain", "provider", "quota domain of the provider")
+	endpoint := flag.String("endpoint", "charges", "descriptor endpoint=VALUE before tenant=...; empty: tenant only")
 	tenants := flag.Int("tenants", 4, "number of tenants; tenant 0 submits half of all jobs")
 	workers := flag.Int("workers", 32, "worker goroutines")
 	jobs := flag.Int("jobs", 400, "jobs to run")
@@ -83,7 +84,11 @@ func main() {
 			if j == nil {
 				return client.Request{}, errors.New("request has no job")
 			}
-			return client.Request{Domain: *domain, Descriptors: client.Descriptors("tenant", j.tenant), Attempt: j.attempt}, nil
+			descs := client.Descriptors("tenant", j.tenant)
+			if *endpoint != "" {
+				descs = append(client.Descriptors("endpoint", *endpoint), descs...)
+			}
+			return client.Request{Domain: *domain, Descriptors: descs, Attempt: j.attempt}, nil
 		},
 		ReasonHeader: "X-Provider-Limit-Reason",
 		OnFeedback: func(_ *http.Request, f client.Feedback, res client.FeedbackResult, err error) {

@@ -1,0 +1,316 @@
+// Package e2e tests quotad as its users run it: separate agent processes started from the
+// built binary, killed with SIGKILL, restarted from their data dirs, driven by the CLI and by
+// worker processes.
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"github.com/quotad/quotad/internal/proccluster"
+)
+
+const limits = `
+domain: provider
+rate_limit: {unit: second, requests_per_unit: 1000, burst: 1000}
+descriptors:
+  - key: endpoint
+    value: charges
+    rate_limit: {unit: minute, requests_per_unit: 60, burst: 10}
+  - key: endpoint
+    value: search
+    rate_limit: {unit: second, requests_per_unit: 50, burst: 20}
+`
+
+var binary string
+
+func TestMain(m *testing.M) {
+	if os.Getenv(workerEnv) != "" {
+		os.Exit(runWorker())
+	}
+	dir, err := os.MkdirTemp("", "quotad-e2e-")
+	if err != nil {
+		panic(err)
+	}
+	if binary = os.Getenv("QUOTAD_BIN"); binary == "" {
+		if binary, err = proccluster.Build("..", dir); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func startCluster(t *testing.T, n int, extra ...string) *proccluster.Cluster {
+	t.Helper()
+	dir := t.TempDir()
+	lf := filepath.Join(dir, "limits.yaml")
+	if err := os.WriteFile(lf, []byte(limits), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := proccluster.Start(proccluster.Config{Binary: binary, Dir: dir, Nodes: n, LimitsFile: lf, ExtraArgs: extra})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.KillAll()
+		if t.Failed() {
+			for _, n := range c.Nodes {
+				if b, err := os.ReadFile(n.LogPath); err == nil {
+					t.Logf("%s log:\n%s", n.ID, tail(string(b), 40))
+				}
+			}
+		}
+	})
+	if _, err := c.WaitLeader(15 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func tail(s string, lines int) string {
+	parts := strings.Split(s, "\n")
+	if len(parts) > lines {
+		parts = parts[len(parts)-lines:]
+	}
+	return strings.Join(parts, "\n")
+}
+
+type cliDecision struct {
+	Admitted     bool   `json:"admitted"`
+	Reason       string `json:"reason"`
+	Scope        string `json:"scope"`
+	Limit        uint64 `json:"limit"`
+	Remaining    uint64 `json:"remaining"`
+	ResetAfterMs int64  `json:"reset_after_ms"`
+	RetryAfterMs int64  `json:"retry_after_ms"`
+	LeaseID      uint64 `json:"lease_id"`
+}
+
+// cliAcquire runs `quotad acquire --json` and returns its decision and exit code.
+func cliAcquire(t *testing.T, addrs []string, descs ...string) (cliDecision, int) {
+	t.Helper()
+	args := []string{"acquire", "--addr", strings.Join(addrs, ","), "--domain", "provider", "--json", "--timeout", "5s"}
+	for _, d := range descs {
+		args = append(args, "--descriptor", d)
+	}
+	cmd := exec.Command(binary, args...)
+	out, err := cmd.Output()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	var d cliDecision
+	if code == 0 || code == 3 {
+		if err := json.Unmarshal(out, &d); err != nil {
+			t.Fatalf("acquire printed %q: %v", out, err)
+		}
+	}
+	return d, code
+}
+
+// TestCLIAcquireUntilDeniedThenKillLeader is the README tour: acquire until the burst is spent,
+// denied with rate_limited by the endpoint with a correct retry_after; kill -9 the leader;
+// acquires through a client listing all nodes are admitted again within 3 s with the balance
+// as it was.
+func TestCLIAcquireUntilDeniedThenKillLeader(t *testing.T) {
+	c := startCluster(t, 3)
+	addrs := c.GRPCAddrs()
+	start := time.Now()
+	for i := 1; i <= 10; i++ {
+		if d, code := cliAcquire(t, addrs, "endpoint=charges"); code != 0 || !d.Admitted {
+			t.Fatalf("acquire %d: exit %d %+v", i, code, d)
+		}
+	}
+	d, code := cliAcquire(t, addrs, "endpoint=charges")
+	spent := time.Since(start)
+	if code != 3 {
+		// The bucket refills 1/s; ten CLI runs may have taken over a second.
+		if spent < time.Second {
+			t.Fatalf("11th acquire within %v: exit %d %+v, want exit 3", spent, code, d)
+		}
+		t.Skipf("the CLI was too slow here (%v for 11 runs) to exhaust a 1/s bucket", spent)
+	}
+	if d.Reason != "rate_limited" || d.Scope != "endpoint" || d.Limit != 60 {
+		t.Fatalf("denial %+v, want rate_limited scope endpoint limit 60", d)
+	}
+	if d.RetryAfterMs < 100 || d.RetryAfterMs > 1100 {
+		t.Fatalf("retry_after_ms %d, want ≤ 1000 (+10%%) for a 1/s refill", d.RetryAfterMs)
+	}
+
+	leader := c.Leader(context.Background())
+	c.Kill(leader)
+	killed := time.Now()
+	for {
+		d, code = cliAcquire(t, addrs, "endpoint=charges")
+		if code == 0 {
+			break
+		}
+		if time.Since(killed) > 3*time.Second {
+			t.Fatalf("no admission within 3 s of killing the leader: exit %d %+v", code, d)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("admitted again %v after kill -9 of the leader", time.Since(killed).Round(time.Millisecond))
+	// The bucket was empty at the kill and refills 1/s only while a leader leads: whatever was
+	// admitted since must fit in the real time elapsed.
+	if float64(d.Remaining) > time.Since(killed).Seconds()+1 {
+		t.Fatalf("remaining %d after failover: the election gap or a lost debit was credited", d.Remaining)
+	}
+}
+
+// TestBoundedAdmissionManyProcesses: worker processes hammer one refilling bucket of rate R
+// and burst B for T seconds while the leader is killed with SIGKILL once in the middle; the
+// total admitted must stay within B + R·T.
+func TestBoundedAdmissionManyProcesses(t *testing.T) {
+	c := startCluster(t, 3)
+	const (
+		workers = 4
+		burst   = 20
+		rate    = 50.0
+	)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	duration := 4 * time.Second
+	var wg sync.WaitGroup
+	results := make([]workerResult, workers)
+	errs := make([]error, workers)
+	for w := range workers {
+		cmd := exec.Command(self, "-test.run=^$")
+		cmd.Env = append(os.Environ(), workerEnv+"=1",
+			"QUOTAD_WORKER_ADDRS="+strings.Join(c.GRPCAddrs(), ","),
+			fmt.Sprintf("QUOTAD_WORKER_ID=w%d", w),
+			"QUOTAD_WORKER_DURATION="+duration.String())
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out, err := cmd.Output()
+			if err != nil {
+				errs[w] = fmt.Errorf("worker %d: %v: %s", w, err, out)
+				return
+			}
+			errs[w] = json.Unmarshal(out, &results[w])
+		}()
+	}
+	time.Sleep(duration / 2)
+	leader, err := c.WaitLeader(5 * time.Second)
+	if err != nil {
+		t.Fatalf("in the middle of the run: %v", err)
+	}
+	c.Kill(leader)
+	wg.Wait()
+	var admitted, decided int64
+	first, last := results[0].Start, results[0].End
+	for w, r := range results {
+		if errs[w] != nil {
+			t.Fatal(errs[w])
+		}
+		admitted += r.Admitted
+		decided += r.Decided
+		if r.Start.Before(first) {
+			first = r.Start
+		}
+		if r.End.After(last) {
+			last = r.End
+		}
+	}
+	T := last.Sub(first).Seconds()
+	bound := burst + rate*T
+	t.Logf("%d processes: %d admitted of %d decisions over %.2fs; bound B+R·T = %.1f", workers, admitted, decided, T, bound)
+	if float64(admitted) > math.Floor(bound) {
+		t.Fatalf("admitted %d > B + R·T = %.1f", admitted, bound)
+	}
+	if decided < 200 {
+		t.Fatalf("only %d decisions: the workload did not run", decided)
+	}
+}
+
+const workerEnv = "QUOTAD_E2E_WORKER"
+
+type workerResult struct {
+	Admitted int64     `json:"admitted"`
+	Decided  int64     `json:"decided"`
+	Start    time.Time `json:"start"`
+	End      time.Time `json:"end"`
+}
+
+// runWorker is the body of a worker process: 8 goroutines acquire from "search" until the
+// duration ends, retrying one request ID across nodes until it gets a decision.
+func runWorker() int {
+	addrs := strings.Split(os.Getenv("QUOTAD_WORKER_ADDRS"), ",")
+	id := os.Getenv("QUOTAD_WORKER_ID")
+	duration, err := time.ParseDuration(os.Getenv("QUOTAD_WORKER_DURATION"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	var clients []quotadv1.QuotaClient
+	for _, a := range addrs {
+		conn, err := grpc.NewClient(a, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
+		defer conn.Close()
+		clients = append(clients, quotadv1.NewQuotaClient(conn))
+	}
+	var admitted, decided atomic.Int64
+	res := workerResult{Start: time.Now()}
+	deadline := res.Start.Add(duration)
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			client := fmt.Sprintf("%s-%d", id, g)
+			for req := uint64(1); time.Now().Before(deadline); req++ {
+				adm := &quotadv1.Admission{RequestId: req, Domain: "provider", Cost: 1,
+					Descriptors: []*quotadv1.Entry{{Key: "endpoint", Value: "search"}}}
+				// Keep retrying the same request ID (even past the deadline) until decided, so
+				// every admission that happened is counted.
+				for attempt := 0; ; attempt++ {
+					ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+					resp, err := clients[(g+attempt)%len(clients)].Acquire(ctx, &quotadv1.AcquireRequest{ClientId: client, Admissions: []*quotadv1.Admission{adm}})
+					cancel()
+					if err == nil {
+						decided.Add(1)
+						if resp.Decisions[0].Admitted {
+							admitted.Add(1)
+						}
+						break
+					}
+					if attempt > 60 {
+						fmt.Fprintln(os.Stderr, "no decision after 60 attempts:", err)
+						os.Exit(1)
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	res.End = time.Now()
+	res.Admitted, res.Decided = admitted.Load(), decided.Load()
+	_ = json.NewEncoder(os.Stdout).Encode(res)
+	return 0
+}
