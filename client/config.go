@@ -121,11 +121,11 @@ func (c Config) Validate() error {
 	c = c.withDefaults()
 	var errs []error
 	if len(c.Addrs) == 0 {
-		errs = append(errs, errors.New("Addrs is empty: give at least one node's gRPC address, e.g. 127.0.0.1:7101"))
+		errs = append(errs, errors.New("no node addresses (Addrs is empty): give at least one node's gRPC address, e.g. 127.0.0.1:7101"))
 	}
 	for i, a := range c.Addrs {
 		if a == "" {
-			errs = append(errs, fmt.Errorf("Addrs[%d] is empty", i))
+			errs = append(errs, fmt.Errorf("node address %d (Addrs[%d]) is empty", i, i))
 		}
 	}
 	if len(c.ClientID) > 128 {

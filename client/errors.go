@@ -36,6 +36,7 @@ var (
 
 // DeniedError is the error for a decision that did not admit. It matches ErrDenied.
 type DeniedError struct {
+	// Decision is the denial, with Reason, Scope, RetryAfter and the rest.
 	Decision Decision
 }
 

@@ -9,7 +9,9 @@ import (
 
 // Entry is one level of a descriptor path, e.g. {Key: "tenant", Value: "acme"}.
 type Entry struct {
-	Key   string
+	// Key names the level, e.g. "tenant".
+	Key string
+	// Value selects the bucket at that level, e.g. "acme".
 	Value string
 }
 
@@ -129,8 +131,9 @@ type Decision struct {
 	// RetryAfter is, for a denial, the earliest wait after which the same request can
 	// succeed.
 	RetryAfter time.Duration
-	// LeaseID is non-zero when concurrency permits were taken; LeaseTTL is their TTL.
-	LeaseID  uint64
+	// LeaseID is non-zero when concurrency permits were taken.
+	LeaseID uint64
+	// LeaseTTL is the permits' TTL when LeaseID is set.
 	LeaseTTL time.Duration
 	// Message explains invalid and unknown_domain decisions.
 	Message string
@@ -169,19 +172,28 @@ type BucketStatus struct {
 	// Scope is "domain" or the level's descriptor key.
 	Scope string
 	// Key is the bucket's full key, e.g. "platform/tenant=acme".
-	Key         string
-	Limit       uint64
-	Burst       uint64
-	Remaining   uint64
-	ResetAfter  time.Duration
-	InFlight    uint64
+	Key string
+	// Limit is the level's requests per Window (0: no rate limit).
+	Limit uint64
+	// Burst is the bucket's capacity.
+	Burst uint64
+	// Remaining whole units now.
+	Remaining uint64
+	// ResetAfter is the time until the bucket is full again.
+	ResetAfter time.Duration
+	// InFlight is the number of concurrency permits held at this level.
+	InFlight uint64
+	// MaxInFlight is the level's concurrency cap (0: none).
 	MaxInFlight uint64
-	PausedFor   time.Duration
-	Window      time.Duration
+	// PausedFor is how long the level stays paused by provider feedback (0: not paused).
+	PausedFor time.Duration
+	// Window is the level's unit of time.
+	Window time.Duration
 }
 
 // Status is the answer of Client.Status: the buckets on a path, read linearizably.
 type Status struct {
+	// Buckets from the domain ceiling down the matched path.
 	Buckets []BucketStatus
 	// AppliedIndex is the Raft index the read reflects.
 	AppliedIndex uint64

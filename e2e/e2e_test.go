@@ -314,3 +314,80 @@ func runWorker() int {
 	_ = json.NewEncoder(os.Stdout).Encode(res)
 	return 0
 }
+
+func members(t *testing.T, addr string) *quotadv1.MembersResponse {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	resp, err := quotadv1.NewAdminClient(conn).Members(ctx, &quotadv1.MembersRequest{})
+	if err != nil {
+		return &quotadv1.MembersResponse{}
+	}
+	return resp
+}
+
+func suffrageOf(resp *quotadv1.MembersResponse, id string) string {
+	for _, m := range resp.Members {
+		if m.Id == id {
+			return m.Suffrage
+		}
+	}
+	return ""
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestFourthNodeJoinsThenDeadNodesAreCleanedUpNeverBelowThree: a 4th agent started with
+// --join becomes a voter; killed for longer than the dead-node timeout it is removed; a dead
+// node of the remaining 3 is never removed (min voters 3).
+func TestFourthNodeJoinsThenDeadNodesAreCleanedUpNeverBelowThree(t *testing.T) {
+	c := startCluster(t, 3, "--dead-node-timeout", "3s")
+	i, err := c.AddNode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fourth := c.Nodes[i].ID
+	waitFor(t, 20*time.Second, fourth+" to become a voter", func() bool {
+		return suffrageOf(members(t, c.Nodes[0].GRPCAddr), fourth) == "voter"
+	})
+	c.Kill(i)
+	waitFor(t, 20*time.Second, fourth+" to be removed", func() bool {
+		resp := members(t, c.Nodes[0].GRPCAddr)
+		return len(resp.Members) == 3 && suffrageOf(resp, fourth) == ""
+	})
+	// Kill a follower of the 3 and wait well past the timeout: it must stay a voter.
+	leader, err := c.WaitLeader(5 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim := (leader + 1) % 3
+	c.Kill(victim)
+	killed := time.Now()
+	for time.Since(killed) < 6*time.Second {
+		if s := suffrageOf(members(t, c.Nodes[leader].GRPCAddr), c.Nodes[victim].ID); s != "voter" {
+			t.Fatalf("%s removed from a 3-voter cluster (suffrage %q) after %v", c.Nodes[victim].ID, s, time.Since(killed))
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	// It comes back and the cluster is whole again.
+	if err := c.Start(victim); err != nil {
+		t.Fatal(err)
+	}
+	if d, code := cliAcquire(t, c.GRPCAddrs(), "endpoint=search"); code != 0 {
+		t.Fatalf("acquire after the node returned: exit %d %+v", code, d)
+	}
+}

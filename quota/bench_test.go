@@ -137,6 +137,22 @@ func BenchmarkSnapshot1M(b *testing.B) {
 			b.Fatal("buckets were dropped")
 		}
 	})
+	b.Run("SetLimits", func(b *testing.B) {
+		// Alternate two tenant rates so every call re-points and clamps every bucket.
+		l := e.Limits()
+		rates := []uint64{10, 20}
+		i := 0
+		for b.Loop() {
+			l.Domains[0].Descriptors[0].Rate.RequestsPerUnit = rates[i%2]
+			i++
+			if err := e.SetLimits(e.Clock(), l); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if e.Stats().Buckets < 1_000_000 {
+			b.Fatal("buckets were dropped")
+		}
+	})
 	b.Run("TickDropAll", func(b *testing.B) {
 		for b.Loop() {
 			b.StopTimer()

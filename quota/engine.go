@@ -180,17 +180,18 @@ func (e *Engine) matchPath(root *level, domain string, entries []Entry) []step {
 // that selects nothing. Unlimited levels and levels without a Rate charge nothing.
 //
 // Checks, in order; the first that refuses decides:
-//  1. invalid: empty domain or entry key, negative LeaseTTL, or Cost above the capacity of a
-//     (non-shadow) bucket on the path — such a request could never succeed;
-//  2. unknown_domain (checked before 1's capacity test, which needs the domain);
-//  3. paused: the domain or a matched prefix is paused; Scope is the pause with the most time
+//  1. invalid: empty domain or entry key, or negative LeaseTTL;
+//  2. unknown_domain;
+//  3. invalid: Cost above the capacity of a (non-shadow) bucket on the path — such a request
+//     could never succeed, so rate_limited with a RetryAfter would be a lie;
+//  4. paused: the domain or a matched prefix is paused; Scope is the pause with the most time
 //     left, RetryAfter that time;
-//  4. concurrency_limited: a level's permits are all held; Scope is the outermost full level,
+//  5. concurrency_limited: a level's permits are all held; Scope is the outermost full level,
 //     RetryAfter 0 (a permit returns on Release or lease expiry, which the engine cannot
 //     foresee);
-//  5. rate_limited: a bucket holds fewer than Cost units; when several do, Scope is the one
+//  6. rate_limited: a bucket holds fewer than Cost units; when several do, Scope is the one
 //     with the longest RetryAfter (the binding one), so retrying after RetryAfter finds every
-//     bucket refilled enough.
+//     bucket refilled enough (RetryAfter is exact: one nanosecond earlier is too early).
 //
 // A shadow-mode level never refuses: when it would, it is skipped (no debit, no permit) and its
 // scope is listed in Decision.ShadowDenials.
@@ -557,20 +558,54 @@ func (e *Engine) Tick(now Time) {
 			delete(e.pauses, k)
 		}
 	}
-	for len(e.fullAt) > 0 && e.fullAt[0].at <= now {
-		x := e.fullAt.pop()
-		b := x.b
-		if b.lvl == nil || b.sched != x.at {
-			continue // dropped, or rescheduled earlier by a refund
+	e.dropFull(now)
+}
+
+// dropFull drops every bucket that is full at now.
+func (e *Engine) dropFull(now Time) {
+	for popped := 0; len(e.fullAt) > 0 && e.fullAt[0].at <= now; popped++ {
+		if popped >= 64 && popped >= len(e.fullAt)/16 {
+			// Much is due (say a burst of keys a while ago): one sequential pass over the heap
+			// beats popping each entry at O(log n) cache misses.
+			e.sweepFull(now)
+			return
 		}
-		if at := b.lvl.rate.fullAt(b.tokens, b.last); at > now {
-			b.sched = at // debited since it was scheduled
-			e.fullAt.push(fullEntry{at, b})
-			continue
+		if x, ok := e.checkFull(e.fullAt.pop(), now); ok {
+			e.fullAt.push(x)
 		}
-		delete(e.buckets, b.key)
-		b.lvl = nil
 	}
+}
+
+// checkFull handles a due entry: it drops the bucket if full, and returns the entry to keep
+// (ok) if the bucket was debited since and is not full yet.
+func (e *Engine) checkFull(x fullEntry, now Time) (fullEntry, bool) {
+	b := x.b
+	if b.lvl == nil || b.sched != x.at {
+		return x, false // dropped, or rescheduled earlier by a refund
+	}
+	if at := b.lvl.rate.fullAt(b.tokens, b.last); at > now {
+		b.sched = at
+		return fullEntry{at, b}, true
+	}
+	delete(e.buckets, b.key)
+	b.lvl = nil
+	return x, false
+}
+
+// sweepFull is dropFull in one pass: filter the heap array in place, then re-heapify.
+func (e *Engine) sweepFull(now Time) {
+	h := e.fullAt
+	kept := h[:0]
+	for _, x := range h { // each read yields at most one write, at or before it
+		if x.at > now {
+			kept = append(kept, x)
+		} else if y, ok := e.checkFull(x, now); ok {
+			kept = append(kept, y)
+		}
+	}
+	clear(h[len(kept):])
+	kept.heapify()
+	e.fullAt = kept
 }
 
 // fullEntry says bucket b may be full at at. Invariant: every stored bucket has an entry at

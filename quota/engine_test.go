@@ -3,6 +3,7 @@ package quota
 import (
 	"errors"
 	"math"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -442,4 +443,49 @@ func FuzzUnmarshalBinary(f *testing.F) {
 		n.Tick(n.Clock() + Time(time.Hour))
 		n.Hash()
 	})
+}
+
+// TestTickDropsExactlyFullBuckets drives both Tick paths (popping a few due entries, sweeping
+// when many are due) over thousands of buckets with scattered full-at times, some debited again
+// or refunded after they were scheduled, against a brute-force oracle.
+func TestTickDropsExactlyFullBuckets(t *testing.T) {
+	e := mustEngine(t, &Limits{Domains: []Domain{{
+		Name:        "d",
+		Descriptors: []Node{{Key: "k", Rate: &Rate{Unit: time.Second, RequestsPerUnit: 10, Burst: 100}}},
+	}}})
+	req := func(i int, cost uint64) Request {
+		return Request{Domain: "d", Descriptors: []Entry{{"k", "v" + strconv.Itoa(i)}}, Cost: cost}
+	}
+	const n = 5000
+	var charges [][]string
+	for i := 0; i < n; i++ {
+		d := e.Acquire(Time(i)*ms, req(i, uint64(i%97+1)))
+		charges = append(charges, d.Charges)
+	}
+	for i := 0; i < n; i += 3 { // debit again: full later than first scheduled
+		e.Acquire(Time(n)*ms, req(i, 1))
+	}
+	for i := 1; i < n; i += 7 { // refund: full earlier than first scheduled
+		e.Refund(Time(n)*ms, charges[i], uint64(i%50))
+	}
+	for now := Time(n) * ms; len(e.buckets) > 0; now += 750 * ms {
+		want := 0
+		for _, b := range e.buckets {
+			if tokens, _ := b.lvl.rate.refill(b.tokens, b.last, now); tokens < b.lvl.rate.capMicro {
+				want++
+			}
+		}
+		e.Tick(now)
+		if len(e.buckets) != want {
+			t.Fatalf("tick at %v: %d buckets stored, %d not full", time.Duration(now), len(e.buckets), want)
+		}
+		for k, b := range e.buckets {
+			if tokens, _ := b.lvl.rate.refill(b.tokens, b.last, now); tokens >= b.lvl.rate.capMicro {
+				t.Fatalf("tick at %v kept full bucket %q", time.Duration(now), k)
+			}
+		}
+		if now > Time(time.Hour) {
+			t.Fatal("buckets never drained")
+		}
+	}
 }

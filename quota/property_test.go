@@ -103,16 +103,15 @@ func drawOps(t *rapid.T, withSetLimits bool) []histOp {
 
 // runner applies a history to one engine and records what the properties need.
 type runner struct {
-	e         *Engine
-	limits    [2]*Limits
-	now       Time
-	admitted  []Decision
-	refunded  []bool
-	leases    []uint64
-	admits    map[string][]event // bucket key → admissions
-	refunds   map[string][]event // bucket key → refunds
-	maxTTL    time.Duration
-	checkDeny func(op histOp, d Decision)
+	e        *Engine
+	limits   [2]*Limits
+	now      Time
+	admitted []Decision
+	refunded []bool
+	leases   []uint64
+	admits   map[string][]event // bucket key → admissions
+	refunds  map[string][]event // bucket key → refunds
+	maxTTL   time.Duration
 }
 
 type event struct {

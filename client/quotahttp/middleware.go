@@ -14,7 +14,9 @@ import (
 // Identity is a caller's verified identity. Tenant is required; Consumer (an integration or
 // app within the tenant) is optional.
 type Identity struct {
-	Tenant   string
+	// Tenant is the customer or organisation, e.g. "acme".
+	Tenant string
+	// Consumer is the integration or app within the tenant, e.g. "mobile-app"; optional.
 	Consumer string
 }
 
@@ -125,7 +127,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	id, err := m.cfg.Identify(r)
 	if err != nil || id.Tenant == "" {
 		if err == nil {
-			err = errors.New("Identify returned an empty tenant")
+			err = errors.New("the identity function returned an empty tenant")
 		}
 		m.report(r, err)
 		writeProblem(w, http.StatusUnauthorized, problem{Type: m.cfg.ProblemType, Title: "Unauthorized",

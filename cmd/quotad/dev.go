@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/quotad/quotad/config"
 )
 
 func devCmd() *cobra.Command {
@@ -30,6 +32,11 @@ func devCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if nodes < 1 || nodes > 9 {
 				return fmt.Errorf("--nodes %d: use 1 to 9", nodes)
+			}
+			if limits != "" {
+				if _, err := config.LoadFile(limits); err != nil {
+					return err
+				}
 			}
 			if dataDir == "" {
 				d, err := os.MkdirTemp("", "quotad-dev-")
@@ -50,6 +57,7 @@ func devCmd() *cobra.Command {
 			}
 			var procs []*exec.Cmd
 			var wg sync.WaitGroup
+			exited := make(chan string, nodes)
 			for i := 0; i < nodes; i++ {
 				id := fmt.Sprintf("node%d", i+1)
 				args := []string{"agent", "--id", id,
@@ -65,22 +73,34 @@ func devCmd() *cobra.Command {
 				stderr, _ := p.StderrPipe()
 				p.Stdout = os.Stdout
 				if err := p.Start(); err != nil {
-					stopAll(procs)
+					stopAll(procs, &wg)
 					return fmt.Errorf("starting %s: %w", id, err)
 				}
 				procs = append(procs, p)
 				wg.Add(1)
-				go func() { defer wg.Done(); prefixLines(os.Stderr, stderr, id) }()
+				go func() {
+					defer wg.Done()
+					prefixLines(os.Stderr, stderr, id)
+					err := p.Wait()
+					exited <- fmt.Sprintf("%s exited: %v", id, err)
+				}()
 				fmt.Printf("%s  grpc %s  raft %s  gossip %s  http %s  data %s\n", id, addr(0, i), addr(1, i), addr(2, i), addr(3, i), filepath.Join(dataDir, id))
 			}
 			fmt.Printf("\ncluster of %d: try\n  quotad status --addr %s\n  quotad acquire --addr %s --domain provider --descriptor endpoint=charges\nCtrl-C stops all nodes (data stays in %s).\n\n",
 				nodes, strings.Join(grpcs, ","), strings.Join(grpcs, ","), dataDir)
 			sig := make(chan os.Signal, 1)
 			signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
-			<-sig
-			stopAll(procs)
-			wg.Wait()
-			return nil
+			for alive := nodes; alive > 0; {
+				select {
+				case <-sig:
+					stopAll(procs, &wg)
+					return nil
+				case msg := <-exited:
+					fmt.Fprintln(os.Stderr, msg)
+					alive--
+				}
+			}
+			return fmt.Errorf("every node exited; see the log lines above")
 		},
 	}
 	f := cmd.Flags()
@@ -93,15 +113,14 @@ func devCmd() *cobra.Command {
 }
 
 // stopAll asks every process to stop gracefully and kills what is still running after 10 s.
-func stopAll(procs []*exec.Cmd) {
+// wg is done when every process has been waited for.
+func stopAll(procs []*exec.Cmd, wg *sync.WaitGroup) {
 	for _, p := range procs {
 		_ = p.Process.Signal(syscall.SIGTERM)
 	}
 	done := make(chan struct{})
 	go func() {
-		for _, p := range procs {
-			_ = p.Wait()
-		}
+		wg.Wait()
 		close(done)
 	}()
 	select {

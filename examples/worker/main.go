@@ -53,6 +53,7 @@ func main() {
 	providerURL := flag.String("provider-url", "", "provider URL (default: start a fake provider on loopback)")
 	providerRPS := flag.Int("provider-rps", 50, "fake provider's own limit in requests per second")
 	timeout := flag.Duration("timeout", 2*time.Minute, "give up after this long")
+	spread := flag.Duration("spread", 500*time.Millisecond, "rescheduled jobs wake at RetryAt plus a random delay up to this")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -111,8 +112,9 @@ func main() {
 		queue <- &job{id: i, tenant: fmt.Sprintf("tenant-%d", t), attempt: 1}
 	}
 	reschedule := func(j *job, at time.Time) {
-		// Spread wake-ups so rescheduled jobs do not all return at the same instant.
-		d := time.Until(at) + time.Duration(rand.Int64N(int64(20*time.Millisecond)))
+		// Spread wake-ups so rescheduled jobs do not all return at the same instant (a
+		// backlog of jobs polling at every RetryAt would turn into a denial storm).
+		d := time.Until(at) + time.Duration(rand.Int64N(int64(*spread)+1))
 		time.AfterFunc(d, func() { queue <- j })
 	}
 

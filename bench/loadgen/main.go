@@ -1,0 +1,214 @@
+// Command loadgen is the load-generator process of `make bench`: it drives a quotad cluster
+// through the Go client library (client.Client, with its request batching) and prints one JSON
+// object with what it measured on stdout. It never starts or stops servers; bench/run does.
+//
+// Modes:
+//
+//	load      -concurrency goroutines call Allow back to back for -duration (after -warmup);
+//	          reports decisions/s and latency percentiles of every decision.
+//	populate  decides -n admissions, one per distinct descriptor value (tenant=t0000000 ...),
+//	          from -concurrency goroutines, so the cluster ends up holding -n active buckets.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/quotad/quotad/client"
+)
+
+// Result is what loadgen prints; bench/run parses it.
+type Result struct {
+	Mode         string  `json:"mode"`
+	Concurrency  int     `json:"concurrency"`
+	Decisions    int64   `json:"decisions"`
+	Admitted     int64   `json:"admitted"`
+	Denied       int64   `json:"denied"`
+	Errors       int64   `json:"errors"`
+	FirstError   string  `json:"first_error,omitempty"`
+	Seconds      float64 `json:"seconds"`
+	PerSec       float64 `json:"decisions_per_sec"`
+	P50Ms        float64 `json:"p50_ms"`
+	P99Ms        float64 `json:"p99_ms"`
+	P999Ms       float64 `json:"p999_ms"`
+	MaxMs        float64 `json:"max_ms"`
+	RPCs         uint64  `json:"rpcs"`
+	ClientRetrys uint64  `json:"client_retries"`
+}
+
+func main() {
+	var (
+		addrs       = flag.String("addrs", "", "comma-separated gRPC addresses of the nodes")
+		mode        = flag.String("mode", "load", "load or populate")
+		concurrency = flag.Int("concurrency", 64, "goroutines calling Allow")
+		duration    = flag.Duration("duration", 5*time.Second, "measured time (load)")
+		warmup      = flag.Duration("warmup", time.Second, "unmeasured time before measuring (load)")
+		domain      = flag.String("domain", "bench", "limits domain")
+		keys        = flag.Int("keys", 1000, "distinct tenant values the load cycles through")
+		prefix      = flag.String("prefix", "t", "tenant value prefix")
+		n           = flag.Int("n", 1_000_000, "admissions (populate)")
+		window      = flag.Duration("batch-window", 0, "client batch window (0: the client's default)")
+		maxBatch    = flag.Int("batch-max", 0, "client batch size cap (0: the client's default)")
+		noBatch     = flag.Bool("no-batch", false, "disable client batching")
+	)
+	flag.Parse()
+	cfg := client.DefaultConfig(strings.Split(*addrs, ",")...)
+	if *window > 0 {
+		cfg.Batch.Window = *window
+	}
+	if *maxBatch > 0 {
+		cfg.Batch.MaxSize = *maxBatch
+	}
+	cfg.Batch.Disabled = *noBatch
+	c, err := client.New(cfg)
+	if err != nil {
+		fail(err)
+	}
+	defer c.Close()
+
+	var res Result
+	switch *mode {
+	case "load":
+		res = load(c, *domain, *prefix, *keys, *concurrency, *warmup, *duration)
+	case "populate":
+		res = populate(c, *domain, *prefix, *n, *concurrency)
+	default:
+		fail(fmt.Errorf("unknown -mode %q", *mode))
+	}
+	st := c.Stats()
+	res.RPCs, res.ClientRetrys = st.RPCs, st.Retries
+	if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
+		fail(err)
+	}
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "loadgen:", err)
+	os.Exit(1)
+}
+
+// counters are shared by the workers of one run.
+type counters struct {
+	admitted, denied, errors atomic.Int64
+	firstErr                 atomic.Value
+}
+
+func (k *counters) record(d client.Decision, err error) {
+	switch {
+	case err == nil:
+		k.admitted.Add(1)
+	case d.Reason != "" && d.Reason != client.ReasonInvalid && d.Reason != client.ReasonUnknownDomain:
+		k.denied.Add(1)
+	default:
+		k.errors.Add(1)
+		k.firstErr.CompareAndSwap(nil, err.Error())
+	}
+}
+
+func load(c *client.Client, domain, prefix string, keys, conc int, warmup, dur time.Duration) Result {
+	tenants := make([]string, keys)
+	for i := range tenants {
+		tenants[i] = fmt.Sprintf("%s%d", prefix, i)
+	}
+	var (
+		k       counters
+		measure atomic.Bool
+		stop    atomic.Bool
+		wg      sync.WaitGroup
+		lats    = make([][]int64, conc)
+	)
+	for w := range conc {
+		wg.Go(func() {
+			req := client.Request{Domain: domain, Descriptors: []client.Entry{{Key: "tenant"}}}
+			own := make([]int64, 0, 4096)
+			for i := w; !stop.Load(); i += conc {
+				req.Descriptors[0].Value = tenants[i%keys]
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				t0 := time.Now()
+				d, err := c.Allow(ctx, req)
+				took := time.Since(t0)
+				cancel()
+				if measure.Load() {
+					k.record(d, err)
+					own = append(own, int64(took))
+				}
+			}
+			lats[w] = own
+		})
+	}
+	time.Sleep(warmup)
+	measure.Store(true)
+	start := time.Now()
+	time.Sleep(dur)
+	measure.Store(false)
+	elapsed := time.Since(start)
+	stop.Store(true)
+	wg.Wait()
+	return summarize("load", conc, &k, slices.Concat(lats...), elapsed)
+}
+
+func populate(c *client.Client, domain, prefix string, n, conc int) Result {
+	var (
+		k    counters
+		next atomic.Int64
+		wg   sync.WaitGroup
+		lats = make([][]int64, conc)
+	)
+	start := time.Now()
+	for w := range conc {
+		wg.Go(func() {
+			req := client.Request{Domain: domain, Descriptors: []client.Entry{{Key: "tenant"}}}
+			var own []int64
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(n) {
+					break
+				}
+				req.Descriptors[0].Value = fmt.Sprintf("%s%07d", prefix, i)
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				t0 := time.Now()
+				d, err := c.Allow(ctx, req)
+				own = append(own, int64(time.Since(t0)))
+				cancel()
+				k.record(d, err)
+			}
+			lats[w] = own
+		})
+	}
+	wg.Wait()
+	return summarize("populate", conc, &k, slices.Concat(lats...), time.Since(start))
+}
+
+func summarize(mode string, conc int, k *counters, lats []int64, elapsed time.Duration) Result {
+	slices.Sort(lats)
+	pct := func(p float64) float64 {
+		if len(lats) == 0 {
+			return 0
+		}
+		i := int(p * float64(len(lats)))
+		if i >= len(lats) {
+			i = len(lats) - 1
+		}
+		return float64(lats[i]) / 1e6
+	}
+	r := Result{
+		Mode: mode, Concurrency: conc,
+		Admitted: k.admitted.Load(), Denied: k.denied.Load(), Errors: k.errors.Load(),
+		Seconds: elapsed.Seconds(),
+		P50Ms:   pct(0.50), P99Ms: pct(0.99), P999Ms: pct(0.999), MaxMs: pct(1),
+	}
+	if e, ok := k.firstErr.Load().(string); ok {
+		r.FirstError = e
+	}
+	r.Decisions = r.Admitted + r.Denied
+	r.PerSec = float64(r.Decisions) / elapsed.Seconds()
+	return r
+}
