@@ -199,9 +199,11 @@ func (c *Client) attempt(ctx context.Context, n *node, extra time.Duration, call
 	var hdr, trl metadata.MD
 	err := call(actx, n.qc, grpc.Header(&hdr), grpc.Trailer(&trl))
 	leader := firstValue(hdr, trl)
-	if leader != "" && leader != n.addr {
+	switch {
+	case leader != "" && leader != n.addr:
 		c.nodes.follow(leader)
-	} else if err != nil {
+	case err != nil && retryable(status.Code(err)):
+		// No answer from this node: try the next one (a follower forwards to the leader).
 		c.nodes.failed(n.addr)
 	}
 	return err

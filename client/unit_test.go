@@ -1,7 +1,10 @@
 package client
 
 import (
+	"context"
+
 	"errors"
+	"go.uber.org/goleak"
 	"strings"
 	"sync"
 	"testing"
@@ -147,5 +150,37 @@ func TestRequestValidation(t *testing.T) {
 	a := (&Request{Domain: "d", Descriptors: Descriptors("tenant", "acme"), LeaseTTL: 1500 * time.Microsecond}).admission(9)
 	if a.Attempt != 1 || a.LeaseTtlMs != 2 || a.RequestId != 9 || a.Descriptors[0].Value != "acme" {
 		t.Errorf("admission %v", a)
+	}
+}
+
+func TestUnavailableAndCloseLeakNothing(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	for _, disabled := range []bool{false, true} {
+		// Nothing listens on port 1: every attempt fails, and the call must end with
+		// ErrUnavailable (wrapping the context's error) when its context does.
+		c, err := New(Config{Addrs: []string{"127.0.0.1:1"}, Batch: BatchConfig{Disabled: disabled},
+			Backoff: BackoffConfig{Initial: time.Millisecond, Max: 20 * time.Millisecond}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
+		start := time.Now()
+		_, err = c.Allow(ctx, Request{Domain: "d"})
+		cancel()
+		if !errors.Is(err, ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("batching disabled=%v: err %v, want ErrUnavailable and DeadlineExceeded", disabled, err)
+		}
+		if took := time.Since(start); took > 400*time.Millisecond {
+			t.Errorf("Allow returned %v after a 150ms deadline", took)
+		}
+		if c.Stats().Retries == 0 {
+			t.Error("no retries recorded")
+		}
+		if err := c.Close(); err != nil {
+			t.Error(err)
+		}
+		if _, err := c.Allow(context.Background(), Request{Domain: "d"}); !errors.Is(err, ErrClosed) {
+			t.Errorf("Allow after Close: %v, want ErrClosed", err)
+		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
@@ -34,6 +35,13 @@ type AgentConfig struct {
 	LimitsFile string
 	Proposer   ProposerConfig
 	FSM        fsm.Options
+	// TLS, if set, serves gRPC over TLS (mutual TLS with a CA) and secures forwarding.
+	TLS TLSFiles
+	// AdminToken, if set, is required (as "authorization: Bearer <token>") by the admin calls
+	// that change the cluster: ApplyLimits and TransferLeadership.
+	AdminToken string
+	// ExtraHTTP handlers are mounted on the HTTP port (the chaos build adds its fault controls).
+	ExtraHTTP map[string]http.Handler
 }
 
 // Agent is one running quotad server. Start it with StartAgent; Stop it once.
@@ -70,6 +78,16 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 		}
 		limits = l
 	}
+	var grpcOpts []grpc.ServerOption
+	var forwardCreds credentials.TransportCredentials
+	if cfg.TLS.Enabled() {
+		serverTLS, clientTLS, err := cfg.TLS.Load()
+		if err != nil {
+			return nil, err
+		}
+		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(serverTLS)))
+		forwardCreds = credentials.NewTLS(clientTLS)
+	}
 	var err error
 	if a.grpcLn, err = net.Listen("tcp", cfg.Cluster.GRPCAddr); err != nil {
 		return nil, fmt.Errorf("grpc address %q: %w", cfg.Cluster.GRPCAddr, err)
@@ -86,10 +104,11 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 		a.closeListeners()
 		return nil, err
 	}
-	a.server = NewServer(a.node, a.fsm, cfg.Proposer, a.metrics)
+	grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(adminAuth(cfg.AdminToken)))
+	a.server = NewServer(a.node, a.fsm, cfg.Proposer, forwardCreds, a.metrics)
 	a.registerGauges()
 
-	a.grpc = grpc.NewServer()
+	a.grpc = grpc.NewServer(grpcOpts...)
 	a.server.Register(a.grpc)
 	a.health = health.NewServer()
 	healthpb.RegisterHealthServer(a.grpc, a.health)
@@ -216,6 +235,9 @@ func (a *Agent) httpHandler() http.Handler {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(a.State())
 	})
+	for path, h := range a.cfg.ExtraHTTP {
+		mux.Handle(path, h)
+	}
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if id, _ := a.node.Leader(); id == "" {
 			http.Error(w, "no leader", http.StatusServiceUnavailable)

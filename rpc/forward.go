@@ -16,8 +16,11 @@ type forwarder struct {
 	conns map[string]*grpc.ClientConn
 }
 
-func newForwarder() *forwarder {
-	return &forwarder{creds: insecure.NewCredentials(), conns: make(map[string]*grpc.ClientConn)}
+func newForwarder(creds credentials.TransportCredentials) *forwarder {
+	if creds == nil {
+		creds = insecure.NewCredentials()
+	}
+	return &forwarder{creds: creds, conns: make(map[string]*grpc.ClientConn)}
 }
 
 func (f *forwarder) conn(addr string) (*grpc.ClientConn, error) {

@@ -16,6 +16,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -65,9 +66,10 @@ type Server struct {
 	metrics *Metrics
 }
 
-// NewServer returns a server for node, whose state machine is f. metrics may be nil.
-func NewServer(node Node, f *fsm.FSM, pc ProposerConfig, metrics *Metrics) *Server {
-	s := &Server{node: node, fsm: f, prop: newProposer(node, pc), fwd: newForwarder(), metrics: metrics}
+// NewServer returns a server for node, whose state machine is f. forwardCreds secure calls
+// forwarded to the leader (nil: plaintext). metrics may be nil.
+func NewServer(node Node, f *fsm.FSM, pc ProposerConfig, forwardCreds credentials.TransportCredentials, metrics *Metrics) *Server {
+	s := &Server{node: node, fsm: f, prop: newProposer(node, pc), fwd: newForwarder(forwardCreds), metrics: metrics}
 	if metrics != nil {
 		s.prop.observe = metrics.observeCommit
 	}
@@ -109,8 +111,15 @@ func (s *Server) route(ctx context.Context) (*grpc.ClientConn, error) {
 	return conn, nil
 }
 
+// forwardCtx marks a call as forwarded and passes the caller's credentials on to the leader.
 func forwardCtx(ctx context.Context) context.Context {
-	return metadata.AppendToOutgoingContext(ctx, forwardedHeader, "1")
+	kv := []string{forwardedHeader, "1"}
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		for _, v := range md.Get(authorizationHeader) {
+			kv = append(kv, authorizationHeader, v)
+		}
+	}
+	return metadata.AppendToOutgoingContext(ctx, kv...)
 }
 
 // Acquire decides a batch of admissions.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/base64"
 	"fmt"
 	"log/slog"
 	"os"
@@ -17,10 +18,13 @@ import (
 func agentCmd() *cobra.Command {
 	cc := cluster.DefaultConfig()
 	var (
-		join      string
-		limits    string
-		logLevel  string
-		logFormat string
+		join       string
+		limits     string
+		logLevel   string
+		logFormat  string
+		gossipKey  string
+		adminToken string
+		tlsFiles   rpc.TLSFiles
 	)
 	cmd := &cobra.Command{
 		Use:   "agent",
@@ -41,10 +45,22 @@ promoted once caught up. A node restarted with its --data-dir resumes where it s
 			cc.Logger = slog.New(h).With("node", cc.ID)
 			cc.Join = splitList(join)
 			cc.Clock = nodeClock()
+			if gossipKey != "" {
+				key, err := base64.StdEncoding.DecodeString(gossipKey)
+				if err != nil {
+					return fmt.Errorf("--gossip-key: not base64 (%v); generate one with: head -c 32 /dev/urandom | base64", err)
+				}
+				cc.GossipSecretKey = key
+			}
+			if adminToken == "" {
+				adminToken = os.Getenv("QUOTAD_ADMIN_TOKEN")
+			}
 			if err := cc.Validate(); err != nil {
 				return err
 			}
-			agent, err := rpc.StartAgent(rpc.AgentConfig{Cluster: cc, LimitsFile: limits})
+			acfg := rpc.AgentConfig{Cluster: cc, LimitsFile: limits, TLS: tlsFiles, AdminToken: adminToken}
+			chaosHooks(&acfg)
+			agent, err := rpc.StartAgent(acfg)
 			if err != nil {
 				return err
 			}
@@ -68,6 +84,11 @@ promoted once caught up. A node restarted with its --data-dir resumes where it s
 	f.StringVar(&limits, "limits", "", "limits YAML applied if the cluster has none yet")
 	f.IntVar(&cc.MinVoters, "min-voters", cc.MinVoters, "dead-node cleanup never leaves fewer voters than this")
 	f.DurationVar(&cc.DeadNodeTimeout, "dead-node-timeout", cc.DeadNodeTimeout, "how long a node must be dead before the leader removes it")
+	f.StringVar(&gossipKey, "gossip-key", "", "base64 AES key (16, 24 or 32 bytes) encrypting gossip; the same on every node")
+	f.StringVar(&adminToken, "admin-token", "", "token required by limits apply and leadership transfer (or $QUOTAD_ADMIN_TOKEN)")
+	f.StringVar(&tlsFiles.CertFile, "tls-cert", "", "PEM certificate for the gRPC API")
+	f.StringVar(&tlsFiles.KeyFile, "tls-key", "", "PEM key for --tls-cert")
+	f.StringVar(&tlsFiles.CAFile, "tls-ca", "", "PEM CA: require and verify client certificates (mutual TLS)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")
 	return cmd

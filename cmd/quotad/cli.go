@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
@@ -14,11 +16,56 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"github.com/quotad/quotad/rpc"
 )
+
+// Connection settings of the client commands (persistent flags).
+var (
+	cliTLS        rpc.TLSFiles
+	cliAdminToken string
+)
+
+func dialOptions() ([]grpc.DialOption, error) {
+	if cliTLS.CAFile == "" && cliTLS.CertFile == "" {
+		return []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if cliTLS.CAFile != "" {
+		pem, err := os.ReadFile(cliTLS.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("--ca: %w", err)
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--ca %q holds no PEM certificate", cliTLS.CAFile)
+		}
+	}
+	if cliTLS.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(cliTLS.CertFile, cliTLS.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("--cert/--key: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(cfg))}, nil
+}
+
+func withToken(ctx context.Context) context.Context {
+	token := cliAdminToken
+	if token == "" {
+		token = os.Getenv("QUOTAD_ADMIN_TOKEN")
+	}
+	if token == "" {
+		return ctx
+	}
+	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
+}
 
 // call runs fn against each address in turn until one gives an answer that is not
 // "unavailable" (fn must be idempotent: acquire reuses one request ID for every try).
@@ -27,14 +74,18 @@ func call(ctx context.Context, addrs string, fn func(ctx context.Context, conn *
 	if len(list) == 0 {
 		return fmt.Errorf("--addr is empty: give one or more node gRPC addresses, e.g. 127.0.0.1:7101,127.0.0.1:7102")
 	}
+	opts, err := dialOptions()
+	if err != nil {
+		return err
+	}
 	var last error
 	for attempt := 0; ; attempt++ {
 		for _, a := range list {
-			conn, err := grpc.NewClient(a, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			conn, err := grpc.NewClient(a, opts...)
 			if err != nil {
 				return fmt.Errorf("--addr %q: %w", a, err)
 			}
-			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			cctx, cancel := context.WithTimeout(withToken(ctx), 2*time.Second)
 			err = fn(cctx, conn)
 			cancel()
 			conn.Close()

@@ -23,6 +23,11 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	pf := root.PersistentFlags()
+	pf.StringVar(&cliTLS.CAFile, "ca", "", "client commands: PEM CA to verify nodes (enables TLS)")
+	pf.StringVar(&cliTLS.CertFile, "cert", "", "client commands: PEM client certificate (mutual TLS)")
+	pf.StringVar(&cliTLS.KeyFile, "key", "", "client commands: PEM key for --cert")
+	pf.StringVar(&cliAdminToken, "token", "", "client commands: admin token (or $QUOTAD_ADMIN_TOKEN)")
 	root.AddCommand(agentCmd(), devCmd(), acquireCmd(), releaseCmd(), limitsCmd(), statusCmd())
 	if err := root.Execute(); err != nil {
 		var ee exitError

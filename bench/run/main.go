@@ -1,0 +1,330 @@
+// Command run is `make bench`: it builds quotad and the load generator, starts a real 3-node
+// cluster of separate agent processes (fsync on, the binary's defaults), and measures
+// throughput and latency (a concurrency sweep, median of several runs), serial latency,
+// failover after kill -9 of the leader, memory with 1M active buckets, and snapshot + restore
+// of 1M buckets. It prints a table and writes bench/results/latest.json.
+//
+// Run it from the module root: go run ./bench/run [-runs 3] [-duration 4s].
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/quotad/quotad/internal/proccluster"
+)
+
+// benchLimits: "bench" is roomy (the load measures deciding, not refusing; every decision
+// still goes through the domain ceiling and a per-tenant bucket); "buckets" refills so slowly
+// that each of the 1M tenant buckets the populate step creates stays stored (active).
+const benchLimits = `domain: bench
+rate_limit: {unit: second, requests_per_unit: 100000000}
+descriptors:
+  - key: tenant
+    rate_limit: {unit: second, requests_per_unit: 1000000}
+---
+domain: buckets
+descriptors:
+  - key: tenant
+    rate_limit: {unit: hour, requests_per_unit: 10}
+`
+
+// Report is bench/results/latest.json.
+type Report struct {
+	DecisionsPerSec  float64      `json:"decisions_per_sec"`
+	P99Ms            float64      `json:"p99_ms"`
+	SerialP50Ms      float64      `json:"serial_p50_ms"`
+	FailoverMedianMs float64      `json:"failover_median_ms"`
+	FailoverMaxMs    float64      `json:"failover_max_ms"`
+	RSSMB1MBuckets   []float64    `json:"rss_mb_1m_buckets"`
+	SnapshotRestoreS float64      `json:"snapshot_restore_s_1m"`
+	Sweep            []SweepPoint `json:"sweep"`
+}
+
+// SweepPoint is the median over runs at one concurrency.
+type SweepPoint struct {
+	Concurrency     int       `json:"concurrency"`
+	DecisionsPerSec float64   `json:"decisions_per_sec"`
+	P50Ms           float64   `json:"p50_ms"`
+	P99Ms           float64   `json:"p99_ms"`
+	P999Ms          float64   `json:"p999_ms"`
+	Runs            []float64 `json:"runs_decisions_per_sec"`
+}
+
+// loadResult mirrors bench/loadgen's output.
+type loadResult struct {
+	Decisions  int64   `json:"decisions"`
+	Errors     int64   `json:"errors"`
+	FirstError string  `json:"first_error"`
+	Seconds    float64 `json:"seconds"`
+	PerSec     float64 `json:"decisions_per_sec"`
+	P50Ms      float64 `json:"p50_ms"`
+	P99Ms      float64 `json:"p99_ms"`
+	P999Ms     float64 `json:"p999_ms"`
+	MaxMs      float64 `json:"max_ms"`
+	RPCs       uint64  `json:"rpcs"`
+}
+
+func main() {
+	var (
+		runs      = flag.Int("runs", 3, "runs per concurrency (the median is reported)")
+		duration  = flag.Duration("duration", 4*time.Second, "measured time per run")
+		concs     = flag.String("concurrency", "1,64,256,1024", "concurrency sweep")
+		kills     = flag.Int("kills", 5, "leader kill -9 trials")
+		buckets   = flag.Int("buckets", 1_000_000, "active buckets for the memory step")
+		only      = flag.String("only", "", "comma-separated steps to run (sweep,failover,memory,snapshot); empty: all")
+		out       = flag.String("out", "bench/results/latest.json", "JSON report path")
+		keep      = flag.Bool("keep", false, "keep the cluster running at the end (for profiling) until interrupted")
+		agentArgs = flag.String("agent-args", "", "extra agent flags, space-separated")
+	)
+	flag.Parse()
+	steps := map[string]bool{}
+	for _, s := range strings.Split(*only, ",") {
+		if s != "" {
+			steps[s] = true
+		}
+	}
+	want := func(s string) bool { return len(steps) == 0 || steps[s] }
+
+	dir, err := os.MkdirTemp("", "quotad-bench-")
+	check(err)
+	defer os.RemoveAll(dir)
+	atExit = append(atExit, func() { os.RemoveAll(dir) })
+	logf("building quotad and loadgen in %s", dir)
+	bin, err := proccluster.Build(".", dir)
+	check(err)
+	loadgen := filepath.Join(dir, "loadgen")
+	build := exec.Command("go", "build", "-o", loadgen, "./bench/loadgen")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	check(build.Run())
+	limits := filepath.Join(dir, "limits.yaml")
+	check(os.WriteFile(limits, []byte(benchLimits), 0o644))
+
+	var rep Report
+	c, err := proccluster.Start(proccluster.Config{Binary: bin, Dir: dir, Nodes: 3,
+		LimitsFile: limits, ExtraArgs: strings.Fields(*agentArgs)})
+	check(err)
+	defer c.KillAll()
+	atExit = append(atExit, c.KillAll)
+	leader, err := c.WaitLeader(20 * time.Second)
+	check(err)
+	logf("cluster up: leader %s, nodes %v", c.Nodes[leader].ID, c.GRPCAddrs())
+	addrs := strings.Join(c.GRPCAddrs(), ",")
+
+	if want("sweep") {
+		rep.Sweep = sweep(loadgen, addrs, parseInts(*concs), *runs, *duration)
+		best := rep.Sweep[0]
+		for _, p := range rep.Sweep {
+			if p.DecisionsPerSec > best.DecisionsPerSec {
+				best = p
+			}
+			if p.Concurrency == 1 {
+				rep.SerialP50Ms = p.P50Ms
+			}
+		}
+		rep.DecisionsPerSec, rep.P99Ms = best.DecisionsPerSec, best.P99Ms
+	}
+	if want("failover") {
+		times := failover(c, *kills)
+		if len(times) > 0 {
+			ms := make([]float64, len(times))
+			for i, t := range times {
+				ms[i] = float64(t) / 1e6
+			}
+			rep.FailoverMedianMs, rep.FailoverMaxMs = median(ms), slices.Max(ms)
+		}
+	}
+	if want("memory") {
+		rep.RSSMB1MBuckets = memory(c, loadgen, addrs, *buckets)
+	}
+	if want("snapshot") {
+		s, err := snapshotRestore(*buckets)
+		check(err)
+		rep.SnapshotRestoreS = s
+	}
+	hits, _ := c.ScanLogs("panic", "fatal error")
+	for _, h := range hits {
+		logf("agent log: %s", h)
+	}
+	printTable(&rep)
+	data, err := json.MarshalIndent(&rep, "", "  ")
+	check(err)
+	check(os.MkdirAll(filepath.Dir(*out), 0o755))
+	check(os.WriteFile(*out, append(data, '\n'), 0o644))
+	logf("wrote %s", *out)
+	if *keep {
+		logf("cluster kept running (HTTP %s); interrupt to stop", c.Nodes[0].HTTPAddr)
+		select {}
+	}
+}
+
+func sweep(loadgen, addrs string, concs []int, runs int, dur time.Duration) []SweepPoint {
+	var pts []SweepPoint
+	for _, conc := range concs {
+		var rs []loadResult
+		for r := range runs {
+			var res loadResult
+			runLoadgen(loadgen, &res, "-addrs", addrs, "-mode", "load", "-concurrency", strconv.Itoa(conc),
+				"-duration", dur.String(), "-warmup", "1s")
+			logf("c=%-5d run %d: %8.0f decisions/s  p50 %6.2f ms  p99 %6.2f ms  p999 %6.2f ms  errors %d %s",
+				conc, r+1, res.PerSec, res.P50Ms, res.P99Ms, res.P999Ms, res.Errors, res.FirstError)
+			rs = append(rs, res)
+		}
+		pts = append(pts, medianPoint(conc, rs))
+	}
+	return pts
+}
+
+// medianPoint takes the run with the median throughput and reports its latencies too, so one
+// row is one real run rather than a mix of runs.
+func medianPoint(conc int, rs []loadResult) SweepPoint {
+	slices.SortFunc(rs, func(a, b loadResult) int { return cmpF(a.PerSec, b.PerSec) })
+	m := rs[len(rs)/2]
+	p := SweepPoint{Concurrency: conc, DecisionsPerSec: m.PerSec, P50Ms: m.P50Ms, P99Ms: m.P99Ms, P999Ms: m.P999Ms}
+	for _, r := range rs {
+		p.Runs = append(p.Runs, r.PerSec)
+	}
+	return p
+}
+
+func runLoadgen(loadgen string, into any, args ...string) {
+	cmd := exec.Command(loadgen, args...)
+	var stdout bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, os.Stderr
+	if err := cmd.Run(); err != nil {
+		check(fmt.Errorf("loadgen %v: %w", args, err))
+	}
+	check(json.Unmarshal(stdout.Bytes(), into))
+}
+
+// memory creates n active buckets through the API (batched by the client library) and reads
+// every node's resident set size from its /metrics.
+func memory(c *proccluster.Cluster, loadgen, addrs string, n int) []float64 {
+	var res loadResult
+	runLoadgen(loadgen, &res, "-addrs", addrs, "-mode", "populate", "-domain", "buckets", "-n", strconv.Itoa(n),
+		"-concurrency", "2048")
+	logf("populate: %d decisions in %.1fs (%.0f/s), %d RPCs, errors %d %s", res.Decisions, res.Seconds, res.PerSec, res.RPCs, res.Errors, res.FirstError)
+	// Let every follower apply the tail of the log.
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		var idx []uint64
+		for i := range c.Nodes {
+			s, err := c.State(context.Background(), i)
+			if err == nil {
+				idx = append(idx, s.AppliedIndex)
+			}
+		}
+		if len(idx) == len(c.Nodes) && slices.Min(idx) == slices.Max(idx) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	var mbs []float64
+	for i, nd := range c.Nodes {
+		rss, err := scrapeRSS(nd.HTTPAddr)
+		check(err)
+		st, _ := c.State(context.Background(), i)
+		mb := rss / (1 << 20)
+		logf("%s: RSS %.0f MB after %d active buckets (applied index %d)", nd.ID, mb, n, st.AppliedIndex)
+		mbs = append(mbs, float64(int(mb*10))/10)
+	}
+	return mbs
+}
+
+func scrapeRSS(httpAddr string) (float64, error) {
+	resp, err := http.Get("http://" + httpAddr + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	s := bufio.NewScanner(resp.Body)
+	s.Buffer(nil, 1<<20)
+	for s.Scan() {
+		if v, ok := strings.CutPrefix(s.Text(), "process_resident_memory_bytes "); ok {
+			return strconv.ParseFloat(v, 64)
+		}
+	}
+	return 0, fmt.Errorf("%s/metrics has no process_resident_memory_bytes", httpAddr)
+}
+
+func printTable(r *Report) {
+	fmt.Println()
+	fmt.Println("concurrency  decisions/s     p50 ms    p99 ms   p999 ms   runs")
+	for _, p := range r.Sweep {
+		var runs []string
+		for _, x := range p.Runs {
+			runs = append(runs, fmt.Sprintf("%.0f", x))
+		}
+		fmt.Printf("%11d  %11.0f  %9.2f %9.2f %9.2f   %s\n", p.Concurrency, p.DecisionsPerSec, p.P50Ms, p.P99Ms, p.P999Ms, strings.Join(runs, " "))
+	}
+	fmt.Println()
+	fmt.Printf("decisions_per_sec      %10.0f   (target ≥ 100000, at least 50000)\n", r.DecisionsPerSec)
+	fmt.Printf("p99_ms                 %10.2f   (target ≤ 10, at least ≤ 20)\n", r.P99Ms)
+	fmt.Printf("serial_p50_ms          %10.2f   (target ≤ 1.5)\n", r.SerialP50Ms)
+	fmt.Printf("failover_median_ms     %10.0f   (target ≤ 1000)\n", r.FailoverMedianMs)
+	fmt.Printf("failover_max_ms        %10.0f   (target ≤ 2000)\n", r.FailoverMaxMs)
+	fmt.Printf("rss_mb_1m_buckets      %10v   (target ≤ 300 per node)\n", r.RSSMB1MBuckets)
+	fmt.Printf("snapshot_restore_s_1m  %10.2f   (target ≤ 3)\n", r.SnapshotRestoreS)
+	fmt.Println()
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func cmpF(a, b float64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func parseInts(s string) []int {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		check(err)
+		out = append(out, n)
+	}
+	return out
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s bench: %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
+}
+
+// atExit runs before a failed check exits (deferred calls do not run on os.Exit).
+var atExit []func()
+
+func check(err error) {
+	if err != nil {
+		logf("FAILED: %v", err)
+		for _, f := range slices.Backward(atExit) {
+			f()
+		}
+		os.Exit(1)
+	}
+}
