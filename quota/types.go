@@ -55,6 +55,44 @@ type Domain struct {
 	Concurrency *Concurrency `json:"concurrency,omitempty"`
 	// Descriptors are the first level of the descriptor tree.
 	Descriptors []Node `json:"descriptors,omitempty"`
+	// WorkClasses name the domain's work classes (e.g. interactive, incremental, repair,
+	// backfill) in priority order, each with a reserved share of contended capacity that others
+	// borrow while it is idle (fair scheduler). Empty: one implicit class.
+	WorkClasses []WorkClass `json:"work_classes,omitempty"`
+	// RetryBudget caps retries (Request.Attempt > 1) relative to first attempts. Nil: no cap.
+	RetryBudget *RetryBudget `json:"retry_budget,omitempty"`
+	// Adaptive makes the domain ceiling's rate adapt to provider feedback (AIMD) between a
+	// floor and the configured rate, which is the human-set maximum. Nil: fixed.
+	Adaptive *Adaptive `json:"adaptive,omitempty"`
+}
+
+// WorkClass is one class of work with a reserved share of contended capacity.
+type WorkClass struct {
+	Name string `json:"name"`
+	// ReservePercent of contended capacity is kept for this class while it has waiting work;
+	// idle reserve is borrowed by other classes (work-conserving). Sum over classes ≤ 100.
+	ReservePercent uint32 `json:"reserve_percent,omitempty"`
+}
+
+// RetryBudget lets retries spend at most RatioPercent of first attempts' admissions, plus a
+// floor of MinPerSecond so a quiet domain can still retry.
+type RetryBudget struct {
+	RatioPercent uint32 `json:"ratio_percent"`
+	MinPerSecond uint64 `json:"min_per_second,omitempty"`
+}
+
+// Adaptive is additive-increase/multiplicative-decrease control of a rate limit. The configured
+// Rate.RequestsPerUnit is the ceiling; the effective rate never leaves [Floor, ceiling].
+type Adaptive struct {
+	// Floor is the lowest effective requests_per_unit.
+	Floor uint64 `json:"floor"`
+	// DecreasePercent is the multiplicative factor applied on confirmed rate limiting, in
+	// percent of the current rate (e.g. 70 keeps 70 %).
+	DecreasePercent uint32 `json:"decrease_percent"`
+	// Increase is added to the effective requests_per_unit after every StableWindow without a
+	// confirmed rate limit.
+	Increase     uint64        `json:"increase"`
+	StableWindow time.Duration `json:"stable_window"`
 }
 
 // Node is one level of the descriptor tree. A request's descriptor entry (key, value) matches the
@@ -74,6 +112,8 @@ type Node struct {
 	Concurrency *Concurrency `json:"concurrency,omitempty"`
 	// Weight is the level's share weight for the fair scheduler (0 means 1).
 	Weight uint32 `json:"weight,omitempty"`
+	// Adaptive makes this level's rate adapt to provider feedback (AIMD). Nil: fixed.
+	Adaptive *Adaptive `json:"adaptive,omitempty"`
 	// Replaces names other limits this one replaces (Envoy RLS semantics only; the native
 	// API charges the whole path and ignores it).
 	Replaces []string `json:"replaces,omitempty"`
