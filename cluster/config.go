@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"github.com/hashicorp/raft"
 )
 
 // Clock is the node's time source. It is one method so that tests and the chaos build can skew,
@@ -129,6 +131,18 @@ type Config struct {
 	// GossipSecretKey, if set, encrypts gossip (AES, 16, 24 or 32 bytes). All nodes must use
 	// the same key.
 	GossipSecretKey []byte
+
+	// RaftTLS, if set, secures the Raft transport (both directions: set Certificates, RootCAs,
+	// ClientCAs and ClientAuth for mutual TLS between nodes).
+	RaftTLS *tls.Config
+
+	// WrapStreamLayer, if set, wraps the Raft transport's stream layer (the chaos build uses
+	// it to partition peers). Nil in production.
+	WrapStreamLayer func(raft.StreamLayer) raft.StreamLayer
+
+	// WrapLogStore, if set, wraps the durable Raft log store under the log cache (the chaos
+	// build uses it to slow the disk). Nil in production.
+	WrapLogStore func(raft.LogStore) raft.LogStore
 
 	// Clock is the node's time source; nil means SystemClock.
 	Clock Clock

@@ -165,7 +165,11 @@ func (n *Node) openRaft() error {
 			filepath.Join(cfg.DataDir, "raft.db"), err)
 	}
 	n.bolt = bolt
-	cache, err := raft.NewLogCache(cfg.LogCacheSize, bolt)
+	var logs raft.LogStore = bolt
+	if cfg.WrapLogStore != nil {
+		logs = cfg.WrapLogStore(logs)
+	}
+	cache, err := raft.NewLogCache(cfg.LogCacheSize, logs)
 	if err != nil {
 		return fmt.Errorf("cluster: log cache: %w", err)
 	}
@@ -174,14 +178,20 @@ func (n *Node) openRaft() error {
 	if err != nil {
 		return fmt.Errorf("cluster: snapshot store in %q: %w", cfg.DataDir, err)
 	}
-	trans, err := raft.NewTCPTransportWithConfig(cfg.RaftAddr, nil, &raft.NetworkTransportConfig{
+	stream, err := newTCPStream(cfg.RaftAddr, cfg.RaftTLS)
+	if err != nil {
+		return fmt.Errorf("cluster: raft transport on %q: %w", cfg.RaftAddr, err)
+	}
+	var layer raft.StreamLayer = stream
+	if cfg.WrapStreamLayer != nil {
+		layer = cfg.WrapStreamLayer(layer)
+	}
+	trans := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream:  layer,
 		MaxPool: 3,
 		Timeout: 10 * time.Second,
 		Logger:  hl.Named("transport"),
 	})
-	if err != nil {
-		return fmt.Errorf("cluster: raft transport on %q: %w", cfg.RaftAddr, err)
-	}
 	n.trans = trans
 	n.raftAddr = string(trans.LocalAddr())
 

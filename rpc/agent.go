@@ -35,7 +35,8 @@ type AgentConfig struct {
 	LimitsFile string
 	Proposer   ProposerConfig
 	FSM        fsm.Options
-	// TLS, if set, serves gRPC over TLS (mutual TLS with a CA) and secures forwarding.
+	// TLS, if set, serves gRPC over TLS (mutual TLS with a CA) and secures forwarding and,
+	// unless Cluster.RaftTLS is set, the Raft transport with the same identity.
 	TLS TLSFiles
 	// AdminToken, if set, is required (as "authorization: Bearer <token>") by the admin calls
 	// that change the cluster: ApplyLimits and TransferLeadership.
@@ -87,6 +88,12 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 		}
 		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(serverTLS)))
 		forwardCreds = credentials.NewTLS(clientTLS)
+		if cfg.Cluster.RaftTLS == nil {
+			// The same identity secures Raft: each node is both server and client there.
+			raftTLS := serverTLS.Clone()
+			raftTLS.RootCAs = clientTLS.RootCAs
+			cfg.Cluster.RaftTLS = raftTLS
+		}
 	}
 	var err error
 	if a.grpcLn, err = net.Listen("tcp", cfg.Cluster.GRPCAddr); err != nil {
