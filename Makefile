@@ -2,7 +2,7 @@ GO ?= go
 BIN := bin/quotad
 PROTOC ?= protoc
 
-.PHONY: all build run test test-short race vet proto bench bench-fair chaos chaos-long clean
+.PHONY: all build run test test-short race vet proto bench bench-fair chaos chaos-long chaos-bugs clean
 
 all: build
 
@@ -17,6 +17,20 @@ test:
 	$(GO) vet ./...
 	$(GO) test -timeout 15m ./...
 	$(GO) test -race -timeout 15m ./quota/... ./fsm/... ./rpc/... ./cluster/... ./client/...
+
+# chaos: the CI-sized chaos suite against real processes (every fault kind, ~5 min).
+CHAOS_DURATION ?= 4m
+DURATION ?= 30m
+chaos:
+	QUOTAD_CHAOS=1 QUOTAD_CHAOS_REQUIRE_ALL=1 QUOTAD_CHAOS_DURATION=$(CHAOS_DURATION) $(GO) test -count=1 -timeout 14m -run 'TestChaos$$' -v ./chaos/
+
+# chaos-long: the same for DURATION (default 30m).
+chaos-long:
+	QUOTAD_CHAOS=1 QUOTAD_CHAOS_REQUIRE_ALL=1 QUOTAD_CHAOS_DURATION=$(DURATION) $(GO) test -count=1 -timeout 0 -run 'TestChaos$$' -v ./chaos/
+
+# chaos-bugs: deliberately broken builds that the checkers must catch.
+chaos-bugs:
+	QUOTAD_CHAOS=1 $(GO) test -count=1 -timeout 40m -run TestPlantedBugs -v ./chaos/
 
 vet:
 	$(GO) vet ./...

@@ -1,0 +1,86 @@
+package chaos
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// envConfig reads the run's knobs from the environment (the Makefile targets set them):
+//
+//	QUOTAD_CHAOS=1                  enable the real-process run (otherwise TestChaos skips)
+//	QUOTAD_CHAOS_SEED=N             reproduce a run
+//	QUOTAD_CHAOS_DURATION=4m        fault period
+//	QUOTAD_CHAOS_NODES=3            3 or 5
+//	QUOTAD_CHAOS_FLOOR=100          decisions/s required before the first fault
+//	QUOTAD_CHAOS_REQUIRE_ALL=1      fail unless every fault kind was injected
+//	QUOTAD_CHAOS_OUT=out            output directory (relative to chaos/)
+//	QUOTAD_CHAOS_ONLY=kill-leader,… restrict the nemesis to these faults
+func envConfig(t *testing.T) Config {
+	cfg := DefaultConfig()
+	cfg.Log = func(f string, a ...any) { t.Logf(f, a...) }
+	if v := os.Getenv("QUOTAD_CHAOS_SEED"); v != "" {
+		s, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			t.Fatalf("QUOTAD_CHAOS_SEED=%q: %v", v, err)
+		}
+		cfg.Seed = s
+	}
+	if v := os.Getenv("QUOTAD_CHAOS_DURATION"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("QUOTAD_CHAOS_DURATION=%q: %v", v, err)
+		}
+		cfg.Duration = d
+	}
+	if v := os.Getenv("QUOTAD_CHAOS_NODES"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || (n != 3 && n != 5) {
+			t.Fatalf("QUOTAD_CHAOS_NODES=%q: want 3 or 5", v)
+		}
+		cfg.Nodes = n
+	}
+	if v := os.Getenv("QUOTAD_CHAOS_FLOOR"); v != "" {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			t.Fatalf("QUOTAD_CHAOS_FLOOR=%q: %v", v, err)
+		}
+		cfg.Floor = f
+	}
+	if v := os.Getenv("QUOTAD_CHAOS_OUT"); v != "" {
+		cfg.OutDir = v
+	}
+	if v := os.Getenv("QUOTAD_CHAOS_ONLY"); v != "" {
+		cfg.Nemesis.Only = strings.Split(v, ",")
+	}
+	if v := os.Getenv("QUOTAD_CHAOS_BINARY"); v != "" {
+		cfg.BinaryPath = v
+	}
+	return cfg
+}
+
+// TestChaos is the real-process chaos run (make chaos / make chaos-long).
+func TestChaos(t *testing.T) {
+	if os.Getenv("QUOTAD_CHAOS") != "1" {
+		t.Skip("set QUOTAD_CHAOS=1 to run the chaos suite against real quotad processes (make chaos)")
+	}
+	cfg := envConfig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration+8*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, cfg)
+	if err != nil {
+		t.Fatalf("seed %d: %v", cfg.Seed, err)
+	}
+	var sb strings.Builder
+	PrintSummary(&sb, rep)
+	t.Log("\n" + sb.String())
+	if !rep.OK {
+		t.Errorf("seed %d: %d anomalies; history, node logs and porcupine visualizations are in %s", rep.Seed, rep.Anomalies, cfg.OutDir)
+	}
+	if os.Getenv("QUOTAD_CHAOS_REQUIRE_ALL") == "1" && len(rep.Missing) > 0 {
+		t.Errorf("seed %d: fault kinds never injected: %v", rep.Seed, rep.Missing)
+	}
+}

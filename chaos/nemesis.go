@@ -1,0 +1,460 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Fault kinds, the keys of the report's "faults" counts.
+var FaultKinds = []string{"kill", "pause", "partition", "clock", "membership", "snapshot", "disk"}
+
+// NemesisConfig configures fault injection.
+type NemesisConfig struct {
+	// Every is the mean gap between one fault's heal and the next fault (±50%).
+	Every time.Duration
+	// Hold is the mean time a fault lasts (±50%); pauses always outlast LeaseTTL plus an
+	// election.
+	Hold time.Duration
+	// Only, if non-empty, restricts the faults to these names (e.g. "kill-leader").
+	Only []string
+}
+
+// nemesis injects faults into a Cluster, one at a time, from a seeded random stream.
+type nemesis struct {
+	cfg NemesisConfig
+	c   *Cluster
+	rec *recorder
+	rng *rand.Rand
+	log func(format string, args ...any)
+	// snapshotFlags: the agents were started with a small snapshot threshold.
+	snapshotFlags bool
+	trailingLogs  uint64
+	memberships   int
+}
+
+// faultNames by kind; the first round injects one of every kind in random order, so a short
+// run still covers them all.
+var faultNames = map[string][]string{
+	"kill":       {"kill-leader", "kill-follower", "kill-all"},
+	"pause":      {"pause-leader", "pause-follower"},
+	"partition":  {"partition-leader", "partition-half", "partition-ring"},
+	"clock":      {"clock-offset", "clock-jump-back", "clock-rate"},
+	"membership": {"membership"},
+	"snapshot":   {"snapshot"},
+	"disk":       {"disk"},
+}
+
+func kindOf(name string) string {
+	for k, names := range faultNames {
+		if slices.Contains(names, name) {
+			return k
+		}
+	}
+	return ""
+}
+
+func (nm *nemesis) jitter(d time.Duration) time.Duration {
+	return d/2 + time.Duration(nm.rng.Int64N(int64(d)+1))
+}
+
+// run injects faults until ctx ends.
+func (nm *nemesis) run(ctx context.Context) {
+	kinds := slices.Clone(FaultKinds)
+	nm.rng.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
+	var deck []string
+	for _, k := range kinds {
+		names := faultNames[k]
+		deck = append(deck, names[nm.rng.IntN(len(names))])
+	}
+	for ctx.Err() == nil {
+		var name string
+		if len(deck) > 0 {
+			name, deck = deck[0], deck[1:]
+		} else {
+			k := FaultKinds[nm.rng.IntN(len(FaultKinds))]
+			if k == "membership" || k == "snapshot" { // slow ones: rarer
+				k = FaultKinds[nm.rng.IntN(len(FaultKinds))]
+			}
+			name = faultNames[k][nm.rng.IntN(len(faultNames[k]))]
+		}
+		if len(nm.cfg.Only) > 0 && !slices.Contains(nm.cfg.Only, name) {
+			name = nm.cfg.Only[nm.rng.IntN(len(nm.cfg.Only))]
+		}
+		f := nm.inject(ctx, name)
+		nm.rec.addFault(f)
+		if f.Skipped != "" {
+			nm.log("nemesis: %-18s skipped: %s", name, f.Skipped)
+			sleepCtx(ctx, 100*time.Millisecond) // try another fault at once
+			continue
+		} else {
+			nm.log("nemesis: %-18s %v on %v %s", name, time.Duration(f.End-f.Start).Round(10*time.Millisecond), f.Nodes, f.Detail)
+		}
+		if !sleepCtx(ctx, nm.jitter(nm.cfg.Every)) {
+			return
+		}
+	}
+}
+
+func ids(ns []*Node) []string {
+	var out []string
+	for _, n := range ns {
+		out = append(out, n.ID)
+	}
+	return out
+}
+
+// members returns the running nodes that are meant to be in the cluster.
+func (nm *nemesis) others(except *Node) []*Node {
+	var out []*Node
+	for _, n := range nm.c.Running() {
+		if n != except {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func (nm *nemesis) inject(ctx context.Context, name string) (f Fault) {
+	f = Fault{Kind: kindOf(name), Name: name, Start: nm.rec.now()}
+	defer func() {
+		f.End = nm.rec.now()
+		if r := recover(); r != nil {
+			f.Skipped = fmt.Sprint("nemesis panicked: ", r)
+		}
+	}()
+	leader, err := nm.c.Leader(ctx, 20*time.Second)
+	if err != nil {
+		f.Skipped = "no leader before the fault: " + err.Error()
+		return f
+	}
+	needHooks := f.Kind == "partition" || f.Kind == "clock" || f.Kind == "disk"
+	if needHooks && !nm.c.Hooks {
+		f.Skipped = "the binary has no fault hooks (/chaos/ not served); build with -tags chaos once cmd/quotad wires chaos/faults"
+		return f
+	}
+	hold := nm.jitter(nm.cfg.Hold)
+	follower := func() *Node {
+		o := nm.others(leader)
+		if len(o) == 0 {
+			return nil
+		}
+		return o[nm.rng.IntN(len(o))]
+	}
+	switch name {
+	case "kill-leader", "kill-follower":
+		victim := leader
+		if name == "kill-follower" {
+			if victim = follower(); victim == nil {
+				f.Skipped = "no follower running"
+				return f
+			}
+		}
+		f.Nodes = []string{victim.ID}
+		_ = victim.Kill()
+		sleepCtx(ctx, hold/2)
+		f.Detail = errString(nm.c.Start(victim, 0))
+	case "kill-all":
+		victims := nm.c.Running()
+		f.Nodes = ids(victims)
+		for _, v := range victims {
+			_ = v.Kill()
+		}
+		sleepCtx(ctx, hold/2)
+		for _, v := range victims {
+			if err := nm.c.Start(v, 0); err != nil {
+				f.Detail += err.Error()
+			}
+		}
+	case "pause-leader", "pause-follower":
+		victim := leader
+		if name == "pause-follower" {
+			if victim = follower(); victim == nil {
+				f.Skipped = "no follower running"
+				return f
+			}
+		}
+		// Longer than a lease TTL plus an election, so leases expire and a new leader is elected
+		// while the old one is frozen.
+		d := LeaseTTL + 2*time.Second + time.Duration(nm.rng.Int64N(int64(2*time.Second)))
+		f.Nodes, f.Detail = []string{victim.ID}, "for "+d.String()
+		_ = victim.Pause()
+		sleepCtx(ctx, d)
+		_ = victim.Resume()
+	case "partition-leader":
+		f.Nodes = []string{leader.ID}
+		nm.partition([][]*Node{{leader}, nm.others(leader)})
+		sleepCtx(ctx, hold)
+		nm.healAll("net")
+	case "partition-half":
+		nodes := nm.c.Running()
+		nm.rng.Shuffle(len(nodes), func(i, j int) { nodes[i], nodes[j] = nodes[j], nodes[i] })
+		minority := nodes[:(len(nodes)-1)/2]
+		f.Nodes = ids(minority)
+		f.Detail = fmt.Sprintf("minority %v | majority %v", ids(minority), ids(nodes[len(minority):]))
+		nm.partition([][]*Node{minority, nodes[len(minority):]})
+		sleepCtx(ctx, hold)
+		nm.healAll("net")
+	case "partition-ring":
+		f.Detail = nm.ring()
+		sleepCtx(ctx, hold)
+		nm.healAll("net")
+	case "clock-offset":
+		victims := nm.pick(1 + nm.rng.IntN(len(nm.c.Running())))
+		f.Nodes = ids(victims)
+		for _, v := range victims {
+			off := time.Duration(3+nm.rng.IntN(10)) * time.Hour
+			if nm.rng.IntN(2) == 0 {
+				off = -off
+			}
+			f.Detail += fmt.Sprintf("%s:%v ", v.ID, off)
+			_ = nm.c.Chaos(v, "clock", "offset", off.String())
+		}
+		sleepCtx(ctx, hold)
+		nm.healAll("clock")
+	case "clock-jump-back":
+		f.Nodes = []string{leader.ID}
+		back := time.Duration(3+nm.rng.IntN(10)) * time.Hour
+		f.Detail = "-" + back.String()
+		_ = nm.c.Chaos(leader, "clock", "jump", (-back).String())
+		sleepCtx(ctx, hold)
+		nm.healAll("clock")
+	case "clock-rate":
+		f.Nodes = []string{leader.ID}
+		f.Rate = 1.5
+		if nm.rng.IntN(3) == 0 {
+			f.Rate = 0.7
+		}
+		f.Detail = fmt.Sprintf("rate %.1fx", f.Rate)
+		_ = nm.c.Chaos(leader, "clock", "rate", fmt.Sprint(f.Rate))
+		sleepCtx(ctx, 2*hold)
+		nm.healAll("clock")
+	case "disk":
+		victims := []*Node{leader}
+		if nm.rng.IntN(2) == 0 {
+			victims = nm.c.Running()
+		}
+		d := time.Duration(50+nm.rng.IntN(200)) * time.Millisecond
+		f.Nodes, f.Detail = ids(victims), "append delay "+d.String()
+		for _, v := range victims {
+			_ = nm.c.Chaos(v, "disk", "delay", d.String())
+		}
+		sleepCtx(ctx, hold)
+		nm.healAll("disk")
+	case "membership":
+		f.Nodes, f.Detail, f.Skipped = nm.membership(ctx, leader)
+	case "snapshot":
+		f.Nodes, f.Detail, f.Skipped = nm.snapshot(ctx, leader)
+	default:
+		f.Skipped = "unknown fault " + name
+	}
+	return f
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+func (nm *nemesis) pick(k int) []*Node {
+	nodes := nm.c.Running()
+	nm.rng.Shuffle(len(nodes), func(i, j int) { nodes[i], nodes[j] = nodes[j], nodes[i] })
+	return nodes[:min(k, len(nodes))]
+}
+
+// partition makes every group unable to reach the others (each node blocks every node outside
+// its group).
+func (nm *nemesis) partition(groups [][]*Node) {
+	group := map[*Node]int{}
+	for i, g := range groups {
+		for _, n := range g {
+			group[n] = i
+		}
+	}
+	for _, n := range nm.c.Running() {
+		var block []string
+		for _, o := range nm.c.Nodes {
+			if o != n && group[o] != group[n] {
+				block = append(block, o.Raft)
+			}
+		}
+		_ = nm.c.Chaos(n, "partition", "block", strings.Join(block, ","))
+	}
+}
+
+// ring blocks links so that every node sees a majority but no two see the same one (five
+// nodes or more: node i talks to i±1, i±2 ...); with three nodes a symmetric ring is the full
+// mesh, so it builds a bridge instead: one node sees both others, which cannot see each other.
+func (nm *nemesis) ring() string {
+	nodes := nm.c.Running()
+	nm.rng.Shuffle(len(nodes), func(i, j int) { nodes[i], nodes[j] = nodes[j], nodes[i] })
+	n := len(nodes)
+	if n < 5 {
+		if n < 3 {
+			return "too few nodes for a ring"
+		}
+		a, b := nodes[1], nodes[2]
+		_ = nm.c.Chaos(a, "partition", "block", b.Raft)
+		_ = nm.c.Chaos(b, "partition", "block", a.Raft)
+		return fmt.Sprintf("bridge %s; %s x %s", nodes[0].ID, a.ID, b.ID)
+	}
+	reach := (n/2 + 1) / 2 // neighbours on each side: with itself, at least a majority
+	var desc []string
+	for i, node := range nodes {
+		var block []string
+		for j, o := range nodes {
+			d := (j - i + n) % n
+			if d != 0 && d > reach && d < n-reach {
+				block = append(block, o.Raft)
+			}
+		}
+		_ = nm.c.Chaos(node, "partition", "block", strings.Join(block, ","))
+		desc = append(desc, fmt.Sprintf("%s-/-%d", node.ID, len(block)))
+	}
+	return "ring " + strings.Join(desc, " ")
+}
+
+// healAll undoes hook faults of one kind (net, clock, disk or all) on every running node.
+func (nm *nemesis) healAll(what string) {
+	if !nm.c.Hooks {
+		return
+	}
+	for _, n := range nm.c.Running() {
+		_ = nm.c.Chaos(n, "heal", "what", what)
+	}
+}
+
+// membership adds a new node and removes a follower under load. With a fourth node present it
+// removes that node instead (graceful leave, then the leader drops it after the dead-node
+// timeout).
+func (nm *nemesis) membership(ctx context.Context, leader *Node) (nodes []string, detail, skipped string) {
+	nm.memberships++
+	waitVoters := func(want func([]string) bool, timeout time.Duration) ([]string, bool) {
+		deadline := time.Now().Add(timeout)
+		var v []string
+		for time.Now().Before(deadline) && ctx.Err() == nil {
+			if vs, err := nm.c.Voters(ctx); err == nil {
+				v = vs
+				if want(vs) {
+					return vs, true
+				}
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
+		return v, false
+	}
+	var extra *Node
+	for _, n := range nm.c.Nodes[3:] {
+		if n.Running() {
+			extra = n
+		}
+	}
+	if extra != nil {
+		_ = extra.Stop(5 * time.Second)
+		v, ok := waitVoters(func(v []string) bool { return !slices.Contains(v, extra.ID) }, 40*time.Second)
+		if !ok {
+			return []string{extra.ID}, "", fmt.Sprintf("%s was not removed within 40s (voters %v)", extra.ID, v)
+		}
+		_ = os.RemoveAll(extra.DataDir) // next time it joins as a brand-new node
+		return []string{extra.ID}, fmt.Sprintf("removed %s; voters %v", extra.ID, v), ""
+	}
+	var n4 *Node
+	if len(nm.c.Nodes) > 3 {
+		n4 = nm.c.Nodes[3]
+	} else {
+		var err error
+		if n4, err = nm.c.AddNode(); err != nil {
+			return nil, "", err.Error()
+		}
+	}
+	if err := nm.c.Start(n4, 0); err != nil {
+		return nil, "", err.Error()
+	}
+	v, ok := waitVoters(func(v []string) bool { return slices.Contains(v, n4.ID) }, 40*time.Second)
+	if !ok {
+		return []string{n4.ID}, "", fmt.Sprintf("%s did not become a voter within 40s (voters %v)", n4.ID, v)
+	}
+	// Remove an original follower, then bring it back (it rejoins and is promoted again).
+	var victim *Node
+	for _, n := range nm.others(leader) {
+		if n != n4 {
+			victim = n
+			break
+		}
+	}
+	if victim == nil {
+		return []string{n4.ID}, "added " + n4.ID, ""
+	}
+	_ = victim.Stop(5 * time.Second)
+	v, ok = waitVoters(func(v []string) bool { return !slices.Contains(v, victim.ID) }, 40*time.Second)
+	detail = fmt.Sprintf("added %s; removed %s (voters %v, removed=%v)", n4.ID, victim.ID, v, ok)
+	if err := nm.c.Start(victim, 0); err != nil {
+		detail += "; restart: " + err.Error()
+	}
+	v, ok = waitVoters(func(v []string) bool { return slices.Contains(v, victim.ID) }, 40*time.Second)
+	detail += fmt.Sprintf("; %s back as voter=%v", victim.ID, ok)
+	return []string{n4.ID, victim.ID}, detail, ""
+}
+
+// snapshot holds a follower back (partitioned, or paused without hooks) until the leader's
+// log has been compacted past it, then heals and waits until it has caught up, which it can
+// only do by installing a snapshot.
+func (nm *nemesis) snapshot(ctx context.Context, leader *Node) (nodes []string, detail, skipped string) {
+	if !nm.snapshotFlags {
+		return nil, "", "the agent has no --snapshot-threshold/--trailing-logs flags; with raft's defaults a follower needs minutes of lag to need a snapshot"
+	}
+	victim := nm.others(leader)
+	if len(victim) == 0 {
+		return nil, "", "no follower running"
+	}
+	f := victim[nm.rng.IntN(len(victim))]
+	st, err := nm.c.State(ctx, f)
+	if err != nil {
+		return nil, "", "follower state: " + err.Error()
+	}
+	held := st.AppliedIndex
+	if nm.c.Hooks {
+		nm.partition([][]*Node{{f}, nm.others(f)})
+	} else {
+		_ = f.Pause()
+	}
+	heal := func() {
+		if nm.c.Hooks {
+			nm.healAll("net")
+		} else {
+			_ = f.Resume()
+		}
+	}
+	// Wait until some other node has a snapshot whose trailing logs start after held.
+	deadline := time.Now().Add(60 * time.Second)
+	compacted := false
+	for !compacted && time.Now().Before(deadline) && ctx.Err() == nil {
+		for _, o := range nm.others(f) {
+			if idx := o.SnapshotIndexes(); len(idx) > 0 && idx[len(idx)-1] > held+nm.trailingLogs+1 {
+				compacted = true
+			}
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	heal()
+	if !compacted {
+		return []string{f.ID}, "", fmt.Sprintf("the log was not compacted past index %d within 60s", held)
+	}
+	// Caught up means it restored a snapshot newer than what it held.
+	deadline = time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if idx := f.SnapshotIndexes(); len(idx) > 0 && idx[len(idx)-1] > held {
+			return []string{f.ID}, fmt.Sprintf("held at %d; installed snapshot at %d", held, idx[len(idx)-1]), ""
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	return []string{f.ID}, fmt.Sprintf("held at %d; no newer snapshot on the follower within 30s", held), ""
+}
+
+func newRand(seed int64) *rand.Rand { return rand.New(rand.NewPCG(uint64(seed), 0x6e656d)) }

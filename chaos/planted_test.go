@@ -1,0 +1,125 @@
+package chaos
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// plantedBug is a deliberately broken build and the checkers that must catch it.
+type plantedBug struct {
+	tag string
+	// what the tag must do (the lead implements it in fsm/ or rpc/ under this build tag).
+	behaviour string
+	// faults that provoke it, and checkers at least one of which must report an anomaly.
+	faults   []string
+	catchers []string
+	raw      bool
+}
+
+var plantedBugs = []plantedBug{
+	{
+		tag:       "chaos_bug_nodedup",
+		behaviour: "fsm: Acquire never consults the dedup table, so a retried request ID is decided (and debited) again",
+		faults:    []string{"kill-leader", "pause-leader", "partition-leader"},
+		catchers:  []string{"replay-same-decision", "linearizable-spends"},
+	},
+	{
+		tag:       "chaos_bug_wallclock",
+		behaviour: "leader stamps commands with its Clock's wall time (Now().UnixNano()) instead of base+monotonic elapsed",
+		faults:    []string{"clock-offset", "clock-jump-back", "kill-leader"},
+		catchers:  []string{"linearizable-spends", "bounded-admission", "lease-in-flight", "lease-reclaim", "replica-hashes", "replay-same-decision"},
+	},
+	{
+		tag:       "chaos_bug_followerdecides",
+		behaviour: "rpc: a follower decides Acquire from its own FSM state (a local, unreplicated debit) instead of forwarding",
+		faults:    []string{"kill-follower", "pause-follower"},
+		catchers:  []string{"linearizable-spends", "replay-same-decision"},
+		raw:       true,
+	},
+}
+
+// tagImplemented reports whether any Go file of the module outside chaos/ mentions tag in a
+// build constraint.
+func tagImplemented(t *testing.T, root, tag string) bool {
+	found := false
+	_ = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		if d.IsDir() && (d.Name() == "chaos" || strings.HasPrefix(d.Name(), ".")) {
+			return filepath.SkipDir
+		}
+		if found || d.IsDir() || !strings.HasSuffix(p, ".go") {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return nil
+		}
+		for _, line := range strings.SplitN(string(b), "\n", 20) {
+			if strings.HasPrefix(line, "//go:build") && strings.Contains(line, tag) {
+				found = true
+			}
+		}
+		return nil
+	})
+	return found
+}
+
+// TestPlantedBugs runs a short chaos scenario against each broken build and expects its
+// anomaly: the proof that the checkers can fail on a real cluster.
+func TestPlantedBugs(t *testing.T) {
+	if os.Getenv("QUOTAD_CHAOS") != "1" {
+		t.Skip("set QUOTAD_CHAOS=1 to run the planted-bug builds (make chaos-bugs)")
+	}
+	root, err := ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bug := range plantedBugs {
+		t.Run(bug.tag, func(t *testing.T) {
+			if !tagImplemented(t, root, bug.tag) {
+				t.Skipf("no file outside chaos/ has a //go:build line with %s yet; it should make: %s", bug.tag, bug.behaviour)
+			}
+			cfg := envConfig(t)
+			cfg.Tags = "chaos," + bug.tag
+			cfg.Duration = 60 * time.Second
+			if d := os.Getenv("QUOTAD_CHAOS_BUG_DURATION"); d != "" {
+				if cfg.Duration, err = time.ParseDuration(d); err != nil {
+					t.Fatal(err)
+				}
+			}
+			cfg.Nemesis.Only = bug.faults
+			cfg.Workload.RawToAnyNode = bug.raw
+			cfg.OutDir = filepath.Join(cfg.OutDir, "bug-"+bug.tag)
+			ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration+8*time.Minute)
+			defer cancel()
+			rep, err := Run(ctx, cfg)
+			if err != nil {
+				t.Fatalf("seed %d: %v", cfg.Seed, err)
+			}
+			var sb strings.Builder
+			PrintSummary(&sb, rep)
+			t.Log("\n" + sb.String())
+			if !strings.Contains(rep.Binary, bug.tag) {
+				t.Fatalf("the %s build failed and fell back to %s: %v", bug.tag, rep.Binary, rep.Notes)
+			}
+			var caught []string
+			for _, c := range rep.Checkers {
+				if !c.OK && slices.Contains(bug.catchers, c.Name) {
+					caught = append(caught, c.Name)
+				}
+			}
+			if len(caught) == 0 {
+				t.Errorf("seed %d: planted bug %s (%s) was not caught by any of %v", rep.Seed, bug.tag, bug.behaviour, bug.catchers)
+			} else {
+				t.Logf("planted bug %s caught by %v", bug.tag, caught)
+			}
+		})
+	}
+}

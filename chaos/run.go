@@ -1,0 +1,402 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/quotad/quotad/client"
+)
+
+// Config configures one chaos run.
+type Config struct {
+	Seed     int64
+	Nodes    int           // 3 or 5
+	Duration time.Duration // fault period
+	Warmup   time.Duration // load without faults first (the throughput floor is measured here)
+	Quiet    time.Duration // load after the final heal
+	Floor    float64       // decisions per second before the first fault
+	OutDir   string        // report, history and logs go here
+	Tags     string        // build tags of the binary (default "chaos")
+	// BinaryPath, if set, is used instead of building.
+	BinaryPath string
+	Workload   WorkloadConfig
+	Nemesis    NemesisConfig
+	// PorcupineTimeout bounds the linearizability check of one bucket.
+	PorcupineTimeout time.Duration
+	Log              func(format string, args ...any)
+}
+
+// DefaultConfig is the CI-sized run (`make chaos`).
+func DefaultConfig() Config {
+	return Config{
+		Seed: time.Now().UnixNano(), Nodes: 3, Duration: 4 * time.Minute, Warmup: 10 * time.Second,
+		Quiet: 10 * time.Second, Floor: 100, OutDir: "out", Tags: "chaos", Workload: DefaultWorkload(),
+		Nemesis:          NemesisConfig{Every: 3 * time.Second, Hold: 4 * time.Second},
+		PorcupineTimeout: time.Minute,
+		Log:              func(f string, a ...any) { fmt.Printf(f+"\n", a...) },
+	}
+}
+
+// Report is chaos/out/report.json.
+type Report struct {
+	Seed      int64          `json:"seed"`
+	Nodes     int            `json:"nodes"`
+	Binary    string         `json:"binary"`
+	Notes     []string       `json:"notes,omitempty"`
+	Duration  string         `json:"duration"`
+	Ops       int            `json:"ops"`
+	Anomalies int            `json:"anomalies"`
+	Faults    map[string]int `json:"faults"`
+	// Missing lists fault kinds never injected (a CI run must inject every kind).
+	Missing          []string             `json:"missing_faults,omitempty"`
+	Throughput       float64              `json:"throughput_before_fault"`
+	Porcupine        LinearizabilityStats `json:"porcupine"`
+	Checkers         []Result             `json:"checkers"`
+	ReclaimBound     string               `json:"reclaim_bound"`
+	OK               bool                 `json:"ok"`
+	UnknownOutcomes  int                  `json:"unknown_outcomes"`
+	ResolvedOutcomes int                  `json:"resolved_outcomes"`
+}
+
+// Run performs a whole chaos run and returns its report (also written to OutDir).
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	logf := cfg.Log
+	if err := os.MkdirAll(cfg.OutDir, 0o755); err != nil {
+		return nil, err
+	}
+	work, err := os.MkdirTemp("", "quotad-chaos-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(work)
+	logf("chaos: seed %d (rerun with QUOTAD_CHAOS_SEED=%d), %d nodes, faults for %v", cfg.Seed, cfg.Seed, cfg.Nodes, cfg.Duration)
+
+	rep := &Report{Seed: cfg.Seed, Nodes: cfg.Nodes, Faults: map[string]int{}}
+	bin := &Binary{Path: cfg.BinaryPath, Tags: cfg.Tags}
+	if cfg.BinaryPath == "" {
+		root, err := ModuleRoot()
+		if err != nil {
+			return nil, err
+		}
+		if bin, err = BuildBinary(root, work, cfg.Tags, true); err != nil {
+			return nil, err
+		}
+	}
+	rep.Binary = bin.Path + " tags=" + bin.Tags
+	if bin.BuildNote != "" {
+		rep.Notes = append(rep.Notes, bin.BuildNote)
+		logf("chaos: %s", bin.BuildNote)
+	}
+	extra := []string{"--dead-node-timeout", "5s", "--min-voters", "3"}
+	snapshotFlags := bin.Flags["snapshot-threshold"] && bin.Flags["trailing-logs"]
+	const trailing = 64
+	if snapshotFlags {
+		extra = append(extra, "--snapshot-threshold", "128", "--trailing-logs", fmt.Sprint(trailing))
+		if bin.Flags["snapshot-interval"] {
+			extra = append(extra, "--snapshot-interval", "1s")
+		}
+	} else {
+		rep.Notes = append(rep.Notes, "agent lacks --snapshot-threshold/--trailing-logs: snapshot-install fault skipped")
+	}
+	logDir := filepath.Join(cfg.OutDir, "nodes")
+	_ = os.RemoveAll(logDir)
+	c, err := NewCluster(bin, work, logDir, LimitsYAML, cfg.Nodes, extra)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	for _, n := range c.Nodes {
+		if err := c.Start(n, cfg.Nodes); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := c.Leader(ctx, 60*time.Second); err != nil {
+		return nil, fmt.Errorf("cluster did not come up: %w (logs in %s)", err, logDir)
+	}
+	c.Hooks = c.probeHooks(c.Nodes[0])
+	if !c.Hooks {
+		rep.Notes = append(rep.Notes, "no /chaos/ fault hooks in the binary: partition, clock and disk faults skipped")
+	}
+	logf("chaos: cluster up (hooks=%v, snapshot flags=%v)", c.Hooks, snapshotFlags)
+
+	rec := newRecorder(cfg.Seed)
+	wl, err := newWorkload(cfg.Workload, c, rec, cfg.Seed)
+	if err != nil {
+		return nil, err
+	}
+	defer wl.close()
+	loadCtx, stopLoad := context.WithCancel(ctx)
+	defer stopLoad()
+	rec.add(func(h *History) { h.LoadStart = rec.now() })
+	wl.start(loadCtx)
+	sleepCtx(ctx, cfg.Warmup)
+
+	nemCtx, stopNem := context.WithTimeout(ctx, cfg.Duration)
+	nm := &nemesis{cfg: cfg.Nemesis, c: c, rec: rec, log: logf, snapshotFlags: snapshotFlags, trailingLogs: trailing,
+		rng: newRand(cfg.Seed)}
+	nm.run(nemCtx)
+	stopNem()
+
+	// Final heal: everything running, unpaused, unpartitioned, clocks and disks normal.
+	for _, n := range c.Nodes {
+		if n.Paused() {
+			_ = n.Resume()
+		}
+	}
+	for _, n := range c.Nodes[:cfg.Nodes] {
+		_ = c.Start(n, 0)
+	}
+	nm.healAll("all")
+	if _, err := c.Leader(ctx, 60*time.Second); err != nil {
+		rep.Notes = append(rep.Notes, "no leader after the final heal: "+err.Error())
+	}
+	healAt := rec.now()
+	logf("chaos: healed; quiet period %v", cfg.Quiet)
+	sleepCtx(ctx, cfg.Quiet)
+	stopLoad()
+	wl.wg.Wait()
+	stopAt := rec.now()
+
+	// Leases of crashed holders must come back within TTL + one election.
+	reclaimBound := LeaseTTL + 5*time.Second
+	rep.ReclaimBound = reclaimBound.String()
+	measureReclaim(ctx, c, wl, rec, max(healAt, lastLeaseGrant(rec)), reclaimBound)
+
+	// Replica agreement after the quiet period.
+	sampleStates(ctx, c, rec, 3*time.Second)
+
+	// Total restart: kill -9 every node, restart, and re-send recent acknowledged decisions.
+	acked := recentAcks(rec.snapshot(), stopAt-int64(20*time.Second), 300)
+	logf("chaos: total restart; re-sending %d acknowledged decisions", len(acked))
+	for _, n := range c.Running() {
+		_ = n.Kill()
+	}
+	for _, n := range c.Nodes {
+		if n.starts > 0 && (n.ID <= fmt.Sprintf("n%d", cfg.Nodes) || fileExists(n.DataDir)) {
+			_ = c.Start(n, 0)
+		}
+	}
+	if _, err := c.Leader(ctx, 60*time.Second); err != nil {
+		rep.Notes = append(rep.Notes, "no leader after the total restart: "+err.Error())
+	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 16)
+	for _, op := range acked {
+		sem <- struct{}{}
+		wg.Go(func() { defer func() { <-sem }(); wl.replay(op, "restart") })
+	}
+	wg.Wait()
+	sampleStates(ctx, c, rec, 2*time.Second)
+	wl.resolve.Wait()
+	c.Close()
+
+	h := rec.snapshot()
+	if err := h.Write(filepath.Join(cfg.OutDir, "history.json")); err != nil {
+		return nil, err
+	}
+	logf("chaos: checking %d ops", len(h.Ops))
+	lin, st := CheckLinearizable(h, LinearizabilityConfig{Initial: BudgetBurst, Timeout: cfg.PorcupineTimeout, VisualizeDir: cfg.OutDir})
+	thr, rate := CheckThroughput(h, cfg.Floor)
+	rep.Checkers = []Result{
+		lin,
+		CheckBoundedAdmission(h, map[string]RateLimit{"r0": {RateBurst, RatePerSecond}, "r1": {RateBurst, RatePerSecond}}),
+		CheckLeases(h, map[string]uint64{"p0": LeaseMaxInFlight}),
+		CheckReclaim(h, reclaimBound),
+		CheckReplays(h),
+		CheckReplicaHashes(h),
+		CheckLogs(logDir),
+		thr,
+	}
+	rep.Throughput, rep.Porcupine, rep.Ops = rate, st, len(h.Ops)
+	rep.Duration = time.Duration(rec.now()).Round(time.Second).String()
+	for _, op := range h.Ops {
+		if op.Outcome == Unknown {
+			rep.UnknownOutcomes++
+		}
+		if op.Resolved {
+			rep.ResolvedOutcomes++
+		}
+	}
+	for _, k := range FaultKinds {
+		rep.Faults[k] = 0
+	}
+	for _, f := range h.Faults {
+		if f.Skipped == "" {
+			rep.Faults[f.Kind]++
+		}
+	}
+	for _, k := range FaultKinds {
+		if rep.Faults[k] == 0 {
+			rep.Missing = append(rep.Missing, k)
+		}
+	}
+	rep.OK = true
+	for _, r := range rep.Checkers {
+		rep.Anomalies += r.Anomalies
+		rep.OK = rep.OK && r.OK
+	}
+	if err := writeJSON(filepath.Join(cfg.OutDir, "report.json"), rep); err != nil {
+		return rep, err
+	}
+	if rep.OK {
+		_ = os.Remove(filepath.Join(cfg.OutDir, "history.json")) // kept only on failure
+	}
+	return rep, nil
+}
+
+func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o644)
+}
+
+func lastLeaseGrant(rec *recorder) int64 {
+	var t int64
+	for _, op := range rec.snapshot().Ops {
+		if op.Kind == KindLease && op.LeaseID != 0 {
+			t = max(t, op.Return)
+		}
+	}
+	return t
+}
+
+// measureReclaim waits until Status shows no permit in flight, then takes max_in_flight fresh
+// permits at once and releases them.
+func measureReclaim(ctx context.Context, c *Cluster, wl *workload, rec *recorder, from int64, bound time.Duration) {
+	rc := Reclaim{Bucket: "p0", HealAt: from, ReclaimedAt: -1, Capacity: LeaseMaxInFlight}
+	for _, op := range rec.snapshot().Ops {
+		if op.Kind == KindLease && op.LeaseID != 0 && op.ReleaseCall < 0 {
+			rc.CrashedHeld++
+		}
+	}
+	cl := wl.clients[len(wl.clients)-1]
+	deadline := rec.start.Add(time.Duration(from) + bound + 20*time.Second)
+	for time.Now().Before(deadline) {
+		sctx, cancel := context.WithTimeout(ctx, time.Second)
+		st, err := cl.Status(sctx, LeaseDomain, client.Entry{Key: "pool", Value: "p0"})
+		cancel()
+		if err == nil {
+			inFlight := uint64(0)
+			for _, b := range st.Buckets {
+				inFlight += b.InFlight
+			}
+			if inFlight == 0 {
+				rc.ReclaimedAt = rec.now()
+				break
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if rc.ReclaimedAt >= 0 {
+		var mu sync.Mutex
+		var leases []uint64
+		var wg sync.WaitGroup
+		for range LeaseMaxInFlight {
+			wg.Go(func() {
+				actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				defer cancel()
+				d, err := cl.Allow(actx, client.Request{Domain: LeaseDomain, Descriptors: client.Descriptors("pool", "p0")})
+				if err == nil && d.LeaseID != 0 {
+					mu.Lock()
+					leases = append(leases, d.LeaseID)
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		rc.Reacquired = uint64(len(leases))
+		for _, id := range leases {
+			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			_, _ = cl.ReleaseLease(rctx, id)
+			cancel()
+		}
+	}
+	rec.add(func(h *History) { h.Reclaim = append(h.Reclaim, rc) })
+}
+
+// sampleStates polls every running node's /debug/state as fast as it can for d.
+func sampleStates(ctx context.Context, c *Cluster, rec *recorder, d time.Duration) {
+	end := time.Now().Add(d)
+	for time.Now().Before(end) && ctx.Err() == nil {
+		var wg sync.WaitGroup
+		for _, n := range c.Running() {
+			wg.Go(func() {
+				sctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+				st, err := c.State(sctx, n)
+				cancel()
+				if err == nil {
+					s := StateSample{At: rec.now(), Node: n.ID, AppliedIndex: st.AppliedIndex, Hash: st.Hash}
+					rec.add(func(h *History) { h.States = append(h.States, s) })
+				}
+			})
+		}
+		wg.Wait()
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// recentAcks returns up to n acknowledged spends and leases answered after since.
+func recentAcks(h *History, since int64, n int) []Op {
+	var out []Op
+	for i := len(h.Ops) - 1; i >= 0 && len(out) < n; i-- {
+		op := h.Ops[i]
+		if op.Return >= since && (op.Kind == KindSpend || op.Kind == KindLease) && (op.Outcome == Admitted || op.Outcome == Denied) {
+			out = append(out, op)
+		}
+	}
+	return out
+}
+
+// PrintSummary writes the report as a table.
+func PrintSummary(w io.Writer, r *Report) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "seed\t%d\n", r.Seed)
+	fmt.Fprintf(tw, "binary\t%s\n", r.Binary)
+	fmt.Fprintf(tw, "ops\t%d (unknown %d, resolved by re-send %d)\n", r.Ops, r.UnknownOutcomes, r.ResolvedOutcomes)
+	fmt.Fprintf(tw, "throughput before first fault\t%.0f decisions/s\n", r.Throughput)
+	fmt.Fprintf(tw, "porcupine\t%d buckets, %d ops, %v\n", r.Porcupine.Buckets, r.Porcupine.Ops, r.Porcupine.Elapsed.Round(time.Millisecond))
+	var fk []string
+	for _, k := range FaultKinds {
+		fk = append(fk, fmt.Sprintf("%s=%d", k, r.Faults[k]))
+	}
+	fmt.Fprintf(tw, "faults\t%s\n", strings.Join(fk, " "))
+	if len(r.Missing) > 0 {
+		fmt.Fprintf(tw, "never injected\t%s\n", strings.Join(r.Missing, ", "))
+	}
+	for _, n := range r.Notes {
+		fmt.Fprintf(tw, "note\t%s\n", n)
+	}
+	fmt.Fprintln(tw, "\nchecker\tresult\tanomalies\tchecked\ttime")
+	for _, c := range r.Checkers {
+		res := "ok"
+		if !c.OK {
+			res = "FAIL"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\n", c.Name, res, c.Anomalies, c.Checked, c.Duration)
+	}
+	tw.Flush()
+	for _, c := range r.Checkers {
+		if !c.OK {
+			for _, d := range c.Details {
+				fmt.Fprintf(w, "  %s: %s\n", c.Name, d)
+			}
+		}
+	}
+	verdict := "PASS"
+	if !r.OK {
+		verdict = "FAIL"
+	}
+	fmt.Fprintf(w, "chaos: %s, %d anomalies\n", verdict, r.Anomalies)
+}
