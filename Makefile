@@ -2,7 +2,7 @@ GO ?= go
 BIN := bin/quotad
 PROTOC ?= protoc
 
-.PHONY: all build run test test-short race vet proto bench bench-fair chaos chaos-long chaos-bugs clean
+.PHONY: all build run test test-short race vet proto bench bench-fair chaos chaos-long chaos-bugs chaos-docker clean
 
 all: build
 
@@ -16,7 +16,7 @@ run: build
 test:
 	$(GO) vet ./...
 	$(GO) test -timeout 15m ./...
-	$(GO) test -race -timeout 15m ./quota/... ./fsm/... ./rpc/... ./cluster/... ./client/...
+	$(GO) test -race -timeout 15m ./quota/... ./fsm/... ./rpc/... ./cluster/... ./client/... ./sched/...
 
 # chaos: the CI-sized chaos suite against real processes (every fault kind, ~5 min).
 CHAOS_DURATION ?= 4m
@@ -27,6 +27,11 @@ chaos:
 # chaos-long: the same for DURATION (default 30m).
 chaos-long:
 	QUOTAD_CHAOS=1 QUOTAD_CHAOS_REQUIRE_ALL=1 QUOTAD_CHAOS_DURATION=$(DURATION) $(GO) test -count=1 -timeout 0 -run 'TestChaos$$' -v ./chaos/
+
+# chaos-docker: the same run with one container per node (image FROM scratch, private network;
+# partitions by docker network disconnect, pauses by docker pause); skips without Docker.
+chaos-docker:
+	QUOTAD_CHAOS=1 QUOTAD_CHAOS_REQUIRE_ALL=1 QUOTAD_CHAOS_DURATION=$(CHAOS_DURATION) $(GO) test -count=1 -timeout 14m -run 'TestChaosDocker$$' -v ./chaos/
 
 # chaos-bugs: deliberately broken builds that the checkers must catch.
 chaos-bugs:
@@ -43,6 +48,17 @@ proto:
 		--go_out=. --go_opt=paths=source_relative \
 		--go-grpc_out=. --go-grpc_opt=paths=source_relative \
 		quotad/v1/quotad.proto quotad/fsm/v1/fsm.proto
+
+# bench builds quotad, starts a real 3-node cluster of separate processes (fsync on) and a
+# separate load generator using the Go client, and writes a table plus bench/results/latest.json
+# (about 5 minutes; not part of `make test`). See docs/performance.md.
+bench:
+	$(GO) run ./bench/run
+
+# bench-fair runs the fair-sharing scenarios of issue 4 against a real 3-node cluster of
+# separate processes and writes bench/results/fairness.json (about 3 minutes).
+bench-fair:
+	$(GO) run ./bench/fair
 
 clean:
 	rm -rf bin

@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -67,7 +68,14 @@ func TestChaos(t *testing.T) {
 	if os.Getenv("QUOTAD_CHAOS") != "1" {
 		t.Skip("set QUOTAD_CHAOS=1 to run the chaos suite against real quotad processes (make chaos)")
 	}
-	cfg := envConfig(t)
+	runAndReport(t, envConfig(t))
+}
+
+// runAndReport runs cfg, prints the summary and fails on anomalies (and, with
+// QUOTAD_CHAOS_REQUIRE_ALL=1, on fault kinds never injected).
+func runAndReport(t *testing.T, cfg Config) {
+	t.Helper()
+	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration+8*time.Minute)
 	defer cancel()
 	rep, err := Run(ctx, cfg)
@@ -77,10 +85,29 @@ func TestChaos(t *testing.T) {
 	var sb strings.Builder
 	PrintSummary(&sb, rep)
 	t.Log("\n" + sb.String())
+	t.Logf("wall time %v", time.Since(start).Round(time.Second))
 	if !rep.OK {
 		t.Errorf("seed %d: %d anomalies; history, node logs and porcupine visualizations are in %s", rep.Seed, rep.Anomalies, cfg.OutDir)
 	}
 	if os.Getenv("QUOTAD_CHAOS_REQUIRE_ALL") == "1" && len(rep.Missing) > 0 {
 		t.Errorf("seed %d: fault kinds never injected: %v", rep.Seed, rep.Missing)
 	}
+}
+
+// TestChaosDocker is the same run with one container per node (make chaos-docker): an image
+// FROM scratch with the static chaos binary, a private network with fixed addresses,
+// partitions by `docker network disconnect`, pauses by `docker pause`, kills by `docker kill`.
+func TestChaosDocker(t *testing.T) {
+	if os.Getenv("QUOTAD_CHAOS") != "1" {
+		t.Skip("set QUOTAD_CHAOS=1 to run the chaos suite in Docker containers (make chaos-docker)")
+	}
+	if ok, why := DockerAvailable(); !ok {
+		t.Skipf("Docker is not available: %s", why)
+	}
+	CleanupDocker() // whatever a killed earlier run left behind
+	t.Cleanup(CleanupDocker)
+	cfg := envConfig(t)
+	cfg.Docker = true
+	cfg.OutDir = filepath.Join(cfg.OutDir, "docker")
+	runAndReport(t, cfg)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"strings"
 	"time"
@@ -35,6 +34,9 @@ type nemesis struct {
 	snapshotFlags bool
 	trailingLogs  uint64
 	memberships   int
+	// bootstrap is the number of nodes that formed the cluster; later slots were added by
+	// the membership fault.
+	bootstrap int
 }
 
 // faultNames by kind; the first round injects one of every kind in random order, so a short
@@ -86,6 +88,9 @@ func (nm *nemesis) run(ctx context.Context) {
 			name = nm.cfg.Only[nm.rng.IntN(len(nm.cfg.Only))]
 		}
 		f := nm.inject(ctx, name)
+		if f.Skipped != "" && ctx.Err() != nil {
+			return // the fault period ended while it waited for a leader
+		}
 		nm.rec.addFault(f)
 		if f.Skipped != "" {
 			nm.log("nemesis: %-18s skipped: %s", name, f.Skipped)
@@ -132,7 +137,9 @@ func (nm *nemesis) inject(ctx context.Context, name string) (f Fault) {
 		f.Skipped = "no leader before the fault: " + err.Error()
 		return f
 	}
-	needHooks := f.Kind == "partition" || f.Kind == "clock" || f.Kind == "disk"
+	_, isolates := nm.c.B.(Isolator)
+	needHooks := f.Kind == "clock" || f.Kind == "disk" || name == "partition-ring" ||
+		(f.Kind == "partition" && !isolates)
 	if needHooks && !nm.c.Hooks {
 		f.Skipped = "the binary has no fault hooks (/chaos/ not served); build with -tags chaos once cmd/quotad wires chaos/faults"
 		return f
@@ -157,7 +164,7 @@ func (nm *nemesis) inject(ctx context.Context, name string) (f Fault) {
 		f.Nodes = []string{victim.ID}
 		_ = victim.Kill()
 		sleepCtx(ctx, hold/2)
-		f.Detail = errString(nm.c.Start(victim, 0))
+		f.Detail = errString(nm.c.Start(victim))
 	case "kill-all":
 		victims := nm.c.Running()
 		f.Nodes = ids(victims)
@@ -166,7 +173,7 @@ func (nm *nemesis) inject(ctx context.Context, name string) (f Fault) {
 		}
 		sleepCtx(ctx, hold/2)
 		for _, v := range victims {
-			if err := nm.c.Start(v, 0); err != nil {
+			if err := nm.c.Start(v); err != nil {
 				f.Detail += err.Error()
 			}
 		}
@@ -270,7 +277,28 @@ func (nm *nemesis) pick(k int) []*Node {
 
 // partition makes every group unable to reach the others (each node blocks every node outside
 // its group).
+//
+// A backend that isolates nodes itself (Docker: network disconnect) keeps the largest group
+// on the network and disconnects every node of the other groups, each on its own.
 func (nm *nemesis) partition(groups [][]*Node) {
+	if iso, ok := nm.c.B.(Isolator); ok {
+		big := 0
+		for i, g := range groups {
+			if len(g) > len(groups[big]) {
+				big = i
+			}
+		}
+		for i, g := range groups {
+			for _, n := range g {
+				if i != big {
+					if err := iso.Isolate(n.Index); err != nil {
+						nm.log("nemesis: isolating %s: %v", n.ID, err)
+					}
+				}
+			}
+		}
+		return
+	}
 	group := map[*Node]int{}
 	for i, g := range groups {
 		for _, n := range g {
@@ -322,6 +350,11 @@ func (nm *nemesis) ring() string {
 
 // healAll undoes hook faults of one kind (net, clock, disk or all) on every running node.
 func (nm *nemesis) healAll(what string) {
+	if iso, ok := nm.c.B.(Isolator); ok && (what == "net" || what == "all") {
+		if err := iso.Reconnect(); err != nil {
+			nm.log("nemesis: reconnecting: %v", err)
+		}
+	}
 	if !nm.c.Hooks {
 		return
 	}
@@ -350,7 +383,7 @@ func (nm *nemesis) membership(ctx context.Context, leader *Node) (nodes []string
 		return v, false
 	}
 	var extra *Node
-	for _, n := range nm.c.Nodes[3:] {
+	for _, n := range nm.c.Nodes[nm.bootstrap:] {
 		if n.Running() {
 			extra = n
 		}
@@ -361,21 +394,26 @@ func (nm *nemesis) membership(ctx context.Context, leader *Node) (nodes []string
 		if !ok {
 			return []string{extra.ID}, "", fmt.Sprintf("%s was not removed within 40s (voters %v)", extra.ID, v)
 		}
-		_ = os.RemoveAll(extra.DataDir) // next time it joins as a brand-new node
+		// Next time it joins as a brand-new node.
+		if err := extra.wipe(); err != nil {
+			return []string{extra.ID}, "", "wiping the data dir: " + err.Error()
+		}
+		extra.Removed = true
 		return []string{extra.ID}, fmt.Sprintf("removed %s; voters %v", extra.ID, v), ""
 	}
 	var n4 *Node
-	if len(nm.c.Nodes) > 3 {
-		n4 = nm.c.Nodes[3]
+	if len(nm.c.Nodes) > nm.bootstrap {
+		n4 = nm.c.Nodes[nm.bootstrap]
 	} else {
 		var err error
 		if n4, err = nm.c.AddNode(); err != nil {
 			return nil, "", err.Error()
 		}
 	}
-	if err := nm.c.Start(n4, 0); err != nil {
+	if err := nm.c.Start(n4); err != nil {
 		return nil, "", err.Error()
 	}
+	n4.Removed = false
 	v, ok := waitVoters(func(v []string) bool { return slices.Contains(v, n4.ID) }, 40*time.Second)
 	if !ok {
 		return []string{n4.ID}, "", fmt.Sprintf("%s did not become a voter within 40s (voters %v)", n4.ID, v)
@@ -394,7 +432,7 @@ func (nm *nemesis) membership(ctx context.Context, leader *Node) (nodes []string
 	_ = victim.Stop(5 * time.Second)
 	v, ok = waitVoters(func(v []string) bool { return !slices.Contains(v, victim.ID) }, 40*time.Second)
 	detail = fmt.Sprintf("added %s; removed %s (voters %v, removed=%v)", n4.ID, victim.ID, v, ok)
-	if err := nm.c.Start(victim, 0); err != nil {
+	if err := nm.c.Start(victim); err != nil {
 		detail += "; restart: " + err.Error()
 	}
 	v, ok = waitVoters(func(v []string) bool { return slices.Contains(v, victim.ID) }, 40*time.Second)
@@ -419,24 +457,37 @@ func (nm *nemesis) snapshot(ctx context.Context, leader *Node) (nodes []string, 
 		return nil, "", "follower state: " + err.Error()
 	}
 	held := st.AppliedIndex
-	if nm.c.Hooks {
+	_, isolates := nm.c.B.(Isolator)
+	canPartition := nm.c.Hooks || isolates
+	if canPartition {
 		nm.partition([][]*Node{{f}, nm.others(f)})
 	} else {
 		_ = f.Pause()
 	}
 	heal := func() {
-		if nm.c.Hooks {
+		if canPartition {
 			nm.healAll("net")
 		} else {
 			_ = f.Resume()
 		}
 	}
-	// Wait until some other node has a snapshot whose trailing logs start after held.
+	// Wait until some other node has a snapshot whose trailing logs start well after held:
+	// the margin covers entries the follower had appended but not yet applied.
+	const margin = 512
+	leaderSnaps := map[uint64]bool{}
+	record := func() {
+		for _, o := range nm.others(f) {
+			for _, idx := range o.SnapshotIndexes() {
+				leaderSnaps[idx] = true
+			}
+		}
+	}
 	deadline := time.Now().Add(60 * time.Second)
 	compacted := false
 	for !compacted && time.Now().Before(deadline) && ctx.Err() == nil {
-		for _, o := range nm.others(f) {
-			if idx := o.SnapshotIndexes(); len(idx) > 0 && idx[len(idx)-1] > held+nm.trailingLogs+1 {
+		record()
+		for idx := range leaderSnaps {
+			if idx > held+nm.trailingLogs+margin {
 				compacted = true
 			}
 		}
@@ -446,15 +497,19 @@ func (nm *nemesis) snapshot(ctx context.Context, leader *Node) (nodes []string, 
 	if !compacted {
 		return []string{f.ID}, "", fmt.Sprintf("the log was not compacted past index %d within 60s", held)
 	}
-	// Caught up means it restored a snapshot newer than what it held.
+	// Caught up by a snapshot install: the follower now has a snapshot at exactly the index
+	// of one the others took (one it took itself would sit at its own applied index).
 	deadline = time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
-		if idx := f.SnapshotIndexes(); len(idx) > 0 && idx[len(idx)-1] > held {
-			return []string{f.ID}, fmt.Sprintf("held at %d; installed snapshot at %d", held, idx[len(idx)-1]), ""
+		record()
+		for _, idx := range f.SnapshotIndexes() {
+			if idx > held && leaderSnaps[idx] {
+				return []string{f.ID}, fmt.Sprintf("held at %d; installed snapshot at %d", held, idx), ""
+			}
 		}
-		time.Sleep(250 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond)
 	}
-	return []string{f.ID}, fmt.Sprintf("held at %d; no newer snapshot on the follower within 30s", held), ""
+	return []string{f.ID}, "", fmt.Sprintf("held at %d; no snapshot installed on the follower within 30s (has %v)", held, f.SnapshotIndexes())
 }
 
 func newRand(seed int64) *rand.Rand { return rand.New(rand.NewPCG(uint64(seed), 0x6e656d)) }

@@ -1,13 +1,18 @@
 package chaos
 
 import (
+	"bytes"
 	"context"
+	"debug/elf"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/quotad/quotad/internal/proccluster"
 )
 
 // plantedBug is a deliberately broken build and the checkers that must catch it.
@@ -71,13 +76,50 @@ func tagImplemented(t *testing.T, root, tag string) bool {
 	return found
 }
 
+// tagChangesBinary reports whether building with tag changes the machine code: it compares
+// the .text of reproducible builds (-trimpath, no VCS stamp, empty build ID) with tags
+// "chaos,<tag>" and "chaos,<as many x>" (the build info records the tags, so an equally long
+// dummy keeps every address in place). Equal code proves the tag's files exist but nothing
+// uses them yet: such a "planted bug" cannot be caught, and a chaos run against it would only
+// waste minutes. (Different code does not prove the bug is wired: the linker may just keep an
+// extra method.)
+func tagChangesBinary(t *testing.T, root, tag string) bool {
+	t.Helper()
+	dir := t.TempDir()
+	build := func(out, tags string) []byte {
+		cmd := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-ldflags=-buildid=", "-tags", tags, "-o", out, "./cmd/quotad")
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if msg, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go build -tags %s: %v\n%s", tags, err, msg)
+		}
+		f, err := elf.Open(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		sec := f.Section(".text")
+		if sec == nil {
+			t.Fatalf("%s has no .text section", out)
+		}
+		b, err := sec.Data()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	plain := build(filepath.Join(dir, "plain"), "chaos,"+strings.Repeat("x", len(tag)))
+	bug := build(filepath.Join(dir, "bug"), "chaos,"+tag)
+	return !bytes.Equal(plain, bug)
+}
+
 // TestPlantedBugs runs a short chaos scenario against each broken build and expects its
 // anomaly: the proof that the checkers can fail on a real cluster.
 func TestPlantedBugs(t *testing.T) {
 	if os.Getenv("QUOTAD_CHAOS") != "1" {
 		t.Skip("set QUOTAD_CHAOS=1 to run the planted-bug builds (make chaos-bugs)")
 	}
-	root, err := ModuleRoot()
+	root, err := proccluster.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,6 +127,10 @@ func TestPlantedBugs(t *testing.T) {
 		t.Run(bug.tag, func(t *testing.T) {
 			if !tagImplemented(t, root, bug.tag) {
 				t.Skipf("no file outside chaos/ has a //go:build line with %s yet; it should make: %s", bug.tag, bug.behaviour)
+			}
+			if !tagChangesBinary(t, root, bug.tag) {
+				t.Fatalf("-tags chaos,%s builds the same machine code as -tags chaos: the tag's files exist but nothing "+
+					"uses them, so there is no bug to catch yet; it should make: %s", bug.tag, bug.behaviour)
 			}
 			cfg := envConfig(t)
 			cfg.Tags = "chaos," + bug.tag

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/quotad/quotad/client"
+	"github.com/quotad/quotad/internal/proccluster"
 )
 
 // Config configures one chaos run.
@@ -24,7 +25,9 @@ type Config struct {
 	Quiet    time.Duration // load after the final heal
 	Floor    float64       // decisions per second before the first fault
 	OutDir   string        // report, history and logs go here
-	Tags     string        // build tags of the binary (default "chaos")
+	Tags     string        // build tags of the binary, comma-separated (default "chaos")
+	// Docker runs one container per node (image FROM scratch) instead of processes.
+	Docker bool
 	// BinaryPath, if set, is used instead of building.
 	BinaryPath string
 	Workload   WorkloadConfig
@@ -50,6 +53,7 @@ type Report struct {
 	Seed      int64          `json:"seed"`
 	Nodes     int            `json:"nodes"`
 	Binary    string         `json:"binary"`
+	Backend   string         `json:"backend"`
 	Notes     []string       `json:"notes,omitempty"`
 	Duration  string         `json:"duration"`
 	Ops       int            `json:"ops"`
@@ -80,20 +84,22 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	logf("chaos: seed %d (rerun with QUOTAD_CHAOS_SEED=%d), %d nodes, faults for %v", cfg.Seed, cfg.Seed, cfg.Nodes, cfg.Duration)
 
 	rep := &Report{Seed: cfg.Seed, Nodes: cfg.Nodes, Faults: map[string]int{}}
-	bin := &Binary{Path: cfg.BinaryPath, Tags: cfg.Tags}
+	bin := &proccluster.Binary{Path: cfg.BinaryPath, Tags: splitTags(cfg.Tags)}
 	if cfg.BinaryPath == "" {
-		root, err := ModuleRoot()
+		root, err := proccluster.ModuleRoot()
 		if err != nil {
 			return nil, err
 		}
-		if bin, err = BuildBinary(root, work, cfg.Tags, true); err != nil {
+		if bin, err = proccluster.BuildBinary(root, work, splitTags(cfg.Tags), true); err != nil {
 			return nil, err
 		}
+	} else {
+		bin.Flags = proccluster.AgentFlags(bin.Path)
 	}
-	rep.Binary = bin.Path + " tags=" + bin.Tags
-	if bin.BuildNote != "" {
-		rep.Notes = append(rep.Notes, bin.BuildNote)
-		logf("chaos: %s", bin.BuildNote)
+	rep.Binary = bin.Path + " tags=" + strings.Join(bin.Tags, ",")
+	if bin.Note != "" {
+		rep.Notes = append(rep.Notes, bin.Note+" (no in-binary fault hooks)")
+		logf("chaos: %s", bin.Note)
 	}
 	extra := []string{"--dead-node-timeout", "5s", "--min-voters", "3"}
 	snapshotFlags := bin.Flags["snapshot-threshold"] && bin.Flags["trailing-logs"]
@@ -108,24 +114,38 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	logDir := filepath.Join(cfg.OutDir, "nodes")
 	_ = os.RemoveAll(logDir)
-	c, err := NewCluster(bin, work, logDir, LimitsYAML, cfg.Nodes, extra)
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		return nil, err
+	}
+	limitsFile := filepath.Join(work, "limits.yaml")
+	if err := os.WriteFile(limitsFile, []byte(LimitsYAML), 0o644); err != nil {
+		return nil, err
+	}
+	var b Backend
+	if cfg.Docker {
+		b, err = startContainers(ctx, bin, work, logDir, limitsFile, cfg.Nodes, extra, logf)
+	} else {
+		b, err = startProcesses(bin, work, logDir, limitsFile, cfg.Nodes, extra)
+	}
 	if err != nil {
 		return nil, err
 	}
+	rep.Backend = b.Name()
+	c := NewCluster(b)
 	defer c.Close()
-	for _, n := range c.Nodes {
-		if err := c.Start(n, cfg.Nodes); err != nil {
-			return nil, err
-		}
-	}
 	if _, err := c.Leader(ctx, 60*time.Second); err != nil {
-		return nil, fmt.Errorf("cluster did not come up: %w (logs in %s)", err, logDir)
+		hint := ""
+		if cfg.Docker {
+			c.Close() // collects the container logs
+			hint = "; the test process must reach the containers' addresses directly (Linux, local daemon)"
+		}
+		return nil, fmt.Errorf("cluster did not come up: %w (logs in %s%s)", err, logDir, hint)
 	}
 	c.Hooks = c.probeHooks(c.Nodes[0])
 	if !c.Hooks {
 		rep.Notes = append(rep.Notes, "no /chaos/ fault hooks in the binary: partition, clock and disk faults skipped")
 	}
-	logf("chaos: cluster up (hooks=%v, snapshot flags=%v)", c.Hooks, snapshotFlags)
+	logf("chaos: %s cluster up (hooks=%v, snapshot flags=%v)", b.Name(), c.Hooks, snapshotFlags)
 
 	rec := newRecorder(cfg.Seed)
 	wl, err := newWorkload(cfg.Workload, c, rec, cfg.Seed)
@@ -141,7 +161,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	nemCtx, stopNem := context.WithTimeout(ctx, cfg.Duration)
 	nm := &nemesis{cfg: cfg.Nemesis, c: c, rec: rec, log: logf, snapshotFlags: snapshotFlags, trailingLogs: trailing,
-		rng: newRand(cfg.Seed)}
+		rng: newRand(cfg.Seed), bootstrap: cfg.Nodes}
 	nm.run(nemCtx)
 	stopNem()
 
@@ -152,7 +172,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 	for _, n := range c.Nodes[:cfg.Nodes] {
-		_ = c.Start(n, 0)
+		_ = c.Start(n)
 	}
 	nm.healAll("all")
 	if _, err := c.Leader(ctx, 60*time.Second); err != nil {
@@ -180,8 +200,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		_ = n.Kill()
 	}
 	for _, n := range c.Nodes {
-		if n.starts > 0 && (n.ID <= fmt.Sprintf("n%d", cfg.Nodes) || fileExists(n.DataDir)) {
-			_ = c.Start(n, 0)
+		if n.Starts() > 0 && !n.Removed {
+			_ = c.Start(n)
 		}
 	}
 	if _, err := c.Leader(ctx, 60*time.Second); err != nil {
@@ -252,7 +272,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	return rep, nil
 }
 
-func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
+func splitTags(s string) []string {
+	var out []string
+	for _, t := range strings.Split(s, ",") {
+		if t = strings.TrimSpace(t); t != "" {
+			out = append(out, t)
+		}
+	}
+	return out
+}
 
 func writeJSON(path string, v any) error {
 	b, err := json.MarshalIndent(v, "", "  ")

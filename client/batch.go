@@ -26,16 +26,20 @@ type result struct {
 	err error
 }
 
-// batcher coalesces admissions from concurrent callers into Acquire RPCs: the first admission
-// of a batch opens a window of cfg.Window; the batch is sent when the window closes or it
-// reaches cfg.MaxSize. Batches are sent concurrently; each caller gets its own decision.
+// batcher coalesces admissions from concurrent callers into Acquire RPCs. When no batch is in
+// flight an admission is sent at once (with whatever else is already queued); otherwise the
+// first admission of a batch opens a window of cfg.Window, and the batch is sent when the
+// window closes or it reaches cfg.MaxSize. Batches are sent concurrently; each caller gets its
+// own decision.
 type batcher struct {
 	c       *Client
 	in      chan *pending
 	window  time.Duration
 	maxSize int
-	stop    chan struct{}
-	stopped chan struct{}
+	// inflight counts batches being sent.
+	inflight atomic.Int64
+	stop     chan struct{}
+	stopped  chan struct{}
 }
 
 func newBatcher(c *Client, cfg BatchConfig) *batcher {
@@ -64,26 +68,49 @@ func (b *batcher) run() {
 		}
 		batch := make([]*pending, 1, b.maxSize)
 		batch[0] = first
-		timer.Reset(b.window)
-	collect:
+	drain: // whatever is already waiting goes along at no cost
 		for len(batch) < b.maxSize {
 			select {
 			case p := <-b.in:
 				batch = append(batch, p)
-			case <-timer.C:
-				break collect
-			case <-b.stop:
-				break collect
+			default:
+				break drain
 			}
 		}
-		timer.Stop()
-		go b.send(batch)
+		// Only hold the batch open for the window while another batch is on the wire: a
+		// lone caller (nothing in flight) is sent at once and pays no window, while under
+		// load batches fill up during the round trip of the previous ones.
+		if b.inflight.Load() > 0 && len(batch) < b.maxSize {
+			timer.Reset(b.window)
+		collect:
+			for len(batch) < b.maxSize {
+				select {
+				case p := <-b.in:
+					batch = append(batch, p)
+				case <-timer.C:
+					break collect
+				case <-b.stop:
+					break collect
+				}
+			}
+			timer.Stop()
+		}
+		b.inflight.Add(1)
+		go func() {
+			defer b.inflight.Add(-1)
+			b.send(batch)
+		}()
 	}
 }
 
 // submit queues adm and waits for its decision or for ctx to end.
 func (b *batcher) submit(ctx context.Context, adm *quotadv1.Admission) (*quotadv1.Decision, time.Time, error) {
 	p := &pending{ctx: ctx, adm: adm, done: make(chan result, 1)}
+	select {
+	case <-b.c.closing:
+		return nil, time.Time{}, ErrClosed
+	default:
+	}
 	select {
 	case b.in <- p:
 	case <-ctx.Done():
@@ -98,11 +125,21 @@ func (b *batcher) submit(ctx context.Context, adm *quotadv1.Admission) (*quotadv
 			return nil, time.Time{}, b.c.unavailable("Acquire", 1, r.err, ctx.Err())
 		}
 		return r.d, r.at, r.err
-	case <-ctx.Done():
-		// The answer may have arrived in the same instant; prefer it.
+	case <-b.stopped:
+		// Closed while queued: the batcher will never take it.
 		select {
 		case r := <-p.done:
 			return r.d, r.at, r.err
+		case <-time.After(10 * time.Millisecond):
+		}
+		return nil, time.Time{}, ErrClosed
+	case <-ctx.Done():
+		// A decision may have arrived in the same instant; prefer it.
+		select {
+		case r := <-p.done:
+			if r.err == nil {
+				return r.d, r.at, nil
+			}
 		default:
 		}
 		return nil, time.Time{}, b.c.unavailable("Acquire", 1, nil, ctx.Err())

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -174,9 +175,17 @@ func (c *Client) Allow(ctx context.Context, req Request) (Decision, error) {
 // at Decision.RetryAt instead of holding a goroutine.
 //
 // Errors are as for Allow. A denial that ended because ctx ended wraps ctx's error too.
+//
+// Unless req.MaxWait is set, each admission asks the leader to queue it (MaxWait from ctx's
+// deadline, at most MaxServerWait): the leader's fair scheduler then hands it the next unit
+// its tenant is entitled to, which is both sooner and fairer than sleeping and asking again.
 func (c *Client) Wait(ctx context.Context, req Request) (Decision, error) {
 	for denials := 0; ; denials++ {
-		d, err := c.Allow(ctx, req)
+		r := req
+		if r.MaxWait == 0 {
+			r.MaxWait = serverWait(ctx)
+		}
+		d, err := c.Allow(ctx, r)
 		if err == nil || !errors.Is(err, ErrDenied) || !transient(d.Reason) {
 			return d, err
 		}
@@ -193,13 +202,37 @@ func (c *Client) Wait(ctx context.Context, req Request) (Decision, error) {
 	}
 }
 
+// MaxServerWait caps how long Wait lets the leader queue one admission; after it Wait asks
+// again (the leader's queues are soft state, so a bounded wait also bounds what a leader
+// change can cost).
+const MaxServerWait = 30 * time.Second
+
+// serverWait is the max wait Wait asks the leader for: until shortly before ctx's deadline,
+// so the answer arrives in time (0: the deadline is too close to queue at all).
+func serverWait(ctx context.Context) time.Duration {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return MaxServerWait
+	}
+	left := time.Until(dl)
+	w := left - min(max(left/10, 20*time.Millisecond), time.Second)
+	if w < time.Millisecond {
+		return 0
+	}
+	return min(w, MaxServerWait)
+}
+
 // waitAfterDenial is how long Wait sleeps after its n-th consecutive denial (0-based). With a
 // RetryAfter it is that plus up to 20% (so waiters do not all return at once); without one
 // (a concurrency permit returns when its holder releases it, which nobody can foresee) it is
 // the client's backoff with equal jitter, so waiters poll gently instead of spinning.
 func waitAfterDenial(d Decision, n int, b BackoffConfig) time.Duration {
 	if d.RetryAfter > 0 {
-		return d.RetryAfter + time.Duration(rand.Int64N(int64(d.RetryAfter/5)+int64(time.Millisecond)))
+		jitter := time.Duration(rand.Int64N(int64(d.RetryAfter/5) + int64(time.Millisecond)))
+		if d.RetryAfter > math.MaxInt64-jitter {
+			return d.RetryAfter
+		}
+		return d.RetryAfter + jitter
 	}
 	ceil := b.delayCeil(n)
 	return ceil/2 + time.Duration(rand.Int64N(int64(ceil/2)+1))
@@ -293,11 +326,11 @@ func (c *Client) Status(ctx context.Context, domain string, descriptors ...Entry
 			Limit:       b.GetLimit(),
 			Burst:       b.GetBurst(),
 			Remaining:   b.GetRemaining(),
-			ResetAfter:  time.Duration(b.GetResetAfterMs()) * time.Millisecond,
+			ResetAfter:  millis(b.GetResetAfterMs()),
 			InFlight:    b.GetInFlight(),
 			MaxInFlight: b.GetMaxInFlight(),
-			PausedFor:   time.Duration(b.GetPausedForMs()) * time.Millisecond,
-			Window:      time.Duration(b.GetWindowMs()) * time.Millisecond,
+			PausedFor:   millis(b.GetPausedForMs()),
+			Window:      millis(b.GetWindowMs()),
 		})
 	}
 	return s, nil
@@ -332,5 +365,6 @@ func (c *Client) Feedback(ctx context.Context, f Feedback) (FeedbackResult, erro
 	if err != nil {
 		return FeedbackResult{}, err
 	}
-	return FeedbackResult{PausedFor: time.Duration(resp.GetPausedForMs()) * time.Millisecond, Scope: resp.GetScope()}, nil
+	return FeedbackResult{PausedFor: millis(resp.GetPausedForMs()), Scope: resp.GetScope(),
+		Attributed: resp.GetAttributed(), Decreased: resp.GetDecreased(), Limit: resp.GetLimit()}, nil
 }

@@ -17,9 +17,14 @@ const (
 	DefaultBackoffMax     = time.Second
 	DefaultBackoffFactor  = 2.0
 	DefaultAttemptTimeout = 2 * time.Second
+)
+
+const (
+	// maxAdmissionsPerBatch keeps batches well under the server's per-call cap.
 	maxAdmissionsPerBatch = 4096
 	minLeaseRenewInterval = 10 * time.Millisecond
-	leaderHeader          = "x-quotad-leader"
+	// leaderHeader is the response metadata key naming the leader's gRPC address.
+	leaderHeader = "x-quotad-leader"
 )
 
 // Config configures a Client. The zero value of every field except Addrs is usable: New fills
@@ -63,8 +68,9 @@ type Config struct {
 type BatchConfig struct {
 	// Disabled sends every admission in its own Acquire RPC.
 	Disabled bool
-	// Window is how long the first admission of a batch waits for others to join it
-	// (default DefaultBatchWindow). It is the latency batching adds to a lone caller.
+	// Window is how long the first admission of a batch waits for others to join it while
+	// another batch is in flight (default DefaultBatchWindow). With nothing in flight an
+	// admission is sent at once, so a lone caller pays no window.
 	Window time.Duration
 	// MaxSize sends a batch as soon as it holds this many admissions (default
 	// DefaultBatchMaxSize, at most 4096).

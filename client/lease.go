@@ -132,7 +132,7 @@ func (l *Lease) renew() {
 		}
 		switch {
 		case err == nil:
-			if got := time.Duration(resp.GetLeaseTtlMs()) * time.Millisecond; got > 0 {
+			if got := millis(resp.GetLeaseTtlMs()); got > 0 {
 				ttl = got
 			}
 			expires = sent.Add(ttl)

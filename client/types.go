@@ -2,6 +2,7 @@ package client
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
@@ -156,11 +157,11 @@ func decisionFromProto(p *quotadv1.Decision, requestID uint64, at time.Time) Dec
 		Scope:      p.GetScope(),
 		Limit:      p.GetLimit(),
 		Remaining:  p.GetRemaining(),
-		Window:     time.Duration(p.GetWindowMs()) * time.Millisecond,
-		ResetAfter: time.Duration(p.GetResetAfterMs()) * time.Millisecond,
-		RetryAfter: time.Duration(p.GetRetryAfterMs()) * time.Millisecond,
+		Window:     millis(p.GetWindowMs()),
+		ResetAfter: millis(p.GetResetAfterMs()),
+		RetryAfter: millis(p.GetRetryAfterMs()),
 		LeaseID:    p.GetLeaseId(),
-		LeaseTTL:   time.Duration(p.GetLeaseTtlMs()) * time.Millisecond,
+		LeaseTTL:   millis(p.GetLeaseTtlMs()),
 		Message:    p.GetMessage(),
 		RequestID:  requestID,
 		At:         at,
@@ -222,6 +223,13 @@ type FeedbackResult struct {
 	PausedFor time.Duration
 	// Scope is the paused level ("domain" or a descriptor key).
 	Scope string
+	// Attributed: the cluster counted the report against Scope. A 429 without a reason for a
+	// whole domain is not assumed global: it is not attributed and pauses nothing.
+	Attributed bool
+	// Decreased: Scope's adaptive rate was lowered (confirmed rate limiting).
+	Decreased bool
+	// Limit is Scope's effective requests_per_unit when it is adaptive, else 0.
+	Limit uint64
 }
 
 func entriesToProto(es []Entry) []*quotadv1.Entry {
@@ -240,5 +248,21 @@ func durationMillisCeil(d time.Duration) int64 {
 	if d <= 0 {
 		return 0
 	}
-	return int64((d + time.Millisecond - 1) / time.Millisecond)
+	ms := int64(d / time.Millisecond)
+	if d%time.Millisecond != 0 {
+		ms++
+	}
+	return ms
+}
+
+// millis converts a duration in milliseconds from the cluster, saturating instead of
+// overflowing (a cluster may say "never" with a huge value) and treating negatives as 0.
+func millis(ms int64) time.Duration {
+	switch {
+	case ms <= 0:
+		return 0
+	case ms > math.MaxInt64/int64(time.Millisecond):
+		return time.Duration(math.MaxInt64)
+	}
+	return time.Duration(ms) * time.Millisecond
 }

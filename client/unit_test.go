@@ -5,6 +5,7 @@ import (
 
 	"errors"
 	"go.uber.org/goleak"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -182,5 +183,23 @@ func TestUnavailableAndCloseLeakNothing(t *testing.T) {
 		if _, err := c.Allow(context.Background(), Request{Domain: "d"}); !errors.Is(err, ErrClosed) {
 			t.Errorf("Allow after Close: %v, want ErrClosed", err)
 		}
+	}
+}
+
+func TestDurationsFromClusterSaturate(t *testing.T) {
+	for _, tc := range []struct {
+		ms   int64
+		want time.Duration
+	}{{-5, 0}, {0, 0}, {1500, 1500 * time.Millisecond}, {math.MaxInt64, time.Duration(math.MaxInt64)}, {math.MaxInt64/1_000_000 + 1, time.Duration(math.MaxInt64)}} {
+		if got := millis(tc.ms); got != tc.want {
+			t.Errorf("millis(%d) = %v, want %v", tc.ms, got, tc.want)
+		}
+	}
+	d := Decision{RetryAfter: time.Duration(math.MaxInt64)}
+	if w := waitAfterDenial(d, 0, DefaultConfig().withDefaults().Backoff); w <= 0 {
+		t.Errorf("wait after a 'never' denial = %v; must not overflow", w)
+	}
+	if got := durationMillisCeil(time.Duration(math.MaxInt64)); got <= 0 {
+		t.Errorf("durationMillisCeil(max) = %d", got)
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -433,8 +435,8 @@ func TestConfigValidate(t *testing.T) {
 		{"bad raft addr", func(c *cluster.Config) { c.RaftAddr = "nohost" }, `RaftAddr "nohost"`},
 		{"no raft host", func(c *cluster.Config) { c.RaftAddr = ":8300" }, `RaftAddr ":8300" has no host`},
 		{"bad join", func(c *cluster.Config) { c.Join = []string{"a:1", "b"} }, `Join[1] "b"`},
-		{"lease", func(c *cluster.Config) { c.LeaderLeaseTimeout = 2 * time.Second }, "LeaderLeaseTimeout 2s must be <= HeartbeatTimeout 600ms"},
-		{"election", func(c *cluster.Config) { c.ElectionTimeout = 500 * time.Millisecond }, "ElectionTimeout 500ms must be >= HeartbeatTimeout 600ms"},
+		{"lease", func(c *cluster.Config) { c.LeaderLeaseTimeout = 2 * time.Second }, "LeaderLeaseTimeout 2s must be <= HeartbeatTimeout 500ms"},
+		{"election", func(c *cluster.Config) { c.ElectionTimeout = 400 * time.Millisecond }, "ElectionTimeout 400ms must be >= HeartbeatTimeout 500ms"},
 		{"append", func(c *cluster.Config) { c.MaxAppendEntries = 2048 }, "MaxAppendEntries 2048"},
 		{"tick", func(c *cluster.Config) { c.TickInterval = 0 }, "TickInterval 0s must be positive"},
 		{"voters", func(c *cluster.Config) { c.MinVoters = 0 }, "MinVoters 0"},
@@ -448,5 +450,66 @@ func TestConfigValidate(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: Validate() = %v, want it to mention %q", tc.name, err, tc.want)
 		}
+	}
+}
+
+func TestRestartWithoutJoinUsesSavedPeers(t *testing.T) {
+	t.Parallel()
+	var noJoin sync.Map // node index -> true: start without a Join list
+	c := clustertest.Start(t, 3, newCounterFSM, clustertest.WithConfig(func(i int, cfg *cluster.Config) {
+		if _, ok := noJoin.Load(i); ok {
+			cfg.Join = nil
+		}
+	}))
+	li := c.WaitLeader(leaderTimeout)
+	fi := (li + 1) % 3
+	// Wait until fi has seen (and saved) both peers.
+	clustertest.Eventually(t, 5*time.Second, func() error {
+		alive := 0
+		for _, m := range c.Node(fi).Members() {
+			if m.State == cluster.StateFollower || m.State == cluster.StateLeader {
+				alive++
+			}
+		}
+		if alive != 3 {
+			return fmt.Errorf("node%d sees %d alive members", fi, alive)
+		}
+		return nil
+	})
+	clustertest.Eventually(t, 5*time.Second, func() error {
+		b, err := os.ReadFile(filepath.Join(c.Config(fi).DataDir, "gossip-peers.json"))
+		if err != nil || strings.Count(string(b), ":") != 2 {
+			return fmt.Errorf("saved peers %q, %v", b, err)
+		}
+		return nil
+	})
+	c.Kill(fi)
+	noJoin.Store(fi, true)
+	c.Restart(fi)
+	clustertest.Eventually(t, 10*time.Second, func() error {
+		for _, m := range c.Node(fi).Members() {
+			if m.State != cluster.StateFollower && m.State != cluster.StateLeader {
+				return fmt.Errorf("restarted node%d sees %s as %s", fi, m.ID, m.State)
+			}
+		}
+		return nil
+	})
+}
+
+func TestDataDirBelongsToOneID(t *testing.T) {
+	cfg := clustertest.TestConfig(t, "a")
+	cfg.BootstrapExpect = 1
+	cfg.MinVoters = 1
+	n, err := cluster.NewNode(cfg, newCounterFSM())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	cfg.ID = "b"
+	_, err = cluster.NewNode(cfg, newCounterFSM())
+	if err == nil || !strings.Contains(err.Error(), `belongs to node "a", not "b"`) {
+		t.Fatalf("NewNode with another node's data dir: %v", err)
 	}
 }

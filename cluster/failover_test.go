@@ -101,8 +101,10 @@ func TestFailoverTimes(t *testing.T) {
 		li = c.WaitLeader(leaderTimeout)
 		start := time.Now()
 		c.Kill(li)
-		c.WaitLeader(10 * time.Second)
+		ni := c.WaitLeader(10 * time.Second)
 		took = append(took, time.Since(start))
+		t.Logf("trial %d: node%d killed, node%d leads (term %d) after %s", len(took), li, ni,
+			c.Node(ni).Raft().CurrentTerm(), took[len(took)-1].Round(time.Millisecond))
 		c.Restart(li)
 		// let the restarted node catch up before the next kill
 		clustertest.Eventually(t, 10*time.Second, func() error {

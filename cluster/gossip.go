@@ -2,11 +2,13 @@ package cluster
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -40,6 +42,8 @@ type peer struct {
 type gossipState struct {
 	mu    sync.Mutex
 	peers map[string]*peer // by ID (memberlist node name)
+
+	selfConflict atomic.Int64 // UnixNano of the last conflict about our own name
 
 	metaMu sync.Mutex
 	meta   nodeMeta
@@ -83,6 +87,7 @@ func (n *Node) startGossip() error {
 	mc.Logger = newStdLogger(n.log, "memberlist", n.cfg.LibraryLogLevel)
 	mc.Delegate = gossipDelegate{n}
 	mc.Events = gossipEvents{n}
+	mc.Conflict = gossipEvents{n}
 	ml, err := memberlist.Create(mc)
 	if err != nil {
 		return fmt.Errorf("cluster: start gossip on %q: %w", n.cfg.GossipAddr, err)
@@ -110,9 +115,30 @@ func (n *Node) setMeta(update func(*nodeMeta)) (changed bool) {
 	return true
 }
 
-// metaLoop re-advertises the applied index and whether this node has Raft state.
+// metaLoop re-advertises the applied index and whether this node has Raft state, and
+// saves the other members' gossip addresses for the next start.
 func (n *Node) metaLoop() {
+	var (
+		saved      []string
+		lastRejoin time.Time
+	)
 	for n.sleepCtx(n.cfg.MetaInterval) {
+		// Restarted on a new address: peers ignore our alive messages until they declared
+		// the old address dead (DeadNodeReclaimTime later); re-join so they hear us then
+		// rather than at the next push-pull.
+		if c := n.gossip.selfConflict.Load(); c != 0 && time.Since(time.Unix(0, c)) < 5*time.Second &&
+			time.Since(lastRejoin) >= time.Second {
+			lastRejoin = time.Now()
+			if addrs := n.alivePeerAddrs(); len(addrs) > 0 {
+				_, _ = n.ml.Join(addrs)
+			}
+		}
+		if addrs := n.alivePeerAddrs(); len(addrs) > 0 && !slices.Equal(addrs, saved) {
+			if err := saveGossipPeers(n.cfg.DataDir, addrs); err != nil {
+				n.log.Warn("saving gossip peers", "err", err)
+			}
+			saved = addrs
+		}
 		changed := n.setMeta(func(m *nodeMeta) {
 			m.Applied = n.fsm.AppliedIndex()
 			m.HasState = m.HasState || n.raft.LastIndex() > 0
@@ -125,17 +151,19 @@ func (n *Node) metaLoop() {
 	}
 }
 
-// joinLoop joins the configured gossip addresses, retrying with backoff until one answers.
-func (n *Node) joinLoop() {
+// joinAddrs is Config.Join plus the gossip addresses saved at the last run, minus our own.
+func (n *Node) joinAddrs() []string {
 	var addrs []string
-	for _, a := range n.cfg.Join {
-		if a != n.gossipAddr && a != n.cfg.GossipAddr {
+	for _, a := range append(slices.Clone(n.cfg.Join), loadGossipPeers(n.cfg.DataDir)...) {
+		if a != n.gossipAddr && a != n.cfg.GossipAddr && !slices.Contains(addrs, a) {
 			addrs = append(addrs, a)
 		}
 	}
-	if len(addrs) == 0 {
-		return
-	}
+	return addrs
+}
+
+// joinLoop joins the given gossip addresses, retrying with backoff until one answers.
+func (n *Node) joinLoop(addrs []string) {
 	backoff := n.cfg.JoinRetryMin
 	for attempt := 1; ; attempt++ {
 		k, err := n.ml.Join(addrs)
@@ -170,27 +198,36 @@ func (n *Node) bootstrapLoop() {
 		if n.raft.LastIndex() > 0 {
 			return
 		}
-		members := n.ml.Members()
+		// Read members from our own peer map: memberlist.Members returns nodes it keeps
+		// mutating, so reading their Meta races.
+		peers := n.peersSnapshot()
+		ids := make([]string, 0, len(peers))
+		for id, p := range peers {
+			if p.alive {
+				ids = append(ids, id)
+			}
+		}
+		slices.Sort(ids)
 		var servers []raft.Server
-		for _, m := range members {
-			var meta nodeMeta
-			if err := json.Unmarshal(m.Meta, &meta); err != nil || meta.Raft == "" {
+		for _, id := range ids {
+			meta := peers[id].meta
+			if meta.Raft == "" {
 				continue
 			}
-			if meta.HasState && m.Name != n.cfg.ID {
-				n.log.Info("existing cluster seen in gossip; not bootstrapping", "member", m.Name)
+			if meta.HasState && id != n.cfg.ID {
+				n.log.Info("existing cluster seen in gossip; not bootstrapping", "member", id)
 				return
 			}
 			if meta.Expect != n.cfg.BootstrapExpect {
 				if !warned {
 					n.log.Warn("gossip member has a different bootstrap-expect; not bootstrapping",
-						"member", m.Name, "theirs", meta.Expect, "ours", n.cfg.BootstrapExpect)
+						"member", id, "theirs", meta.Expect, "ours", n.cfg.BootstrapExpect)
 					warned = true
 				}
 				servers = nil
 				break
 			}
-			servers = append(servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(m.Name), Address: raft.ServerAddress(meta.Raft)})
+			servers = append(servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(id), Address: raft.ServerAddress(meta.Raft)})
 		}
 		if len(servers) != n.cfg.BootstrapExpect {
 			if len(servers) > n.cfg.BootstrapExpect && !warned {
@@ -200,11 +237,8 @@ func (n *Node) bootstrapLoop() {
 			}
 			continue
 		}
-		slices.SortFunc(servers, func(a, b raft.Server) int {
-			return compareStrings(string(a.ID), string(b.ID))
-		})
-		err := n.raft.BootstrapCluster(raft.Configuration{Servers: servers}).Error()
-		if err != nil && err != raft.ErrCantBootstrap {
+		err := n.wait(n.ctx, n.raft.BootstrapCluster(raft.Configuration{Servers: servers}))
+		if err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
 			n.log.Warn("bootstrap failed; retrying", "err", err)
 			continue
 		}
@@ -213,16 +247,6 @@ func (n *Node) bootstrapLoop() {
 		_ = n.ml.UpdateNode(n.cfg.MetaInterval)
 		return
 	}
-}
-
-func compareStrings(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func (n *Node) triggerReconcile() {
@@ -259,6 +283,14 @@ type gossipEvents struct{ n *Node }
 func (e gossipEvents) NotifyJoin(m *memberlist.Node)   { e.n.onGossip(m, true) }
 func (e gossipEvents) NotifyLeave(m *memberlist.Node)  { e.n.onGossip(m, false) }
 func (e gossipEvents) NotifyUpdate(m *memberlist.Node) { e.n.onGossip(m, true) }
+
+// NotifyConflict: another address claims a member's name. About ourselves it means we
+// restarted on a new address and peers still hold the old one.
+func (e gossipEvents) NotifyConflict(existing, other *memberlist.Node) {
+	if existing.Name == e.n.cfg.ID {
+		e.n.gossip.selfConflict.Store(time.Now().UnixNano())
+	}
+}
 
 func (n *Node) onGossip(m *memberlist.Node, alive bool) {
 	var meta nodeMeta

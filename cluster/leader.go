@@ -69,7 +69,7 @@ func (n *Node) leaderTerm(ctx context.Context) {
 	// The barrier makes the FSM apply everything committed before this term, so base is
 	// at least every timestamp any earlier leader got committed.
 	for {
-		err := n.raft.Barrier(n.cfg.ElectionTimeout).Error()
+		err := n.wait(ctx, n.raft.Barrier(n.cfg.ElectionTimeout))
 		if err == nil {
 			break
 		}

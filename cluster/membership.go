@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"slices"
 	"strings"
 	"time"
@@ -38,7 +39,7 @@ const (
 // Members returns every node in the Raft configuration or alive in gossip, sorted by ID.
 func (n *Node) Members() []Member {
 	var servers []raft.Server
-	if cf := n.raft.GetConfiguration(); cf.Error() == nil {
+	if cf := n.raft.GetConfiguration(); n.wait(context.Background(), cf) == nil {
 		servers = cf.Configuration().Servers
 	}
 	peers := n.peersSnapshot()
@@ -130,7 +131,7 @@ type reconciler struct {
 
 func (n *Node) reconcile(r *reconciler) {
 	cf := n.raft.GetConfiguration()
-	if err := cf.Error(); err != nil {
+	if err := n.wait(n.ctx, cf); err != nil {
 		n.log.Warn("reconcile: read configuration", "err", err)
 		return
 	}
@@ -189,7 +190,7 @@ func (n *Node) reconcile(r *reconciler) {
 			continue // keep it: removing would leave fewer than MinVoters voters
 		}
 		f := n.raft.RemoveServer(s.ID, 0, timeout)
-		if err := f.Error(); err != nil {
+		if err := n.wait(n.ctx, f); err != nil {
 			n.log.Warn("reconcile: remove dead server failed", "server", id, "err", err)
 			continue
 		}
@@ -210,7 +211,7 @@ func (n *Node) reconcile(r *reconciler) {
 			continue
 		}
 		f := n.raft.AddNonvoter(raft.ServerID(id), raft.ServerAddress(p.meta.Raft), 0, timeout)
-		if err := f.Error(); err != nil {
+		if err := n.wait(n.ctx, f); err != nil {
 			n.log.Warn("reconcile: add non-voter failed", "server", id, "err", err)
 			continue
 		}
@@ -242,7 +243,7 @@ func (n *Node) changeServer(what string, s raft.Server, addr raft.ServerAddress,
 	} else {
 		f = n.raft.AddNonvoter(s.ID, addr, 0, timeout)
 	}
-	if err := f.Error(); err != nil {
+	if err := n.wait(n.ctx, f); err != nil {
 		n.log.Warn("reconcile: "+what+" failed", "server", s.ID, "addr", addr, "err", err)
 		return false
 	}

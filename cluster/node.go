@@ -131,8 +131,8 @@ func NewNode(cfg Config, f FSM) (*Node, error) {
 	n.goLoop(n.observeLoop)
 	n.goLoop(n.metaLoop)
 	n.goLoop(n.reconcileLoop)
-	if len(n.cfg.Join) > 0 {
-		n.goLoop(n.joinLoop)
+	if join := n.joinAddrs(); len(join) > 0 {
+		n.goLoop(func() { n.joinLoop(join) })
 	}
 	if n.cfg.BootstrapExpect > 0 && n.raft.LastIndex() == 0 {
 		n.goLoop(n.bootstrapLoop)
@@ -154,6 +154,9 @@ func (n *Node) openRaft() error {
 	cfg := n.cfg
 	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 		return fmt.Errorf("cluster: create data dir %q: %w", cfg.DataDir, err)
+	}
+	if err := claimDataDir(cfg.DataDir, cfg.ID); err != nil {
+		return err
 	}
 	// NoSync stays false: an acknowledged decision must be on disk on a quorum (invariant 5).
 	bolt, err := raftboltdb.New(raftboltdb.Options{
@@ -190,7 +193,14 @@ func (n *Node) openRaft() error {
 		Stream:  layer,
 		MaxPool: 3,
 		Timeout: 10 * time.Second,
-		Logger:  hl.Named("transport"),
+		// 1 disables pipelined replication. With pipelining, a follower answering
+		// Success=false while a send is in flight can deadlock raft's replication
+		// goroutine for that follower (it then gets heartbeats but never entries again, and
+		// Raft.Shutdown hangs); we hit it in tests under -race. Batching (MaxAppendEntries,
+		// BatchApplyCh, group commit above us) recovers the throughput; raft's own docs
+		// report pipelining barely helps with batching on a LAN.
+		MaxRPCsInFlight: 1,
+		Logger:          hl.Named("transport"),
 	})
 	n.trans = trans
 	n.raftAddr = string(trans.LocalAddr())
@@ -257,6 +267,9 @@ func (n *Node) Now() (int64, error) {
 		return 0, ErrNotLeader
 	}
 	ts := n.clk.base + int64(n.clock.Now().Sub(n.clk.start))
+	if plantedWallClock {
+		ts = n.clock.Now().UnixNano()
+	}
 	if ts < n.clk.last {
 		ts = n.clk.last
 	}
@@ -341,17 +354,16 @@ func (n *Node) Apply(ctx context.Context, data []byte) (any, error) {
 		}
 	}
 	f := n.raft.Apply(data, timeout)
-	if err := waitFuture(ctx, f); err != nil {
+	if err := n.wait(ctx, f); err != nil {
 		return nil, applyError(err)
 	}
 	return f.Response(), nil
 }
 
-// waitFuture waits for f, or for ctx to end, whichever is first.
-func waitFuture(ctx context.Context, f raft.Future) error {
-	if ctx.Done() == nil {
-		return f.Error()
-	}
+// wait waits for f, for ctx to end, or for the node to stop, whichever is first. raft
+// leaves some futures unresolved forever when it shuts down (an entry still queued, a
+// barrier the FSM never reached), so nothing here waits on a future without this.
+func (n *Node) wait(ctx context.Context, f raft.Future) error {
 	done := make(chan error, 1)
 	go func() { done <- f.Error() }()
 	select {
@@ -359,6 +371,8 @@ func waitFuture(ctx context.Context, f raft.Future) error {
 		return err
 	case <-ctx.Done():
 		return fmt.Errorf("%w: %w", ErrOutcomeUnknown, ctx.Err())
+	case <-n.ctx.Done():
+		return fmt.Errorf("%w: %w", ErrOutcomeUnknown, ErrShutdown)
 	}
 }
 
@@ -397,12 +411,12 @@ func (n *Node) VerifyRead(ctx context.Context) error {
 	if !ok {
 		return ErrNotLeader
 	}
-	if err := waitFuture(ctx, n.raft.VerifyLeader()); err != nil {
+	if err := n.wait(ctx, n.raft.VerifyLeader()); err != nil {
 		switch {
+		case errors.Is(err, ErrShutdown), errors.Is(err, raft.ErrRaftShutdown):
+			return fmt.Errorf("%w: %w", ErrShutdown, err)
 		case errors.Is(err, ErrOutcomeUnknown):
 			return ctx.Err()
-		case errors.Is(err, raft.ErrRaftShutdown):
-			return fmt.Errorf("%w: %w", ErrShutdown, err)
 		}
 		return fmt.Errorf("%w: %w", ErrNotLeader, err)
 	}
@@ -425,7 +439,7 @@ func (n *Node) TransferLeadership(to string) error {
 		f = n.raft.LeadershipTransfer()
 	} else {
 		cf := n.raft.GetConfiguration()
-		if err := cf.Error(); err != nil {
+		if err := n.wait(context.Background(), cf); err != nil {
 			return fmt.Errorf("cluster: transfer leadership: %w", err)
 		}
 		var addr raft.ServerAddress
@@ -439,7 +453,7 @@ func (n *Node) TransferLeadership(to string) error {
 		}
 		f = n.raft.LeadershipTransferToServer(raft.ServerID(to), addr)
 	}
-	if err := f.Error(); err != nil {
+	if err := n.wait(context.Background(), f); err != nil {
 		if errors.Is(err, raft.ErrNotLeader) {
 			return fmt.Errorf("%w: %w", ErrNotLeader, err)
 		}
@@ -462,7 +476,10 @@ func (n *Node) stop(graceful bool) error {
 	n.stopOnce.Do(func() {
 		n.closed.Store(true)
 		if graceful && n.raft.State() == raft.Leader && n.otherVoters() > 0 {
-			if err := n.raft.LeadershipTransfer().Error(); err != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*n.cfg.ElectionTimeout)
+			err := n.wait(ctx, n.raft.LeadershipTransfer())
+			cancel()
+			if err != nil {
 				n.log.Warn("leadership transfer before shutdown failed", "err", err)
 			}
 		}
@@ -497,7 +514,7 @@ func (n *Node) stop(graceful bool) error {
 
 func (n *Node) otherVoters() int {
 	cf := n.raft.GetConfiguration()
-	if cf.Error() != nil {
+	if n.wait(context.Background(), cf) != nil {
 		return 0
 	}
 	c := 0

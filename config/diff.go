@@ -5,6 +5,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/quotad/quotad/quota"
 )
@@ -59,6 +60,16 @@ func Diff(old, new *quota.Limits) []string {
 			if a, b := describeConcurrency(o.Concurrency), describeConcurrency(n.Concurrency); a != b {
 				out = append(out, fmt.Sprintf("~ %s: concurrency %s -> %s", name, a, b))
 			}
+			for _, c := range []struct{ what, a, b string }{
+				{"adaptive", describeAdaptive(o.Adaptive), describeAdaptive(n.Adaptive)},
+				{"retry_budget", describeRetryBudget(o.RetryBudget), describeRetryBudget(n.RetryBudget)},
+				{"work_classes", describeWorkClasses(o.WorkClasses), describeWorkClasses(n.WorkClasses)},
+				{"resume_jitter", describeJitter(o.ResumeJitter), describeJitter(n.ResumeJitter)},
+			} {
+				if c.a != c.b {
+					out = append(out, fmt.Sprintf("~ %s: %s %s -> %s", name, c.what, c.a, c.b))
+				}
+			}
 			out = diffLevels(out, name, o.Descriptors, n.Descriptors)
 		}
 	}
@@ -96,6 +107,7 @@ func diffLevels(out []string, parent string, old, new []quota.Node) []string {
 			{"unlimited", strconv.FormatBool(o.Unlimited), strconv.FormatBool(n.Unlimited)},
 			{"shadow_mode", strconv.FormatBool(o.ShadowMode), strconv.FormatBool(n.ShadowMode)},
 			{"weight", describeWeight(o.Weight), describeWeight(n.Weight)},
+			{"adaptive", describeAdaptive(o.Adaptive), describeAdaptive(n.Adaptive)},
 			{"name", strconv.Quote(o.Name), strconv.Quote(n.Name)},
 			{"replaces", describeNames(o.Replaces), describeNames(n.Replaces)},
 		}
@@ -152,6 +164,15 @@ func domainSettings(d *quota.Domain) []string {
 	if d.Concurrency != nil {
 		s = append(s, "concurrency "+describeConcurrency(d.Concurrency))
 	}
+	if d.Adaptive != nil {
+		s = append(s, "adaptive "+describeAdaptive(d.Adaptive))
+	}
+	if d.RetryBudget != nil {
+		s = append(s, "retry_budget "+describeRetryBudget(d.RetryBudget))
+	}
+	if len(d.WorkClasses) > 0 {
+		s = append(s, "work_classes "+describeWorkClasses(d.WorkClasses))
+	}
 	return s
 }
 
@@ -171,6 +192,9 @@ func levelSettings(n *quota.Node) []string {
 	}
 	if n.Weight != 0 {
 		s = append(s, "weight "+describeWeight(n.Weight))
+	}
+	if n.Adaptive != nil {
+		s = append(s, "adaptive "+describeAdaptive(n.Adaptive))
 	}
 	return s
 }
@@ -214,4 +238,36 @@ func describeNames(names []string) string {
 		return "[]"
 	}
 	return "[" + strings.Join(names, ", ") + "]"
+}
+
+func describeAdaptive(a *quota.Adaptive) string {
+	if a == nil {
+		return "none"
+	}
+	return fmt.Sprintf("floor %d, keep %d%% on 429, +%d every %s", a.Floor, a.DecreasePercent, a.Increase, formatDuration(a.StableWindow))
+}
+
+func describeRetryBudget(b *quota.RetryBudget) string {
+	if b == nil {
+		return "none"
+	}
+	return fmt.Sprintf("%d%% of first attempts, min %d/s", b.RatioPercent, b.MinPerSecond)
+}
+
+func describeWorkClasses(wcs []quota.WorkClass) string {
+	if len(wcs) == 0 {
+		return "[]"
+	}
+	parts := make([]string, len(wcs))
+	for i, wc := range wcs {
+		parts[i] = fmt.Sprintf("%s %d%%", wc.Name, wc.ReservePercent)
+	}
+	return "[" + strings.Join(parts, ", ") + "]"
+}
+
+func describeJitter(d time.Duration) string {
+	if d == 0 {
+		return "default"
+	}
+	return formatDuration(d)
 }

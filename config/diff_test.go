@@ -124,3 +124,38 @@ func TestDiffNameReplaces(t *testing.T) {
 		t.Errorf("Diff = %q, want %q", got, want)
 	}
 }
+
+func TestDiffPolicy(t *testing.T) {
+	old := parseString(t, `
+domain: provider
+rate_limit: {unit: second, requests_per_unit: 100}
+descriptors:
+  - key: endpoint
+    rate_limit: {unit: second, requests_per_unit: 10}
+`)
+	new := parseString(t, `
+domain: provider
+rate_limit: {unit: second, requests_per_unit: 100}
+adaptive: {floor: 20}
+retry_budget: {ratio_percent: 10}
+work_classes: [{name: interactive, reserve_percent: 10}, {name: backfill}]
+resume_jitter: 3s
+descriptors:
+  - key: endpoint
+    rate_limit: {unit: second, requests_per_unit: 10}
+    adaptive: {floor: 1, decrease_percent: 50, increase: 1, stable_window: 1s}
+`)
+	want := []string{
+		"~ provider: adaptive none -> floor 20, keep 70% on 429, +1 every 5s",
+		"~ provider: retry_budget none -> 10% of first attempts, min 0/s",
+		"~ provider: work_classes [] -> [interactive 10%, backfill 0%]",
+		"~ provider: resume_jitter default -> 3s",
+		"~ provider/endpoint: adaptive none -> floor 1, keep 50% on 429, +1 every 1s",
+	}
+	if got := Diff(old, new); !reflect.DeepEqual(got, want) {
+		t.Errorf("Diff:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if got := Diff(new, new); len(got) != 0 {
+		t.Errorf("no change reported as %v", got)
+	}
+}

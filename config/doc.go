@@ -7,6 +7,10 @@
 //	domain: provider                      # required
 //	rate_limit: {unit: second, requests_per_unit: 100, burst: 100}  # quotad: domain ceiling
 //	concurrency: {max_in_flight: 50, lease_ttl: 30s}                # quotad: domain-wide
+//	adaptive: {floor: 20, decrease_percent: 70, increase: 1, stable_window: 5s}  # quotad: AIMD
+//	retry_budget: {ratio_percent: 10, min_per_second: 1}           # quotad: retries (attempt > 1)
+//	work_classes: [{name: interactive, reserve_percent: 10}, {name: backfill}]   # quotad
+//	resume_jitter: 1s                     # quotad: spread of resumption after a provider pause
 //	descriptors:
 //	  - key: endpoint
 //	    value: charges                    # optional; absent: every value gets its own buckets
@@ -14,6 +18,7 @@
 //	    shadow_mode: false
 //	    weight: 2                         # quotad: fair-share weight
 //	    concurrency: {max_in_flight: 10, lease_ttl: 30s}
+//	    adaptive: {floor: 2}              # quotad: AIMD under this level's rate_limit
 //	    descriptors: [...]                # nested levels
 //
 // Envoy fields: domain, descriptors, key, value, rate_limit {unit, requests_per_unit,
@@ -26,6 +31,11 @@
 // unit_multiplier (envoy) stretches the unit: {unit: minute, unit_multiplier: 5} is 5 minutes.
 // burst defaults to requests_per_unit (one unit's worth) and is always stored explicitly.
 // lease_ttl is a Go duration ("30s", "2m"); it defaults to DefaultLeaseTTL.
+// adaptive needs a rate_limit on its level (the ceiling) and a floor; decrease_percent (the share
+// kept on a confirmed 429, 1..99), increase and stable_window default to DefaultDecreasePercent,
+// DefaultIncrease and DefaultStableWindow. work_classes' reserve_percent may be 0 and must add
+// up to at most 100; names are unique. retry_budget needs ratio_percent (0..100);
+// min_per_second defaults to 0; both 0 is an error.
 //
 // Validation is strict, because a typo in a limits file silently removes a limit: unknown keys
 // at any level, wrong YAML types, bad units, zero or negative amounts, duplicate sibling

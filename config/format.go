@@ -60,6 +60,30 @@ func domainNode(d *quota.Domain) *yaml.Node {
 	if d.Concurrency != nil {
 		add(m, "concurrency", concurrencyNode(d.Concurrency))
 	}
+	if d.Adaptive != nil {
+		add(m, "adaptive", adaptiveNode(d.Adaptive))
+	}
+	if b := d.RetryBudget; b != nil {
+		rb := mapping(true)
+		add(rb, "ratio_percent", uintNode(uint64(b.RatioPercent)))
+		if b.MinPerSecond > 0 {
+			add(rb, "min_per_second", uintNode(b.MinPerSecond))
+		}
+		add(m, "retry_budget", rb)
+	}
+	if len(d.WorkClasses) > 0 {
+		seq := &yaml.Node{Kind: yaml.SequenceNode, Tag: "!!seq"}
+		for _, wc := range d.WorkClasses {
+			c := mapping(true)
+			add(c, "name", str(wc.Name))
+			add(c, "reserve_percent", uintNode(uint64(wc.ReservePercent)))
+			seq.Content = append(seq.Content, c)
+		}
+		add(m, "work_classes", seq)
+	}
+	if d.ResumeJitter != 0 {
+		add(m, "resume_jitter", scalar("!!str", formatDuration(d.ResumeJitter)))
+	}
 	if len(d.Descriptors) > 0 {
 		add(m, "descriptors", descriptorsNode(d.Descriptors))
 	}
@@ -101,6 +125,9 @@ func descriptorNode(n *quota.Node) *yaml.Node {
 	if n.Concurrency != nil {
 		add(m, "concurrency", concurrencyNode(n.Concurrency))
 	}
+	if n.Adaptive != nil {
+		add(m, "adaptive", adaptiveNode(n.Adaptive))
+	}
 	if len(n.Children) > 0 {
 		add(m, "descriptors", descriptorsNode(n.Children))
 	}
@@ -138,6 +165,15 @@ func replacesNode(names []string) *yaml.Node {
 		seq.Content = append(seq.Content, m)
 	}
 	return seq
+}
+
+func adaptiveNode(a *quota.Adaptive) *yaml.Node {
+	m := mapping(true)
+	add(m, "floor", uintNode(a.Floor))
+	add(m, "decrease_percent", uintNode(uint64(a.DecreasePercent)))
+	add(m, "increase", uintNode(a.Increase))
+	add(m, "stable_window", scalar("!!str", formatDuration(a.StableWindow)))
+	return m
 }
 
 func concurrencyNode(c *quota.Concurrency) *yaml.Node {

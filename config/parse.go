@@ -45,8 +45,8 @@ const unitChoices = "second, minute, hour, day, week, month or year"
 
 // Keys allowed at each level. Order is the order used in messages.
 var (
-	documentKeys    = []string{"domain", "rate_limit", "concurrency", "descriptors"}
-	descriptorKeys  = []string{"key", "value", "rate_limit", "unlimited", "shadow_mode", "detailed_metric", "name", "replaces", "weight", "concurrency", "descriptors"}
+	documentKeys    = []string{"domain", "rate_limit", "concurrency", "adaptive", "retry_budget", "work_classes", "resume_jitter", "descriptors"}
+	descriptorKeys  = []string{"key", "value", "rate_limit", "unlimited", "shadow_mode", "detailed_metric", "name", "replaces", "weight", "concurrency", "adaptive", "descriptors"}
 	domainRateKeys  = []string{"unit", "requests_per_unit", "unit_multiplier", "burst"}
 	levelRateKeys   = []string{"unit", "requests_per_unit", "unit_multiplier", "burst", "unlimited", "name", "replaces"}
 	concurrencyKeys = []string{"max_in_flight", "lease_ttl"}
@@ -282,6 +282,7 @@ func (p *parser) document(doc *yaml.Node) (parsedDomain, bool) {
 	if cf, has := f["concurrency"]; has && !isNull(deref(cf.val)) {
 		out.Concurrency = p.concurrency(cf.val, "concurrency")
 	}
+	p.domainPolicy(f, &out.Domain)
 	if df, has := f["descriptors"]; has {
 		out.Descriptors = p.descriptors(df.val, "descriptors", 1)
 	}
@@ -407,6 +408,9 @@ func (p *parser) descriptor(n *yaml.Node, path string, depth int) (quota.Node, b
 	}
 	if cf, has := f["concurrency"]; has && !isNull(deref(cf.val)) {
 		d.Concurrency = p.concurrency(cf.val, join(path, "concurrency"))
+	}
+	if af, has := f["adaptive"]; has && !isNull(deref(af.val)) {
+		d.Adaptive = p.adaptive(af, join(path, "adaptive"), d.Rate, f["rate_limit"])
 	}
 	if df, has := f["descriptors"]; has {
 		d.Children = p.descriptors(df.val, join(path, "descriptors"), depth+1)

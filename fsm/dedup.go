@@ -26,60 +26,99 @@ type dedupRecord struct {
 // dedupTable remembers decisions by request ID until they expire in FSM time. Records are kept
 // in a FIFO: FSM time never goes backwards and every record lives equally long, so insertion
 // order is expiry order and expiring is a pop from the front — deterministic on every replica.
+//
+// At full load the table holds a whole DedupWindow of admissions (millions of records), so
+// records are stored by value in fixed-size chunks addressed by sequence number rather than
+// as one heap object each: a put allocates nothing (amortized), and expiring frees whole
+// chunks, which are reused.
 type dedupTable struct {
-	byKey map[dedupKey]*dedupRecord
-	fifo  []*dedupRecord
-	head  int
+	byKey  map[dedupKey]uint64 // the record's sequence number
+	chunks [][]dedupRecord     // chunks[0][0] has sequence number first
+	spare  []dedupRecord       // an emptied chunk kept for the next put
+	first  uint64
+	head   uint64 // the oldest live record
+	next   uint64 // the sequence number of the next put
 }
+
+const dedupChunk = 4096
 
 func newDedupTable() *dedupTable {
-	return &dedupTable{byKey: make(map[dedupKey]*dedupRecord)}
+	return &dedupTable{byKey: make(map[dedupKey]uint64)}
 }
 
-func (t *dedupTable) len() int { return len(t.byKey) }
+func (t *dedupTable) len() int { return int(t.next - t.head) }
+
+func (t *dedupTable) at(seq uint64) *dedupRecord {
+	i := seq - t.first
+	return &t.chunks[i/dedupChunk][i%dedupChunk]
+}
 
 func (t *dedupTable) get(client string, id uint64) (*dedupRecord, bool) {
-	r, ok := t.byKey[dedupKey{client, id}]
-	return r, ok
+	seq, ok := t.byKey[dedupKey{client, id}]
+	if !ok {
+		return nil, false
+	}
+	return t.at(seq), true
 }
 
 func (t *dedupTable) put(client string, id uint64, expires quota.Time, d quota.Decision) {
-	r := &dedupRecord{key: dedupKey{client, id}, decision: d, expires: expires}
-	t.byKey[r.key] = r
-	t.fifo = append(t.fifo, r)
+	t.add(dedupRecord{key: dedupKey{client, id}, decision: d, expires: expires})
+}
+
+func (t *dedupTable) add(r dedupRecord) {
+	if n := len(t.chunks); n == 0 || len(t.chunks[n-1]) == dedupChunk {
+		c := t.spare
+		if c == nil {
+			c = make([]dedupRecord, 0, dedupChunk)
+		}
+		t.spare = nil
+		t.chunks = append(t.chunks, c)
+	}
+	last := &t.chunks[len(t.chunks)-1]
+	*last = append(*last, r)
+	t.byKey[r.key] = t.next
+	t.next++
 }
 
 func (t *dedupTable) expire(now quota.Time) {
-	for t.head < len(t.fifo) && t.fifo[t.head].expires <= now {
-		delete(t.byKey, t.fifo[t.head].key)
-		t.fifo[t.head] = nil
+	for t.head < t.next {
+		r := t.at(t.head)
+		if r.expires > now {
+			break
+		}
+		delete(t.byKey, r.key)
+		*r = dedupRecord{}
 		t.head++
-	}
-	if t.head > 1024 && t.head*2 > len(t.fifo) {
-		n := copy(t.fifo, t.fifo[t.head:])
-		clear(t.fifo[n:])
-		t.fifo, t.head = t.fifo[:n], 0
+		if t.head-t.first == dedupChunk {
+			t.spare = t.chunks[0][:0]
+			t.chunks[0] = nil
+			t.chunks = t.chunks[1:]
+			t.first += dedupChunk
+		}
 	}
 }
 
-func (t *dedupTable) live() []*dedupRecord { return t.fifo[t.head:] }
+// each calls fn for every live record, oldest first.
+func (t *dedupTable) each(fn func(r *dedupRecord)) {
+	for seq := t.head; seq < t.next; seq++ {
+		fn(t.at(seq))
+	}
+}
 
 func (t *dedupTable) hashInto(h hash.Hash64) {
 	var buf []byte
-	for _, r := range t.live() {
+	t.each(func(r *dedupRecord) {
 		buf = appendRecord(buf[:0], r)
 		h.Write(buf)
-	}
+	})
 }
 
 const dedupFormat = 1
 
 func (t *dedupTable) marshal() []byte {
 	buf := []byte{dedupFormat}
-	buf = binary.AppendUvarint(buf, uint64(len(t.live())))
-	for _, r := range t.live() {
-		buf = appendRecord(buf, r)
-	}
+	buf = binary.AppendUvarint(buf, uint64(t.len()))
+	t.each(func(r *dedupRecord) { buf = appendRecord(buf, r) })
 	return buf
 }
 
@@ -93,8 +132,7 @@ func unmarshalDedup(data []byte) (*dedupTable, error) {
 	for i := uint64(0); i < n && d.err == nil; i++ {
 		r := d.record()
 		if d.err == nil {
-			t.byKey[r.key] = r
-			t.fifo = append(t.fifo, r)
+			t.add(r)
 		}
 	}
 	if d.err != nil {
@@ -203,8 +241,8 @@ func (d *decoder) string() string {
 
 func (d *decoder) bool() bool { return d.byte() == 1 }
 
-func (d *decoder) record() *dedupRecord {
-	r := &dedupRecord{}
+func (d *decoder) record() dedupRecord {
+	var r dedupRecord
 	r.key.client = d.string()
 	r.key.id = d.uvarint()
 	r.expires = quota.Time(d.varint())

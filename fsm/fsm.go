@@ -57,7 +57,16 @@ type FSM struct {
 	// lastSweep is the FSM time of the last full engine.Tick (replicated: it decides when the
 	// next sweep happens, so it is part of the snapshot).
 	lastSweep quota.Time
+
+	// scratch is decoding space reused across entries (guarded by mu; not replicated state).
+	scratch struct {
+		cmd     rawCommand
+		acquire acquireOp
+		intern  internTable
+	}
 }
+
+func msDuration(ms int64) time.Duration { return time.Duration(ms) * time.Millisecond }
 
 // SweepInterval is how often, in FSM time, the FSM runs the engine's full sweep (expired leases
 // and pauses, full idle buckets dropped). Between sweeps the engine expires leases lazily.
@@ -78,15 +87,16 @@ type Result struct {
 
 // OpResult is the outcome of one Op. Exactly the field matching the op kind is meaningful.
 type OpResult struct {
-	Decision      quota.Decision // Acquire
-	Duplicate     bool           // Acquire: answered from the dedup table
-	Released      bool           // Release
-	LeaseTTL      time.Duration  // Renew
-	Refunded      uint64         // Refund
-	Scope         string         // Pause
-	PausedFor     time.Duration  // Pause
-	LimitsVersion uint64         // SetLimits
-	Err           error          // Renew, Pause, SetLimits, malformed ops
+	Decision      quota.Decision       // Acquire
+	Duplicate     bool                 // Acquire: answered from the dedup table
+	Released      bool                 // Release
+	LeaseTTL      time.Duration        // Renew
+	Refunded      uint64               // Refund
+	Scope         string               // Pause, Feedback
+	PausedFor     time.Duration        // Pause, Feedback
+	Feedback      quota.FeedbackResult // Feedback
+	LimitsVersion uint64               // SetLimits
+	Err           error                // Renew, Pause, SetLimits, malformed ops
 }
 
 // Encode marshals cmd, setting its version.
@@ -130,16 +140,16 @@ func (f *FSM) applyLocked(l *raft.Log) any {
 	if l.Type != raft.LogCommand {
 		return nil
 	}
-	var cmd fsmv1.Command
-	if err := proto.Unmarshal(l.Data, &cmd); err != nil {
+	cmd := &f.scratch.cmd
+	if err := decodeCommand(l.Data, cmd); err != nil {
 		// A committed entry we cannot read means this replica can no longer follow the log;
 		// skipping it would silently diverge, so stop.
-		panic(fmt.Sprintf("fsm: log entry %d is not a Command: %v", l.Index, err))
+		panic(malformed(l.Index, err))
 	}
-	if cmd.Version == 0 || cmd.Version > CommandVersion {
-		panic(fmt.Sprintf("fsm: log entry %d has command version %d; this build applies versions 1..%d — upgrade this node", l.Index, cmd.Version, CommandVersion))
+	if cmd.version == 0 || cmd.version > CommandVersion {
+		panic(fmt.Sprintf("fsm: log entry %d has command version %d; this build applies versions 1..%d — upgrade this node", l.Index, cmd.version, CommandVersion))
 	}
-	now := quota.Time(cmd.Ts)
+	now := quota.Time(cmd.ts)
 	if c := f.engine.Clock(); now < c {
 		now = c
 	}
@@ -148,8 +158,24 @@ func (f *FSM) applyLocked(l *raft.Log) any {
 		f.lastSweep = now
 	}
 	f.dedup.expire(now)
-	res := &Result{Ops: make([]OpResult, len(cmd.Ops))}
-	for i, op := range cmd.Ops {
+	res := &Result{Ops: make([]OpResult, len(cmd.ops))}
+	for i, b := range cmd.ops {
+		acq, isAcquire, err := splitOp(b)
+		if err != nil {
+			panic(malformed(l.Index, err))
+		}
+		if isAcquire {
+			a := &f.scratch.acquire
+			if err := decodeAcquire(acq, a, f.scratch.intern.get); err != nil {
+				panic(malformed(l.Index, err))
+			}
+			res.Ops[i] = f.applyAcquire(now, a)
+			continue
+		}
+		op, err := decodeOtherOp(b)
+		if err != nil {
+			panic(malformed(l.Index, err))
+		}
 		res.Ops[i] = f.applyOp(now, op)
 	}
 	return res
@@ -157,8 +183,15 @@ func (f *FSM) applyLocked(l *raft.Log) any {
 
 func (f *FSM) applyOp(now quota.Time, op *fsmv1.Op) OpResult {
 	switch o := op.Op.(type) {
-	case *fsmv1.Op_Acquire:
-		return f.applyAcquire(now, o.Acquire)
+	case *fsmv1.Op_Acquire: // decoded by the fast path; kept for completeness
+		a := o.Acquire
+		op := acquireOp{clientID: a.ClientId, hasAdm: a.Admission != nil}
+		if adm := a.Admission; adm != nil {
+			op.id, op.waits = adm.RequestId, adm.MaxWaitMs > 0
+			op.req = quota.Request{Domain: adm.Domain, Descriptors: entries(adm.Descriptors), Cost: adm.Cost,
+				LeaseTTL: msDuration(adm.LeaseTtlMs), Attempt: adm.Attempt, WorkClass: adm.WorkClass}
+		}
+		return f.applyAcquire(now, &op)
 	case *fsmv1.Op_Release:
 		return OpResult{Released: f.engine.Release(now, o.Release.LeaseId)}
 	case *fsmv1.Op_Renew:
@@ -188,33 +221,56 @@ func (f *FSM) applyOp(now quota.Time, op *fsmv1.Op) OpResult {
 			return OpResult{Err: err}
 		}
 		return OpResult{Scope: scope, PausedFor: d}
+	case *fsmv1.Op_Feedback:
+		fb := o.Feedback
+		res, err := f.engine.Feedback(now, quota.Feedback{Domain: fb.Domain, Prefix: entries(fb.Prefix),
+			StatusCode: fb.StatusCode, RetryAfter: time.Duration(fb.RetryAfterNs), Reason: fb.Reason})
+		if err != nil {
+			return OpResult{Err: err}
+		}
+		return OpResult{Scope: res.Scope, PausedFor: res.PausedFor, Feedback: res}
 	default:
-		return OpResult{Err: fmt.Errorf("fsm: unknown op %T", op.Op)}
+		// An op this build does not know comes from a newer leader. Skipping it would let this
+		// replica diverge silently from the ones that apply it, so stop instead.
+		panic(fmt.Sprintf("fsm: a committed entry holds an operation this build does not know (%T); upgrade this node", op.Op))
 	}
 }
 
-func (f *FSM) applyAcquire(now quota.Time, a *fsmv1.Acquire) OpResult {
-	adm := a.GetAdmission()
-	if adm == nil {
+func (f *FSM) applyAcquire(now quota.Time, a *acquireOp) OpResult {
+	if !a.hasAdm {
 		return OpResult{Decision: invalid("admission missing")}
 	}
-	if rec, ok := f.dedup.get(a.ClientId, adm.RequestId); ok {
+	if rec, ok := f.dedup.get(a.clientID, a.id); ok && !plantedNoDedup {
 		return OpResult{Decision: rec.decision, Duplicate: true}
 	}
-	d := f.engine.Acquire(now, quota.Request{
-		Domain:      adm.Domain,
-		Descriptors: entries(adm.Descriptors),
-		Cost:        adm.Cost,
-		LeaseTTL:    time.Duration(adm.LeaseTtlMs) * time.Millisecond,
-		Attempt:     adm.Attempt,
-		WorkClass:   adm.WorkClass,
-	})
-	// Invalid and unknown-domain answers change nothing and would come out the same on a
-	// retry, so they are not remembered either.
-	if a.ClientId != "" && adm.RequestId != 0 && d.Reason != quota.ReasonInvalid && d.Reason != quota.ReasonUnknownDomain {
-		f.dedup.put(a.ClientId, adm.RequestId, now.Add(f.dedupWindow), d)
+	a.req.Spread = spread(a.clientID, a.id)
+	d := f.engine.Acquire(now, a.req)
+	// Remember what a retry must get back. Not remembered, because they change nothing and a
+	// retry may safely be decided afresh: invalid and unknown-domain answers, and denials of
+	// admissions that wait on the leader (the scheduler re-proposes those under the same ID
+	// until their wait ends).
+	remember := a.clientID != "" && a.id != 0 && d.Reason != quota.ReasonInvalid &&
+		d.Reason != quota.ReasonUnknownDomain && (d.Admitted || !a.waits)
+	if remember {
+		f.dedup.put(a.clientID, a.id, now.Add(f.dedupWindow), d)
 	}
 	return OpResult{Decision: d}
+}
+
+// spread derives a request's place in a pause's resume jitter window from its IDs: the same on
+// every replica, different across requests (FNV-1a, then a splitmix64 finalizer so that
+// consecutive request IDs land far apart).
+func spread(clientID string, requestID uint64) uint64 {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(clientID); i++ {
+		h = (h ^ uint64(clientID[i])) * 1099511628211
+	}
+	h ^= requestID
+	h ^= h >> 30
+	h *= 0xbf58476d1ce4e5b9
+	h ^= h >> 27
+	h *= 0x94d049bb133111eb
+	return h ^ h>>31
 }
 
 func invalid(msg string) quota.Decision {

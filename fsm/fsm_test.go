@@ -230,3 +230,32 @@ func TestReplicasAgree(t *testing.T) {
 		}
 	}
 }
+
+func TestWaitingDenialsAreNotRemembered(t *testing.T) {
+	l := newLog(t)
+	l.apply(time.Millisecond, acquire("c1", 1, "acme", 3)) // tenant bucket (burst 3) now empty
+	waiting := acquire("c1", 2, "acme", 1)
+	waiting.GetAcquire().Admission.MaxWaitMs = 5000
+	if d := l.apply(2*time.Millisecond, waiting).Ops[0]; d.Decision.Admitted || d.Duplicate {
+		t.Fatalf("first try of the waiting admission: %+v, want a fresh denial", d)
+	}
+	// The scheduler re-proposes the same request ID once the bucket refilled (2/s): it is
+	// decided afresh, admitted, and from then on remembered.
+	r := l.apply(time.Second, waiting).Ops[0]
+	if r.Duplicate || !r.Decision.Admitted {
+		t.Fatalf("re-proposed waiting admission: %+v, want admitted afresh", r)
+	}
+	if again := l.apply(1100*time.Millisecond, waiting).Ops[0]; !again.Duplicate || again.Decision.LeaseID != r.Decision.LeaseID {
+		t.Fatalf("retry after admission: %+v, want the remembered admission", again)
+	}
+}
+
+func TestUnknownOpStops(t *testing.T) {
+	l := newLog(t)
+	defer func() {
+		if recover() == nil {
+			t.Fatal("an op this build does not know was skipped instead of stopping the replica")
+		}
+	}()
+	l.apply(time.Millisecond, &fsmv1.Op{}) // no known oneof set: what a newer op looks like here
+}

@@ -39,10 +39,12 @@ type Engine struct {
 	buckets  map[string]*bucket // stored (not full) buckets by key
 	leases   map[uint64]*lease
 	expiries timeHeap[expiryEntry]
-	fullAt   timeHeap[fullEntry] // when stored buckets may be full; see scheduleFull
-	inflight map[string]uint64   // concurrency key → permits held
-	pauses   map[string]Time     // scope key → paused until (exclusive)
-	leaseSeq uint64              // last lease ID issued
+	fullAt   timeHeap[fullEntry]    // when stored buckets may be full; see scheduleFull
+	inflight map[string]uint64      // concurrency key → permits held
+	pauses   map[string]Time        // scope key → paused until (exclusive)
+	leaseSeq uint64                 // last lease ID issued
+	adapt    map[string]*adaptState // adaptive bucket key → effective rate, while below the ceiling
+	retries  map[string]*retryState // domain → retry budget, while not full
 
 	// scratch for Acquire; valid until the next call.
 	keybuf []byte
@@ -54,7 +56,8 @@ type step struct {
 	lv       *level
 	end      int // this level's key is keybuf[:end]
 	b        *bucket
-	tokens   uint64 // refilled balance at now, micro-units
+	r        *rateParams // effective rate of the bucket (lv.rate unless adaptive)
+	tokens   uint64      // refilled balance at now, micro-units
 	last     Time
 	skipRate bool // shadow level that would deny: not debited
 	skipConc bool // shadow level that is full: no permit taken
@@ -65,6 +68,8 @@ type Stats struct {
 	Buckets       int    // stored (not full) token buckets
 	Leases        int    // live concurrency leases
 	Pauses        int    // pause entries, including ones that have ended but not been ticked away
+	Adapted       int    // adaptive buckets below their ceiling
+	RetryBudgets  int    // domains whose retry budget is not full
 	LimitsVersion uint64 // version of the installed limits
 }
 
@@ -80,6 +85,8 @@ func NewEngine() *Engine {
 		leases:   make(map[uint64]*lease),
 		inflight: make(map[string]uint64),
 		pauses:   make(map[string]Time),
+		adapt:    make(map[string]*adaptState),
+		retries:  make(map[string]*retryState),
 	}
 }
 
@@ -92,6 +99,8 @@ func (e *Engine) Stats() Stats {
 		Buckets:       len(e.buckets),
 		Leases:        len(e.leases),
 		Pauses:        len(e.pauses),
+		Adapted:       len(e.adapt),
+		RetryBudgets:  len(e.retries),
 		LimitsVersion: e.lim.limits.Version,
 	}
 }
@@ -119,7 +128,7 @@ func (e *Engine) SetLimits(now Time, l *Limits) error {
 	}
 	now = e.advance(now)
 	for k, b := range e.buckets {
-		old := b.lvl.rate
+		old := e.bucketRate(b)
 		tokens, last := old.refill(b.tokens, b.last, now)
 		nl := c.matchKey(k)
 		if nl == nil || nl.rate == nil {
@@ -134,6 +143,7 @@ func (e *Engine) SetLimits(now Time, l *Limits) error {
 		}
 		b.tokens, b.last, b.lvl = tokens, last, nl
 	}
+	e.carryPolicy(c, now)
 	e.lim = c
 	e.rebuildFullAt()
 	return nil
@@ -243,8 +253,16 @@ func (e *Engine) Acquire(now Time, req Request) Decision {
 		}
 		if best >= 0 {
 			d := e.levelView(&steps[best], now)
-			d.Reason, d.RetryAfter, d.Cost = ReasonPaused, left, cost
+			d.Reason, d.RetryAfter, d.Cost = ReasonPaused, left+jitterFor(req.Spread, root.jitter), cost
 			return d
+		}
+	}
+
+	retry := req.Attempt > 1
+	if retry && root.retry != nil {
+		if wait, ok := e.checkRetry(root, now); !ok {
+			return Decision{Reason: ReasonRetryBudgetExhausted, Scope: ScopeDomain, RetryAfter: wait, Cost: cost,
+				Message: "retries in this domain have used their budget (retry_budget); reschedule the work instead of retrying now"}
 		}
 	}
 
@@ -283,10 +301,17 @@ func (e *Engine) Acquire(now Time, req Request) Decision {
 		}
 		s.b = e.buckets[string(kb[:s.end])]
 		if s.b == nil {
+			if s.lv.adaptive != nil {
+				r = e.rateOf(string(kb[:s.end]), s.lv, now)
+			}
 			s.tokens, s.last = r.capMicro, now
 		} else {
+			if s.lv.adaptive != nil {
+				r = e.bucketRate(s.b)
+			}
 			s.tokens, s.last = r.refill(s.b.tokens, s.b.last, now)
 		}
+		s.r = r
 		// Waits are computed from the stored state, which a refusal leaves as it is: the
 		// refilled one has its last rounded up and would overstate them by up to 1ns.
 		storedTokens, storedLast := s.tokens, s.last
@@ -311,6 +336,9 @@ func (e *Engine) Acquire(now Time, req Request) Decision {
 		d := e.levelView(s, now)
 		d.Reason, d.RetryAfter, d.Cost, d.ShadowDenials = ReasonRateLimited, denyRetry, cost, shadow
 		return d
+	}
+	if root.retry != nil {
+		e.chargeRetry(root, retry, now)
 	}
 
 	// Admitted: debit every bucket, then take the permits.
@@ -342,7 +370,7 @@ func (e *Engine) Acquire(now Time, req Request) Decision {
 	}
 	if tight >= 0 {
 		s := &steps[tight]
-		rateView(&d, s.lv, s.b.tokens, s.b.last, now)
+		rateView(&d, s.lv, s.r, s.b.tokens, s.b.last, now)
 	}
 	if nConc > 0 {
 		e.grantLease(&d, steps, kb, now, req.LeaseTTL, nConc, tight < 0)
@@ -398,9 +426,9 @@ func addSat(t Time, d time.Duration) Time {
 	return t.Add(d)
 }
 
-// rateView fills the bucket fields of d from a bucket of lv whose stored state is (tokens, last).
-func rateView(d *Decision, lv *level, tokens uint64, last, now Time) {
-	r := lv.rate
+// rateView fills the bucket fields of d from a bucket of lv at rate r whose stored state is
+// (tokens, last).
+func rateView(d *Decision, lv *level, r *rateParams, tokens uint64, last, now Time) {
 	d.Scope = lv.scope
 	d.Limit = r.rpu
 	d.Window = r.window
@@ -419,7 +447,7 @@ func (e *Engine) levelView(s *step, now Time) Decision {
 		if b := e.buckets[string(key)]; b != nil {
 			tokens, last = b.tokens, b.last
 		}
-		rateView(&d, s.lv, tokens, last, now)
+		rateView(&d, s.lv, e.rateOf(string(key), s.lv, last), tokens, last, now)
 	} else if c := s.lv.conc; c != nil {
 		d.Limit = c.MaxInFlight
 		d.Remaining = c.MaxInFlight - min(c.MaxInFlight, e.inflight[string(key)])
@@ -452,12 +480,12 @@ func (e *Engine) Refund(now Time, charges []string, cost uint64) (refunded uint6
 			refunded = 0
 			continue
 		}
-		r := b.lvl.rate
+		r := e.bucketRate(b)
 		tokens, last := r.refill(b.tokens, b.last, now)
 		add := min(cost, r.capUnits) * microPerUnit
 		add = min(add, r.capMicro-tokens)
 		b.tokens, b.last = tokens+add, last
-		if r.fullAt(b.tokens, b.last) < b.sched {
+		if e.bucketRate(b).fullAt(b.tokens, b.last) < b.sched {
 			e.scheduleFull(b)
 		}
 		refunded = min(refunded, add/microPerUnit)
@@ -500,22 +528,31 @@ func (e *Engine) Renew(now Time, leaseID uint64, ttl time.Duration) (time.Durati
 
 // scopeKey matches prefix fully against domain's tree and returns the scope's key and name.
 func (e *Engine) scopeKey(op, domain string, prefix []Entry) (key, scope string, err error) {
+	key, lv, err := e.scopeLevel(op, domain, prefix)
+	if err != nil {
+		return "", "", err
+	}
+	return key, lv.scope, nil
+}
+
+// scopeLevel matches prefix fully against domain's tree and returns the scope's key and level.
+func (e *Engine) scopeLevel(op, domain string, prefix []Entry) (string, *level, error) {
 	if msg := requestProblem(domain, prefix, 0); msg != "" {
-		return "", "", fmt.Errorf("%w: %s: %s", ErrInvalidRequest, op, msg)
+		return "", nil, fmt.Errorf("%w: %s: %s", ErrInvalidRequest, op, msg)
 	}
 	lv := e.lim.domains[domain]
 	if lv == nil {
-		return "", "", fmt.Errorf("%s: domain %q: %w", op, domain, ErrUnknownDomain)
+		return "", nil, fmt.Errorf("%s: domain %q: %w", op, domain, ErrUnknownDomain)
 	}
 	kb := appendEscaped(nil, domain)
 	for i, en := range prefix {
 		if lv = lv.child(en); lv == nil {
-			return "", "", fmt.Errorf("%w: %s: descriptor entry #%d (%s=%s) matches no limit in domain %q; name a prefix of a configured descriptor path",
+			return "", nil, fmt.Errorf("%w: %s: descriptor entry #%d (%s=%s) matches no limit in domain %q; name a prefix of a configured descriptor path",
 				ErrInvalidRequest, op, i, en.Key, en.Value, domain)
 		}
 		kb = appendEntry(kb, en)
 	}
-	return string(kb), lv.scope, nil
+	return string(kb), lv, nil
 }
 
 // Pause refuses every request through the scope named by domain and a descriptor prefix (empty:
@@ -558,6 +595,8 @@ func (e *Engine) Tick(now Time) {
 			delete(e.pauses, k)
 		}
 	}
+	e.sweepAdaptive(now)
+	e.sweepRetries(now)
 	e.dropFull(now)
 }
 
@@ -583,7 +622,7 @@ func (e *Engine) checkFull(x fullEntry, now Time) (fullEntry, bool) {
 	if b.lvl == nil || b.sched != x.at {
 		return x, false // dropped, or rescheduled earlier by a refund
 	}
-	if at := b.lvl.rate.fullAt(b.tokens, b.last); at > now {
+	if at := e.bucketRate(b).fullAt(b.tokens, b.last); at > now {
 		b.sched = at
 		return fullEntry{at, b}, true
 	}
@@ -621,7 +660,7 @@ func (x fullEntry) due() Time { return x.at }
 
 // scheduleFull (re)schedules b at the time it becomes full.
 func (e *Engine) scheduleFull(b *bucket) {
-	b.sched = b.lvl.rate.fullAt(b.tokens, b.last)
+	b.sched = e.bucketRate(b).fullAt(b.tokens, b.last)
 	e.fullAt.push(fullEntry{b.sched, b})
 }
 
@@ -629,7 +668,7 @@ func (e *Engine) scheduleFull(b *bucket) {
 func (e *Engine) rebuildFullAt() {
 	h := make(timeHeap[fullEntry], 0, len(e.buckets))
 	for _, b := range e.buckets {
-		b.sched = b.lvl.rate.fullAt(b.tokens, b.last)
+		b.sched = e.bucketRate(b).fullAt(b.tokens, b.last)
 		h = append(h, fullEntry{b.sched, b})
 	}
 	h.heapify()
@@ -650,6 +689,11 @@ func (e *Engine) Status(now Time, domain string, path []Entry) ([]BucketStatus, 
 	}
 	kb := appendEscaped(nil, domain)
 	out := []BucketStatus{e.status(lv, string(kb), now)}
+	if p := lv.retry; p != nil {
+		tokens, last, _ := e.retryBalance(domain, p, now)
+		tokens, _ = p.refill(tokens, last, now)
+		out[0].RetryTokens = tokens / microPerUnit
+	}
 	for _, en := range path {
 		if lv = lv.child(en); lv == nil {
 			break
@@ -664,6 +708,10 @@ func (e *Engine) status(lv *level, key string, now Time) BucketStatus {
 	st := BucketStatus{Scope: lv.scope, Key: key}
 	if r := lv.rate; r != nil {
 		tokens, last := e.stored(key, r, now)
+		if lv.adaptive != nil {
+			r = e.rateOf(key, lv, last)
+			st.Ceiling = lv.rate.rpu
+		}
 		refilled, _ := r.refill(tokens, last, now)
 		st.Limit, st.Burst, st.Window = r.rpu, r.capUnits, r.window
 		st.Remaining = refilled / microPerUnit

@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"slices"
 	"strings"
+	"time"
 )
 
 // maxUnits is the largest rate or burst, in units, whose micro-unit value fits in a uint64.
@@ -19,6 +20,12 @@ type level struct {
 	rate   *rateParams
 	conc   *Concurrency // nil: no concurrency cap here
 	shadow bool
+	// adaptive: the rate adapts to provider feedback (AIMD); nil: fixed. Only with rate.
+	adaptive *adaptiveParams
+	// Domain (root) levels only:
+	domain string
+	retry  *retryParams  // nil: retries are not budgeted
+	jitter time.Duration // resume jitter window
 	// children by key; a nil map means a leaf.
 	children map[string]*childSet
 }
@@ -71,6 +78,9 @@ func compileLimits(l *Limits, version uint64) (*compiled, error) {
 		where := fmt.Sprintf("domain %q", d.Name)
 		root, err := c.newLevel(where, ScopeDomain, d.Rate, d.Concurrency, false)
 		if err != nil {
+			return nil, err
+		}
+		if err := root.setPolicy(where, d); err != nil {
 			return nil, err
 		}
 		if err := c.compileChildren(root, d.Name, "", d.Descriptors); err != nil {
@@ -147,6 +157,9 @@ func (c *compiled) compileChildren(parent *level, domain, path string, nodes []N
 		if err != nil {
 			return err
 		}
+		if lv.adaptive, err = newAdaptiveParams(where, n.Adaptive, lv.rate); err != nil {
+			return err
+		}
 		if n.Value == "" {
 			cs.any = lv
 		} else {
@@ -182,10 +195,14 @@ func cloneLimits(l *Limits) *Limits {
 	cp := &Limits{Version: l.Version, Domains: make([]Domain, len(l.Domains))}
 	for i, d := range l.Domains {
 		cp.Domains[i] = Domain{
-			Name:        d.Name,
-			Rate:        cloneRate(d.Rate),
-			Concurrency: cloneConc(d.Concurrency),
-			Descriptors: cloneNodes(d.Descriptors),
+			Name:         d.Name,
+			Rate:         cloneRate(d.Rate),
+			Concurrency:  cloneConc(d.Concurrency),
+			Descriptors:  cloneNodes(d.Descriptors),
+			WorkClasses:  slices.Clone(d.WorkClasses),
+			RetryBudget:  clonePtr(d.RetryBudget),
+			Adaptive:     clonePtr(d.Adaptive),
+			ResumeJitter: d.ResumeJitter,
 		}
 	}
 	return cp
@@ -199,6 +216,7 @@ func cloneNodes(ns []Node) []Node {
 	for i, n := range ns {
 		n.Rate = cloneRate(n.Rate)
 		n.Concurrency = cloneConc(n.Concurrency)
+		n.Adaptive = clonePtr(n.Adaptive)
 		n.Replaces = slices.Clone(n.Replaces)
 		n.Children = cloneNodes(n.Children)
 		out[i] = n
@@ -211,6 +229,14 @@ func cloneRate(r *Rate) *Rate {
 		return nil
 	}
 	cp := *r
+	return &cp
+}
+
+func clonePtr[T any](p *T) *T {
+	if p == nil {
+		return nil
+	}
+	cp := *p
 	return &cp
 }
 

@@ -10,8 +10,16 @@ import (
 )
 
 // snapshotFormat is the leading byte of MarshalBinary's output. Bump it on any layout change and
-// keep decoding the old layouts.
-const snapshotFormat byte = 1
+// keep decoding the old layouts. Format 2 appends adaptive rates and retry budgets; a state
+// without either is still written as format 1, so older nodes can read it.
+const (
+	snapshotFormat  byte = 2
+	snapshotFormat1 byte = 1
+)
+
+// hashFormat versions the Hash layout. New state is folded in only when present, so the hash of
+// a state without it is unchanged across this build and the previous one.
+const hashFormat = 1
 
 // The state hash. Fixed constants, no per-process seed (unlike hash/maphash), so every replica
 // and every build computes the same value.
@@ -73,7 +81,7 @@ func (e *Engine) Hash() uint64 {
 	for k, until := range e.pauses {
 		pauseSum += uint64(hashState(hashSeed).str(k).u64(uint64(until)))
 	}
-	h := hashState(hashSeed).u64(uint64(snapshotFormat)).
+	h := hashState(hashSeed).u64(hashFormat).
 		u64(uint64(e.clock)).
 		u64(e.lim.limits.Version).
 		u64(e.lim.digest).
@@ -81,6 +89,17 @@ func (e *Engine) Hash() uint64 {
 		u64(uint64(len(e.buckets))).u64(bucketSum).
 		u64(uint64(len(e.leases))).u64(leaseSum).
 		u64(uint64(len(e.pauses))).u64(pauseSum)
+	if len(e.adapt) > 0 || len(e.retries) > 0 {
+		var adaptSum, retrySum uint64
+		for k, a := range e.adapt {
+			adaptSum += uint64(hashState(hashSeed).str(k).u64(uint64(a.lvl.idx)).u64(a.base).
+				u64(uint64(a.since)).u64(uint64(a.lastDecrease)))
+		}
+		for d, st := range e.retries {
+			retrySum += uint64(hashState(hashSeed).str(d).u64(st.tokens).u64(uint64(st.last)))
+		}
+		h = h.u64(uint64(len(e.adapt))).u64(adaptSum).u64(uint64(len(e.retries))).u64(retrySum)
+	}
 	return uint64(h)
 }
 
@@ -106,7 +125,11 @@ func (e *Engine) MarshalBinary() ([]byte, error) {
 	slices.SortFunc(bs, func(a, b keyed) int { return strings.Compare(a.key, b.key) })
 
 	buf := make([]byte, 0, 64+len(js)+len(bs)*24)
-	buf = append(buf, snapshotFormat)
+	format := snapshotFormat1
+	if len(e.adapt) > 0 || len(e.retries) > 0 {
+		format = snapshotFormat
+	}
+	buf = append(buf, format)
 	buf = binary.AppendUvarint(buf, uint64(len(js)))
 	buf = append(buf, js...)
 	buf = binary.AppendVarint(buf, int64(e.clock))
@@ -152,6 +175,36 @@ func (e *Engine) MarshalBinary() ([]byte, error) {
 	for _, k := range pk {
 		buf = appendString(buf, k)
 		buf = binary.AppendVarint(buf, int64(e.pauses[k]))
+	}
+	if format == snapshotFormat1 {
+		return buf, nil
+	}
+
+	ak := make([]string, 0, len(e.adapt))
+	for k := range e.adapt {
+		ak = append(ak, k)
+	}
+	slices.Sort(ak)
+	buf = binary.AppendUvarint(buf, uint64(len(ak)))
+	for _, k := range ak {
+		a := e.adapt[k]
+		buf = appendString(buf, k)
+		buf = binary.AppendUvarint(buf, uint64(a.lvl.idx))
+		buf = binary.AppendUvarint(buf, a.base)
+		buf = binary.AppendVarint(buf, int64(a.since))
+		buf = binary.AppendVarint(buf, int64(a.lastDecrease))
+	}
+	rk := make([]string, 0, len(e.retries))
+	for d := range e.retries {
+		rk = append(rk, d)
+	}
+	slices.Sort(rk)
+	buf = binary.AppendUvarint(buf, uint64(len(rk)))
+	for _, d := range rk {
+		st := e.retries[d]
+		buf = appendString(buf, d)
+		buf = binary.AppendUvarint(buf, st.tokens)
+		buf = binary.AppendVarint(buf, int64(st.last))
 	}
 	return buf, nil
 }
@@ -248,8 +301,9 @@ func decodeSnapshot(data []byte) (*Engine, error) {
 	if len(data) == 0 {
 		return nil, fmt.Errorf("empty input")
 	}
-	if data[0] != snapshotFormat {
-		return nil, fmt.Errorf("unknown format %d (this build reads format %d)", data[0], snapshotFormat)
+	format := data[0]
+	if format != snapshotFormat1 && format != snapshotFormat {
+		return nil, fmt.Errorf("unknown format %d (this build reads formats %d and %d)", format, snapshotFormat1, snapshotFormat)
 	}
 	d := &decoder{data: data, off: 1}
 	js := d.bytes(d.uvarint())
@@ -326,6 +380,9 @@ func decodeSnapshot(data []byte) (*Engine, error) {
 		k := string(d.bytes(d.uvarint()))
 		e.pauses[k] = Time(d.varint())
 	}
+	if format == snapshotFormat {
+		decodePolicy(d, e, lim)
+	}
 	if d.err == nil && d.off != len(data) {
 		d.fail("%d trailing bytes", len(data)-d.off)
 	}
@@ -334,4 +391,49 @@ func decodeSnapshot(data []byte) (*Engine, error) {
 	}
 	e.rebuildFullAt()
 	return e, nil
+}
+
+// decodePolicy reads format 2's adaptive rates and retry budgets.
+func decodePolicy(d *decoder, e *Engine, lim *compiled) {
+	na := d.count(4)
+	for i := 0; i < na && d.err == nil; i++ {
+		k := string(d.bytes(d.uvarint()))
+		idx := d.uvarint()
+		a := &adaptState{base: d.uvarint(), since: Time(d.varint()), lastDecrease: Time(d.varint())}
+		if d.err != nil {
+			return
+		}
+		if idx >= uint64(len(lim.levels)) || lim.levels[idx].adaptive == nil || lim.matchKey(k) != lim.levels[idx] {
+			d.fail("adaptive %q: level %d is not its adaptive level", k, idx)
+			return
+		}
+		a.lvl = lim.levels[idx]
+		if p := a.lvl.adaptive; a.base < p.floor || a.base > p.ceil {
+			d.fail("adaptive %q: rate %d outside [%d, %d]", k, a.base, p.floor, p.ceil)
+			return
+		}
+		if _, dup := e.adapt[k]; dup {
+			d.fail("adaptive %q appears twice", k)
+			return
+		}
+		e.adapt[k] = a
+	}
+	nr := d.count(3)
+	for i := 0; i < nr && d.err == nil; i++ {
+		dom := string(d.bytes(d.uvarint()))
+		st := &retryState{tokens: d.uvarint(), last: Time(d.varint())}
+		if d.err != nil {
+			return
+		}
+		root := lim.domains[dom]
+		if root == nil || root.retry == nil || st.tokens > root.retry.capMicro {
+			d.fail("retry budget %q: no such budget, or balance %d above its capacity", dom, st.tokens)
+			return
+		}
+		if _, dup := e.retries[dom]; dup {
+			d.fail("retry budget %q appears twice", dom)
+			return
+		}
+		e.retries[dom] = st
+	}
 }

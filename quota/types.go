@@ -64,7 +64,15 @@ type Domain struct {
 	// Adaptive makes the domain ceiling's rate adapt to provider feedback (AIMD) between a
 	// floor and the configured rate, which is the human-set maximum. Nil: fixed.
 	Adaptive *Adaptive `json:"adaptive,omitempty"`
+	// ResumeJitter spreads the end of a pause: a request refused as paused is told to retry
+	// after the pause ends plus a per-request share of this window (derived from
+	// Request.Spread), so workers that did not wait do not all return at once. 0 means
+	// DefaultResumeJitter.
+	ResumeJitter time.Duration `json:"resume_jitter,omitempty"`
 }
+
+// DefaultResumeJitter is the resume jitter window of a domain that does not set one.
+const DefaultResumeJitter = time.Second
 
 // WorkClass is one class of work with a reserved share of contended capacity.
 type WorkClass struct {
@@ -76,10 +84,20 @@ type WorkClass struct {
 
 // RetryBudget lets retries spend at most RatioPercent of first attempts' admissions, plus a
 // floor of MinPerSecond so a quiet domain can still retry.
+//
+// It is a per-domain bucket of retry tokens: every admitted first attempt (Attempt <= 1) adds
+// RatioPercent/100 of a token, time adds MinPerSecond tokens a second, and every admitted retry
+// (Attempt > 1) takes one token, whatever its cost. The bucket holds at most
+// Capacity() tokens and starts full. Over any interval T the retries admitted are
+// therefore at most capacity + RatioPercent/100·first_attempts(T) + MinPerSecond·T.
 type RetryBudget struct {
 	RatioPercent uint32 `json:"ratio_percent"`
 	MinPerSecond uint64 `json:"min_per_second,omitempty"`
 }
+
+// Capacity is the most retry tokens the budget holds: ten seconds of its floor, and at least
+// 10, so a burst of retries after a hiccup is not cut to one.
+func (b *RetryBudget) Capacity() uint64 { return max(10, 10*b.MinPerSecond) }
 
 // Adaptive is additive-increase/multiplicative-decrease control of a rate limit. The configured
 // Rate.RequestsPerUnit is the ceiling; the effective rate never leaves [Floor, ceiling].
@@ -164,6 +182,10 @@ type Request struct {
 	Attempt uint32
 	// WorkClass names the request's work class for the fair scheduler ("" = default).
 	WorkClass string
+	// Spread is an arbitrary per-request value (the fsm uses a hash of the client and request
+	// IDs) that places the request within its domain's resume jitter window when it is refused
+	// as paused. Requests with different Spread values come back at different times.
+	Spread uint64
 }
 
 // Decision is the outcome of one Request.
@@ -197,6 +219,47 @@ type Decision struct {
 	ShadowDenials []string
 }
 
+// Feedback is a provider's throttling answer (HTTP 429 or 503) reported for the scope the
+// provider limited: a domain (provider application) or a descriptor prefix in it (an endpoint,
+// a tenant's credential).
+type Feedback struct {
+	Domain string
+	// Prefix names the scope the provider limited; empty is the whole domain.
+	Prefix []Entry
+	// StatusCode is the provider's HTTP status: 429 or 503.
+	StatusCode uint32
+	// RetryAfter is the provider's Retry-After; 0 if it sent none.
+	RetryAfter time.Duration
+	// Reason is the provider's limiter-reason header; empty if it sent none.
+	Reason string
+}
+
+// FeedbackResult says what a Feedback did.
+type FeedbackResult struct {
+	// Scope is the named level: "domain" or the prefix's last key.
+	Scope string
+	// Attributed: the feedback was taken as evidence about Scope (it carried a reason, or named
+	// a scope narrower than the whole domain). Unattributed feedback changes nothing.
+	Attributed bool
+	// PausedFor is how long Scope is now paused (0: not paused).
+	PausedFor time.Duration
+	// Decreased: the adaptive rate at Scope was multiplied down by this feedback.
+	Decreased bool
+	// Limit is the effective requests_per_unit at Scope afterwards when Scope is adaptive, else 0.
+	Limit uint64
+}
+
+// AdaptiveStatus is the effective rate of one adaptive bucket that is below its ceiling.
+type AdaptiveStatus struct {
+	Domain string
+	Key    string // bucket key
+	Scope  string
+	// Limit is the effective requests_per_unit (rounded down), Ceiling the configured one.
+	Limit   uint64
+	Ceiling uint64
+	Window  time.Duration
+}
+
 // BucketStatus is a read-only view of one level on a descriptor path.
 type BucketStatus struct {
 	Scope       string
@@ -209,4 +272,10 @@ type BucketStatus struct {
 	InFlight    uint64
 	MaxInFlight uint64
 	PausedFor   time.Duration
+	// Ceiling is the configured requests_per_unit of an adaptive level (Limit is then the
+	// effective one); 0 for a fixed level.
+	Ceiling uint64
+	// RetryTokens is, on the domain level of a domain with a retry budget, the whole retry
+	// tokens left.
+	RetryTokens uint64
 }

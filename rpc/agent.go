@@ -242,6 +242,7 @@ func (a *Agent) httpHandler() http.Handler {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(a.State())
 	})
+	mux.Handle("/debug/fair", a.server.fairHandler(a.cfg.Cluster.ID))
 	for path, h := range a.cfg.ExtraHTTP {
 		mux.Handle(path, h)
 	}

@@ -16,6 +16,7 @@ type Metrics struct {
 	entryOps      prometheus.Histogram
 	commitErrors  prometheus.Counter
 	leaderChanges prometheus.Counter
+	feedback      *prometheus.CounterVec
 }
 
 // NewMetrics registers quotad's metrics on a fresh registry (never the global one, so several
@@ -45,6 +46,12 @@ func NewMetrics() *Metrics {
 			Name: "quotad_leader_changes_total", Help: "Times this node observed a leadership change.",
 		}),
 	}
+	m.feedback = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quotad_provider_feedback_total",
+		Help: "Provider 429/503 reports applied on this leader, by domain, status and outcome " +
+			"(paused, decreased, attributed: counted against the named scope; evidence: a 429 without a reason for a whole domain, which changes nothing).",
+	}, []string{"domain", "status", "outcome"})
+	m.Registry.MustRegister(m.feedback)
 	m.Registry.MustRegister(m.decisions, m.decisionTime, m.commitTime, m.entryOps, m.commitErrors,
 		m.leaderChanges, prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	fsmv1 "github.com/quotad/quotad/api/quotad/fsm/v1"
@@ -38,11 +39,18 @@ func DefaultProposerConfig() ProposerConfig {
 // proposer coalesces concurrent operations into shared log entries (group commit): it takes
 // whatever has queued, stamps one timestamp, commits one entry, and hands each caller its own
 // result. Under no load an operation goes out at once; under load the batch grows by itself.
+//
+// Ops arrive already encoded (each caller encodes its own, in parallel) and a whole call's
+// ops are queued under one lock and answered through one channel: per op there is no
+// channel operation and no allocation on the single goroutine that cuts entries.
 type proposer struct {
 	node Applier
 	cfg  ProposerConfig
 
-	queue   chan *proposal
+	mu      sync.Mutex
+	queue   []queuedOp
+	drained chan struct{} // closed (and replaced) whenever the loop takes ops off the queue
+	wake    chan struct{} // capacity 1: the queue became non-empty
 	slots   chan struct{}
 	stop    chan struct{}
 	stopped sync.WaitGroup
@@ -50,17 +58,24 @@ type proposer struct {
 	observe func(ops int, took time.Duration, err error)
 }
 
-type proposal struct {
-	op   *fsmv1.Op
-	done chan proposalResult
+// queuedOp is one encoded op of a call, waiting for an entry.
+type queuedOp struct {
+	data []byte
+	c    *call
+	i    int
+}
+
+// call is one caller's ops; results[i] answers ops[i]. done is closed when all are answered.
+type call struct {
+	results []proposalResult
+	left    atomic.Int32
+	done    chan struct{}
 }
 
 type proposalResult struct {
 	res fsm.OpResult
 	err error
 }
-
-var proposalPool = sync.Pool{New: func() any { return &proposal{done: make(chan proposalResult, 1)} }}
 
 // errStopped: the proposer is shutting down.
 var errStopped = errors.New("rpc: server is shutting down")
@@ -76,56 +91,88 @@ func newProposer(node Applier, cfg ProposerConfig) *proposer {
 		cfg.ApplyTimeout = DefaultProposerConfig().ApplyTimeout
 	}
 	p := &proposer{
-		node:  node,
-		cfg:   cfg,
-		queue: make(chan *proposal, cfg.MaxBatch*4),
-		slots: make(chan struct{}, cfg.MaxInflight),
-		stop:  make(chan struct{}),
+		node:    node,
+		cfg:     cfg,
+		drained: make(chan struct{}),
+		wake:    make(chan struct{}, 1),
+		slots:   make(chan struct{}, cfg.MaxInflight),
+		stop:    make(chan struct{}),
 	}
 	p.stopped.Add(1)
 	go p.loop()
 	return p
 }
 
-// propose submits op and waits for its result. If ctx ends first the outcome is unknown: the
-// operation may still commit (which is why admissions carry request IDs).
+// maxQueued bounds the ops waiting for an entry; a caller beyond it waits for room (or for
+// its context), which pushes back on clients when the log cannot keep up.
+func (p *proposer) maxQueued() int { return p.cfg.MaxBatch * (p.cfg.MaxInflight + 2) }
+
+// propose submits one op and waits for its result. If ctx ends first the outcome is unknown:
+// the operation may still commit (which is why admissions carry request IDs).
 func (p *proposer) propose(ctx context.Context, op *fsmv1.Op) (fsm.OpResult, error) {
-	pr, err := p.submit(ctx, op)
+	data, err := fsm.EncodeOp(op)
+	if err != nil {
+		return fsm.OpResult{}, fmt.Errorf("rpc: encoding an op: %w", err)
+	}
+	c, err := p.submit(ctx, [][]byte{data})
 	if err != nil {
 		return fsm.OpResult{}, err
 	}
-	return p.wait(ctx, pr)
+	if err := p.wait(ctx, c); err != nil {
+		return fsm.OpResult{}, err
+	}
+	r := c.results[0]
+	return r.res, r.err
 }
 
-// submit queues op for the next log entry without waiting for it; pair it with wait. Submitting
-// all of a call's operations before waiting lets them share entries.
-func (p *proposer) submit(ctx context.Context, op *fsmv1.Op) (*proposal, error) {
-	pr := proposalPool.Get().(*proposal)
-	pr.op = op
+// submit queues a call's encoded ops, in order, for the next log entries.
+func (p *proposer) submit(ctx context.Context, ops [][]byte) (*call, error) {
+	c := &call{results: make([]proposalResult, len(ops)), done: make(chan struct{})}
+	c.left.Store(int32(len(ops)))
+	for i := 0; i < len(ops); {
+		p.mu.Lock()
+		room := p.maxQueued() - len(p.queue)
+		if room <= 0 {
+			drained := p.drained
+			p.mu.Unlock()
+			select {
+			case <-drained:
+				continue
+			case <-ctx.Done():
+				// Ops already queued still commit; their callers' outcome is unknown anyway.
+				return nil, ctx.Err()
+			case <-p.stop:
+				return nil, errStopped
+			}
+		}
+		for ; i < len(ops) && room > 0; i, room = i+1, room-1 {
+			p.queue = append(p.queue, queuedOp{data: ops[i], c: c, i: i})
+		}
+		p.mu.Unlock()
+		select {
+		case p.wake <- struct{}{}:
+		default:
+		}
+	}
+	return c, nil
+}
+
+// wait waits until every op of c is answered (results in c.results) or ctx ends.
+func (p *proposer) wait(ctx context.Context, c *call) error {
 	select {
-	case p.queue <- pr:
-		return pr, nil
+	case <-c.done:
+		return nil
 	case <-ctx.Done():
-		pr.op = nil
-		proposalPool.Put(pr)
-		return nil, ctx.Err()
+		return ctx.Err()
 	case <-p.stop:
-		return nil, errStopped
+		return errStopped
 	}
 }
 
-// wait returns the result of a submitted proposal.
-func (p *proposer) wait(ctx context.Context, pr *proposal) (fsm.OpResult, error) {
-	select {
-	case r := <-pr.done:
-		pr.op = nil
-		proposalPool.Put(pr)
-		return r.res, r.err
-	case <-ctx.Done():
-		// The commit still owns pr (it will write to done); let the collector have it.
-		return fsm.OpResult{}, ctx.Err()
-	case <-p.stop:
-		return fsm.OpResult{}, errStopped
+func (c *call) answer(i int, r proposalResult) {
+	c.results[i] = r
+	if c.left.Add(-1) == 0 {
+		close(c.done)
 	}
 }
 
@@ -137,63 +184,65 @@ func (p *proposer) close() {
 func (p *proposer) loop() {
 	defer p.stopped.Done()
 	for {
-		var first *proposal
 		select {
-		case first = <-p.queue:
+		case <-p.wake:
 		case <-p.stop:
 			return
 		}
-		// Wait for a commit slot before collecting the batch: while the previous entries commit,
-		// more proposals queue up and ride along.
-		select {
-		case p.slots <- struct{}{}:
-		case <-p.stop:
-			first.done <- proposalResult{err: errStopped}
-			return
-		}
-		batch := []*proposal{first}
-	collect:
-		for len(batch) < p.cfg.MaxBatch {
+		for {
+			// Wait for a commit slot before taking the batch: while the previous entries
+			// commit, more ops queue up and ride along.
 			select {
-			case pr := <-p.queue:
-				batch = append(batch, pr)
-			default:
-				break collect
+			case p.slots <- struct{}{}:
+			case <-p.stop:
+				return
 			}
+			p.mu.Lock()
+			n := min(len(p.queue), p.cfg.MaxBatch)
+			if n == 0 {
+				p.mu.Unlock()
+				<-p.slots
+				break
+			}
+			batch := make([]queuedOp, n)
+			copy(batch, p.queue)
+			rest := copy(p.queue, p.queue[n:])
+			clear(p.queue[rest:])
+			p.queue = p.queue[:rest]
+			close(p.drained)
+			p.drained = make(chan struct{})
+			p.mu.Unlock()
+			go p.commit(batch)
 		}
-		go p.commit(batch)
 	}
 }
 
-func (p *proposer) commit(batch []*proposal) {
+func (p *proposer) commit(batch []queuedOp) {
 	defer func() { <-p.slots }()
 	start := time.Now()
 	res, err := p.apply(batch)
 	if p.observe != nil {
 		p.observe(len(batch), time.Since(start), err)
 	}
-	for i, pr := range batch {
+	for i, q := range batch {
 		if err != nil {
-			pr.done <- proposalResult{err: err}
+			q.c.answer(q.i, proposalResult{err: err})
 			continue
 		}
-		pr.done <- proposalResult{res: res.Ops[i]}
+		q.c.answer(q.i, proposalResult{res: res.Ops[i]})
 	}
 }
 
-func (p *proposer) apply(batch []*proposal) (*fsm.Result, error) {
+func (p *proposer) apply(batch []queuedOp) (*fsm.Result, error) {
 	ts, err := p.node.Now()
 	if err != nil {
 		return nil, err
 	}
-	cmd := &fsmv1.Command{Ts: ts, Ops: make([]*fsmv1.Op, len(batch))}
-	for i, pr := range batch {
-		cmd.Ops[i] = pr.op
+	ops := make([][]byte, len(batch))
+	for i, q := range batch {
+		ops[i] = q.data
 	}
-	data, err := fsm.Encode(cmd)
-	if err != nil {
-		return nil, fmt.Errorf("rpc: encoding a command of %d ops: %w", len(batch), err)
-	}
+	data := fsm.EncodeEntry(ts, ops)
 	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.ApplyTimeout)
 	defer cancel()
 	out, err := p.node.Apply(ctx, data)

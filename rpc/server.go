@@ -64,6 +64,7 @@ type Server struct {
 	prop    *proposer
 	fwd     *forwarder
 	metrics *Metrics
+	fair    *fair // leader-side fair scheduler for waiting admissions (sched.go)
 }
 
 // NewServer returns a server for node, whose state machine is f. forwardCreds secure calls
@@ -73,6 +74,7 @@ func NewServer(node Node, f *fsm.FSM, pc ProposerConfig, forwardCreds credential
 	if metrics != nil {
 		s.prop.observe = metrics.observeCommit
 	}
+	s.fair = newFair(s)
 	return s
 }
 
@@ -84,6 +86,7 @@ func (s *Server) Register(g *grpc.Server) {
 
 // Close stops group commit and closes forwarding connections.
 func (s *Server) Close() {
+	s.fair.close()
 	s.prop.close()
 	s.fwd.close()
 }
@@ -134,35 +137,56 @@ func (s *Server) Acquire(ctx context.Context, req *quotadv1.AcquireRequest) (*qu
 	if conn != nil {
 		return quotadv1.NewQuotaClient(conn).Acquire(forwardCtx(ctx), req)
 	}
+	if s.fair.handles(req) {
+		return s.fair.acquire(ctx, req)
+	}
 	start := time.Now()
-	resp := &quotadv1.AcquireResponse{Decisions: make([]*quotadv1.Decision, len(req.Admissions))}
-	// Submit every admission before waiting on any, so one call's admissions share entries.
-	pending := make([]*proposal, len(req.Admissions))
-	var submitErr error
+	n := len(req.Admissions)
+	resp := &quotadv1.AcquireResponse{Decisions: make([]*quotadv1.Decision, n)}
+	// One slab for the answers and one buffer for the encoded ops: a call of n admissions
+	// costs a handful of allocations, not a few per admission.
+	slab := make([]quotadv1.Decision, n)
+	ops := make([][]byte, 0, n)
+	idx := make([]int, 0, n)
+	buf := make([]byte, 0, n*(64+len(req.ClientId)))
 	for i, adm := range req.Admissions {
 		if msg := admissionProblem(adm); msg != "" {
-			resp.Decisions[i] = &quotadv1.Decision{Reason: string(quota.ReasonInvalid), Message: msg}
+			slab[i] = quotadv1.Decision{Reason: string(quota.ReasonInvalid), Message: msg}
+			resp.Decisions[i] = &slab[i]
 			continue
 		}
-		op := &fsmv1.Op{Op: &fsmv1.Op_Acquire{Acquire: &fsmv1.Acquire{ClientId: req.ClientId, Admission: adm}}}
-		if pending[i], submitErr = s.prop.submit(ctx, op); submitErr != nil {
-			break
-		}
+		from := len(buf)
+		buf = fsm.AppendAcquireOp(buf, req.ClientId, adm)
+		ops = append(ops, buf[from:len(buf):len(buf)])
+		idx = append(idx, i)
 	}
-	var waitErr error
-	for i, pr := range pending {
-		if pr == nil {
-			continue
+	if len(ops) > 0 {
+		// buf may have been reallocated while appending: re-slice every op from the final one.
+		off := 0
+		for j, op := range ops {
+			ops[j] = buf[off : off+len(op) : off+len(op)]
+			off += len(op)
 		}
-		r, err := s.prop.wait(ctx, pr)
+		c, err := s.prop.submit(ctx, ops)
+		if err == nil {
+			err = s.prop.wait(ctx, c)
+		}
 		if err != nil {
-			waitErr = err
-			continue
+			return nil, s.applyError(err)
 		}
-		resp.Decisions[i] = decisionToProto(r.Decision)
-	}
-	if err := errors.Join(submitErr, waitErr); err != nil {
-		return nil, s.applyError(err)
+		var errs []error
+		for j, r := range c.results {
+			if r.err != nil {
+				errs = append(errs, r.err)
+				continue
+			}
+			i := idx[j]
+			setDecision(&slab[i], r.res.Decision)
+			resp.Decisions[i] = &slab[i]
+		}
+		if err := errors.Join(errs...); err != nil {
+			return nil, s.applyError(err)
+		}
 	}
 	took := time.Since(start)
 	for _, d := range resp.Decisions {
@@ -232,19 +256,24 @@ func admissionProblem(adm *quotadv1.Admission) string {
 }
 
 func decisionToProto(d quota.Decision) *quotadv1.Decision {
-	return &quotadv1.Decision{
-		Admitted:     d.Admitted,
-		Reason:       string(d.Reason),
-		Scope:        d.Scope,
-		Limit:        d.Limit,
-		Remaining:    d.Remaining,
-		ResetAfterMs: ceilMs(d.ResetAfter),
-		RetryAfterMs: ceilMs(d.RetryAfter),
-		LeaseId:      d.LeaseID,
-		LeaseTtlMs:   d.LeaseTTL.Milliseconds(),
-		Message:      d.Message,
-		WindowMs:     d.Window.Milliseconds(),
-	}
+	pd := &quotadv1.Decision{}
+	setDecision(pd, d)
+	return pd
+}
+
+// setDecision fills a zero pd from d.
+func setDecision(pd *quotadv1.Decision, d quota.Decision) {
+	pd.Admitted = d.Admitted
+	pd.Reason = string(d.Reason)
+	pd.Scope = d.Scope
+	pd.Limit = d.Limit
+	pd.Remaining = d.Remaining
+	pd.ResetAfterMs = ceilMs(d.ResetAfter)
+	pd.RetryAfterMs = ceilMs(d.RetryAfter)
+	pd.LeaseId = d.LeaseID
+	pd.LeaseTtlMs = d.LeaseTTL.Milliseconds()
+	pd.Message = d.Message
+	pd.WindowMs = d.Window.Milliseconds()
 }
 
 // ceilMs rounds up, so a client that waits retry_after_ms is never early.
@@ -322,13 +351,21 @@ func (s *Server) Refund(ctx context.Context, req *quotadv1.RefundRequest) (*quot
 // MaxPause bounds how long one feedback can pause a scope.
 const MaxPause = time.Hour
 
-// Feedback pauses the scope a provider limited.
+// Feedback records a provider's 429/503 for the scope it names. The FSM decides (on every
+// replica) what it pauses and adapts; see quota.Engine.Feedback: a 429 without a reason for a
+// whole domain is not assumed global and changes nothing (it is counted as evidence only).
 func (s *Server) Feedback(ctx context.Context, req *quotadv1.FeedbackRequest) (*quotadv1.FeedbackResponse, error) {
 	if req.Domain == "" {
 		return nil, status.Error(codes.InvalidArgument, "domain is empty; name the limits domain the provider answered for")
 	}
 	if req.RetryAfterMs < 0 || time.Duration(req.RetryAfterMs)*time.Millisecond > MaxPause {
 		return nil, status.Errorf(codes.InvalidArgument, "retry_after_ms %d is outside 0..%d", req.RetryAfterMs, MaxPause.Milliseconds())
+	}
+	if req.StatusCode != quota.StatusTooManyRequests && req.StatusCode != quota.StatusServiceUnavailable {
+		return nil, status.Errorf(codes.InvalidArgument, "status_code %d is not 429 or 503; report only the provider's throttling answers", req.StatusCode)
+	}
+	if len(req.Descriptors) > MaxDescriptors || len(req.Reason) > maxStringLen {
+		return nil, status.Errorf(codes.InvalidArgument, "at most %d descriptors and a reason of at most %d bytes", MaxDescriptors, maxStringLen)
 	}
 	conn, err := s.route(ctx)
 	if err != nil || conn != nil {
@@ -337,19 +374,22 @@ func (s *Server) Feedback(ctx context.Context, req *quotadv1.FeedbackRequest) (*
 		}
 		return quotadv1.NewQuotaClient(conn).Feedback(forwardCtx(ctx), req)
 	}
-	if req.RetryAfterMs == 0 {
-		// Nothing to pause for; the fair scheduler's adaptive limits act on such feedback.
-		return &quotadv1.FeedbackResponse{}, nil
-	}
 	d := time.Duration(req.RetryAfterMs) * time.Millisecond
-	r, err := s.prop.propose(ctx, &fsmv1.Op{Op: &fsmv1.Op_Pause{Pause: &fsmv1.Pause{Domain: req.Domain, Prefix: req.Descriptors, DurationNs: int64(d)}}})
+	r, err := s.prop.propose(ctx, &fsmv1.Op{Op: &fsmv1.Op_Feedback{Feedback: &fsmv1.Feedback{Domain: req.Domain, Prefix: req.Descriptors,
+		StatusCode: req.StatusCode, RetryAfterNs: int64(d), Reason: req.Reason}}})
 	if err != nil {
 		return nil, s.applyError(err)
 	}
 	if r.Err != nil {
+		if errors.Is(r.Err, quota.ErrUnknownDomain) {
+			return nil, status.Error(codes.NotFound, r.Err.Error())
+		}
 		return nil, status.Error(codes.InvalidArgument, r.Err.Error())
 	}
-	return &quotadv1.FeedbackResponse{PausedForMs: r.PausedFor.Milliseconds(), Scope: r.Scope}, nil
+	fb := r.Feedback
+	s.metrics.observeFeedback(req.Domain, req.StatusCode, fb)
+	return &quotadv1.FeedbackResponse{PausedForMs: ceilMs(fb.PausedFor), Scope: fb.Scope,
+		Attributed: fb.Attributed, Decreased: fb.Decreased, Limit: fb.Limit}, nil
 }
 
 // Status reads buckets linearizably: leadership is verified with a quorum and the read waits

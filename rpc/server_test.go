@@ -69,29 +69,41 @@ func TestAcquireUntilRateLimitedOnAnyNode(t *testing.T) {
 	follower := (leader + 1) % 3
 	q := quotadv1.NewQuotaClient(dial(t, c.Addrs()[follower]))
 	ctx := context.Background()
-	for i := uint64(1); i <= 10; i++ {
-		var hdr metadata.MD
-		resp, err := q.Acquire(ctx, &quotadv1.AcquireRequest{ClientId: "t", Admissions: []*quotadv1.Admission{admission(i, 1, "endpoint=charges")}}, grpc.Header(&hdr))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if d := resp.Decisions[0]; !d.Admitted {
-			t.Fatalf("acquire %d of a burst of 10 denied: %+v", i, d)
-		}
-		if got := hdr.Get(rpc.LeaderHeader); len(got) != 1 || got[0] != c.Addrs()[leader] {
-			t.Fatalf("follower's leader header = %v, want %s", got, c.Addrs()[leader])
-		}
+	// One call with 11 admissions: they share one log entry and so one instant, with no refill
+	// between them, which makes the 11th's retry_after exact.
+	req := &quotadv1.AcquireRequest{ClientId: "t"}
+	for i := uint64(1); i <= 11; i++ {
+		req.Admissions = append(req.Admissions, admission(i, 1, "endpoint=charges"))
 	}
-	d, err := acquireOne(ctx, q, "t", admission(11, 1, "endpoint=charges"))
+	var hdr metadata.MD
+	resp, err := q.Acquire(ctx, req, grpc.Header(&hdr))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.Admitted || d.Reason != "rate_limited" || d.Scope != "endpoint" || d.Limit != 60 {
+	if got := hdr.Get(rpc.LeaderHeader); len(got) != 1 || got[0] != c.Addrs()[leader] {
+		t.Fatalf("follower's leader header = %v, want %s", got, c.Addrs()[leader])
+	}
+	for i, d := range resp.Decisions[:10] {
+		if !d.Admitted || d.Remaining != uint64(9-i) {
+			t.Fatalf("acquire %d of a burst of 10: %+v, want admitted with %d remaining", i+1, d, 9-i)
+		}
+	}
+	d := resp.Decisions[10]
+	if d.Admitted || d.Reason != "rate_limited" || d.Scope != "endpoint" || d.Limit != 60 || d.Remaining != 0 {
 		t.Fatalf("11th acquire: %+v, want rate_limited by endpoint with limit 60", d)
 	}
-	// 60/minute refills one unit per second: retry_after must be about 1 s (within 10 %).
+	// 60/minute refills one unit per second and the bucket is exactly empty.
 	if d.RetryAfterMs < 900 || d.RetryAfterMs > 1100 {
 		t.Fatalf("retry_after_ms = %d, want 1000 ± 10%%", d.RetryAfterMs)
+	}
+	// A later single call through the follower is denied too (no refill of a whole unit yet
+	// unless a second passed), and again names the endpoint.
+	d2, err := acquireOne(ctx, q, "t", admission(12, 1, "endpoint=charges"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d2.Admitted && (d2.Scope != "endpoint" || d2.RetryAfterMs > 1000) {
+		t.Fatalf("12th acquire: %+v", d2)
 	}
 }
 

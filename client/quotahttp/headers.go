@@ -18,15 +18,15 @@ import (
 
 // Header names written by this package.
 const (
-	HeaderRetryAfter         = "Retry-After"
-	HeaderXRateLimitLimit    = "X-RateLimit-Limit"
-	HeaderXRateLimitRemain   = "X-RateLimit-Remaining"
-	HeaderXRateLimitReset    = "X-RateLimit-Reset"
-	HeaderXRateLimitScope    = "X-RateLimit-Scope"
-	HeaderRateLimit          = "RateLimit"
-	HeaderRateLimitPolicy    = "RateLimit-Policy"
-	problemContentType       = "application/problem+json"
-	defaultProblemTypePrefix = "about:blank"
+	HeaderRetryAfter          = "Retry-After"
+	HeaderXRateLimitLimit     = "X-RateLimit-Limit"
+	HeaderXRateLimitRemaining = "X-RateLimit-Remaining"
+	HeaderXRateLimitReset     = "X-RateLimit-Reset"
+	HeaderXRateLimitScope     = "X-RateLimit-Scope"
+	HeaderRateLimit           = "RateLimit"
+	HeaderRateLimitPolicy     = "RateLimit-Policy"
+	problemContentType        = "application/problem+json"
+	defaultProblemTypePrefix  = "about:blank"
 )
 
 // SetRateLimitHeaders writes the rate-limit fields describing d into h:
@@ -48,7 +48,7 @@ func SetRateLimitHeaders(h http.Header, d client.Decision, now time.Time) {
 	}
 	resetSecs := ceilSeconds(d.ResetAfter)
 	h.Set(HeaderXRateLimitLimit, strconv.FormatUint(d.Limit, 10))
-	h.Set(HeaderXRateLimitRemain, strconv.FormatUint(d.Remaining, 10))
+	h.Set(HeaderXRateLimitRemaining, strconv.FormatUint(d.Remaining, 10))
 	h.Set(HeaderXRateLimitReset, strconv.FormatInt(now.Unix()+resetSecs, 10))
 	h.Set(HeaderXRateLimitScope, d.Scope)
 	h.Set(HeaderRateLimitPolicy, RateLimitPolicy(d))
@@ -113,7 +113,11 @@ func ceilSeconds(d time.Duration) int64 {
 	if d <= 0 {
 		return 0
 	}
-	return int64((d + time.Second - 1) / time.Second)
+	secs := int64(d / time.Second)
+	if d%time.Second != 0 {
+		secs++
+	}
+	return secs
 }
 
 // clampSFInt keeps v within a Structured Field Integer (at most 15 digits).

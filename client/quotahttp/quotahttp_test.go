@@ -217,6 +217,10 @@ func TestHeaderFormatting(t *testing.T) {
 		t.Errorf("field %s, want %s", got, want)
 	}
 	h := http.Header{}
+	quotahttp.SetRetryAfter(h, time.Duration(math.MaxInt64))
+	if h.Get("Retry-After") != "9223372037" {
+		t.Errorf("Retry-After for a 'never' decision: %q, want 9223372037 (no overflow)", h.Get("Retry-After"))
+	}
 	quotahttp.SetRetryAfter(h, 0)
 	if h.Get("Retry-After") != "1" {
 		t.Errorf("Retry-After for 0: %q, want 1", h.Get("Retry-After"))

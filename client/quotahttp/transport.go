@@ -42,9 +42,10 @@ type Transport struct {
 	ReasonHeader string
 	// FeedbackScope chooses what a provider 429/503 pauses: the descriptors of the level the
 	// provider limited (nil: the whole domain) and whether to report it at all. Default:
-	// report every 429 and 503 as limiting the whole domain. Providers whose throttles can be
-	// per-account or per-endpoint, or whose 429s without a reason header mean something else
-	// (lock contention), deserve their own FeedbackScope.
+	// report every 429 and 503 for the whole domain. The cluster does not assume a report
+	// for the whole domain without a reason (ReasonHeader empty or absent) is global: it
+	// pauses and adapts nothing. Providers whose throttles are per-account or per-endpoint
+	// deserve their own FeedbackScope naming that level.
 	FeedbackScope func(r *http.Request, resp *http.Response, adm client.Request) (descriptors []client.Entry, report bool)
 	// FeedbackTimeout bounds the Feedback RPC (default 1s). It runs before RoundTrip returns,
 	// so the pause is in force before this worker's next admission.

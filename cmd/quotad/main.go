@@ -28,7 +28,7 @@ func main() {
 	pf.StringVar(&cliTLS.CertFile, "cert", "", "client commands: PEM client certificate (mutual TLS)")
 	pf.StringVar(&cliTLS.KeyFile, "key", "", "client commands: PEM key for --cert")
 	pf.StringVar(&cliAdminToken, "token", "", "client commands: admin token (or $QUOTAD_ADMIN_TOKEN)")
-	root.AddCommand(agentCmd(), devCmd(), acquireCmd(), releaseCmd(), limitsCmd(), statusCmd())
+	root.AddCommand(agentCmd(), devCmd(), acquireCmd(), releaseCmd(), limitsCmd(), statusCmd(), topCmd())
 	if err := root.Execute(); err != nil {
 		var ee exitError
 		if errors.As(err, &ee) {

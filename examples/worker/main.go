@@ -46,7 +46,7 @@ type tenantKey struct{}
 func main() {
 	addrs := flag.String("addrs", "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103", "comma-separated quotad gRPC addresses")
 	domain := flag.String("domain", "provider", "quota domain of the provider")
-	endpoint := flag.String("endpoint", "charges", "descriptor endpoint=VALUE before tenant=...; empty: tenant only")
+	endpoint := flag.String("endpoint", "sync", "descriptor endpoint=VALUE before tenant=...; empty: tenant only")
 	tenants := flag.Int("tenants", 4, "number of tenants; tenant 0 submits half of all jobs")
 	workers := flag.Int("workers", 32, "worker goroutines")
 	jobs := flag.Int("jobs", 400, "jobs to run")

@@ -8,6 +8,7 @@ package proccluster
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -25,7 +26,8 @@ import (
 )
 
 // Build compiles ./cmd/quotad from the module at moduleDir into dir and returns the binary's
-// path. tags are Go build tags (e.g. "chaos").
+// path. tags are Go build tags (e.g. "chaos"). CGO is disabled, so the binary is static (it
+// runs in a FROM-scratch container image too).
 func Build(moduleDir, dir string, tags ...string) (string, error) {
 	bin := filepath.Join(dir, "quotad")
 	args := []string{"build", "-o", bin}
@@ -42,6 +44,78 @@ func Build(moduleDir, dir string, tags ...string) (string, error) {
 	return bin, nil
 }
 
+// Binary is a built quotad executable and what it was built with.
+type Binary struct {
+	Path string
+	// Tags are the build tags actually used (empty after a fallback).
+	Tags []string
+	// Note says why the tagged build was not possible, after a fallback to an untagged one.
+	Note string
+	// Flags are the agent flags the binary accepts (from `quotad agent --help`, without "--").
+	Flags map[string]bool
+}
+
+// BuildBinary is Build that also reads the binary's agent flags. If the tagged build fails
+// and fallback is set, it builds without tags and says why in Note.
+func BuildBinary(moduleDir, dir string, tags []string, fallback bool) (*Binary, error) {
+	b := &Binary{Tags: tags}
+	path, err := Build(moduleDir, dir, tags...)
+	if err != nil {
+		if !fallback || len(tags) == 0 {
+			return nil, err
+		}
+		b.Note = fmt.Sprintf("-tags %s did not build (%s); using an untagged build",
+			strings.Join(tags, ","), firstErrorLine(err.Error()))
+		b.Tags = nil
+		if path, err = Build(moduleDir, dir); err != nil {
+			return nil, err
+		}
+	}
+	b.Path = path
+	b.Flags = AgentFlags(path)
+	return b, nil
+}
+
+// AgentFlags returns the flags `binary agent --help` lists (names without "--").
+func AgentFlags(binary string) map[string]bool {
+	help, _ := exec.Command(binary, "agent", "--help").CombinedOutput()
+	flags := map[string]bool{}
+	for _, f := range strings.Fields(string(help)) {
+		if strings.HasPrefix(f, "--") && len(f) > 2 {
+			flags[strings.TrimRight(strings.TrimPrefix(f, "--"), ",=")] = true
+		}
+	}
+	return flags
+}
+
+func firstErrorLine(s string) string {
+	lines := strings.Split(s, "\n")
+	for _, l := range lines[1:] { // lines[0] is the go command line
+		if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "#") {
+			return l
+		}
+	}
+	return strings.TrimSpace(lines[0])
+}
+
+// ModuleRoot returns the directory holding go.mod, searching up from the working directory.
+func ModuleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("proccluster: go.mod not found above the working directory")
+		}
+		dir = parent
+	}
+}
+
 // Config describes a cluster to start.
 type Config struct {
 	// Binary is the quotad executable.
@@ -56,6 +130,15 @@ type Config struct {
 	ExtraArgs []string
 	// Env is added to every agent's environment.
 	Env []string
+	// NodeArgs, if set, returns more arguments for one node (after ExtraArgs); NodeEnv more
+	// environment. They are called at every (re)start.
+	NodeArgs func(n *Node) []string
+	NodeEnv  func(n *Node) []string
+	// LogDir receives every node's log file, <id>.log (default Dir). Logs are appended across
+	// restarts, each start and exit marked by a "=== proccluster:" line.
+	LogDir string
+	// LogFormat is the agents' --log-format (default "json").
+	LogFormat string
 }
 
 // Node is one agent process slot: its addresses and data survive restarts.
@@ -72,6 +155,14 @@ type Node struct {
 	cmd     *exec.Cmd
 	exited  chan struct{}
 	stopped bool // SIGSTOPped
+	starts  int
+}
+
+// Starts returns how many times the node's process was started.
+func (n *Node) Starts() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.starts
 }
 
 // Cluster is a set of agent processes.
@@ -80,23 +171,32 @@ type Cluster struct {
 	Nodes []*Node
 }
 
-// FreePorts reserves n distinct free TCP ports on 127.0.0.1 (also free for UDP is likely but
-// not guaranteed; gossip retries on failure).
+// FreePorts returns n distinct ports on 127.0.0.1 that are free for both TCP and UDP right now
+// (gossip needs both).
 func FreePorts(n int) ([]int, error) {
-	var ls []net.Listener
+	var cs []io.Closer
 	defer func() {
-		for _, l := range ls {
-			l.Close()
+		for _, c := range cs {
+			c.Close()
 		}
 	}()
 	var ports []int
-	for range n {
+	for tries := 0; len(ports) < n; tries++ {
+		if tries > 50*n {
+			return nil, errors.New("proccluster: no free port with both TCP and UDP")
+		}
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return nil, err
 		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+		cs = append(cs, l)
+		port := l.Addr().(*net.TCPAddr).Port
+		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		cs = append(cs, u)
+		ports = append(ports, port)
 	}
 	return ports, nil
 }
@@ -127,9 +227,16 @@ func (c *Cluster) newNode() (*Node, error) {
 	}
 	id := fmt.Sprintf("node%d", len(c.Nodes)+1)
 	a := func(p int) string { return fmt.Sprintf("127.0.0.1:%d", p) }
+	logDir := c.cfg.LogDir
+	if logDir == "" {
+		logDir = c.cfg.Dir
+	}
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		return nil, err
+	}
 	n := &Node{
 		ID: id, GRPCAddr: a(ports[0]), RaftAddr: a(ports[1]), GossipAddr: a(ports[2]), HTTPAddr: a(ports[3]),
-		DataDir: filepath.Join(c.cfg.Dir, id), LogPath: filepath.Join(c.cfg.Dir, id+".log"),
+		DataDir: filepath.Join(c.cfg.Dir, id), LogPath: filepath.Join(logDir, id+".log"),
 	}
 	c.Nodes = append(c.Nodes, n)
 	return n, nil
@@ -138,17 +245,36 @@ func (c *Cluster) newNode() (*Node, error) {
 // AddNode starts one more agent that joins the running cluster (no bootstrap) and returns
 // its index.
 func (c *Cluster) AddNode() (int, error) {
+	i, err := c.PrepareNode()
+	if err != nil {
+		return -1, err
+	}
+	return i, c.Start(i)
+}
+
+// PrepareNode adds a slot for one more agent (addresses, data dir, log) without starting it;
+// Start(i) starts it, joining the running cluster.
+func (c *Cluster) PrepareNode() (int, error) {
 	if _, err := c.newNode(); err != nil {
 		return -1, err
 	}
-	i := len(c.Nodes) - 1
-	return i, c.startWith(i, 0)
+	return len(c.Nodes) - 1, nil
 }
 
-// Start (re)starts node i from its data dir on its addresses.
-func (c *Cluster) Start(i int) error { return c.startWith(i, c.cfg.Nodes) }
+// Start (re)starts node i from its data dir on its addresses; it does nothing if node i is
+// running. The first cfg.Nodes nodes are started with --bootstrap-expect cfg.Nodes (it only
+// matters on an empty data dir), added ones with 0: they join.
+func (c *Cluster) Start(i int) error {
+	if i < c.cfg.Nodes {
+		return c.startWith(i, c.cfg.Nodes)
+	}
+	return c.startWith(i, 0)
+}
 
 func (c *Cluster) startWith(i, bootstrapExpect int) error {
+	if c.Running(i) {
+		return nil
+	}
 	n := c.Nodes[i]
 	var join []string
 	for j, o := range c.Nodes {
@@ -159,28 +285,53 @@ func (c *Cluster) startWith(i, bootstrapExpect int) error {
 	args := []string{"agent", "--id", n.ID, "--data-dir", n.DataDir,
 		"--grpc-addr", n.GRPCAddr, "--raft-addr", n.RaftAddr, "--gossip-addr", n.GossipAddr,
 		"--http-addr", n.HTTPAddr, "--bootstrap-expect", fmt.Sprint(bootstrapExpect),
-		"--join", strings.Join(join, ","), "--log-format", "json"}
+		"--join", strings.Join(join, ","), "--log-format", cmp.Or(c.cfg.LogFormat, "json")}
 	if c.cfg.LimitsFile != "" {
 		args = append(args, "--limits", c.cfg.LimitsFile)
 	}
 	args = append(args, c.cfg.ExtraArgs...)
+	env := append(os.Environ(), c.cfg.Env...)
+	if c.cfg.NodeArgs != nil {
+		args = append(args, c.cfg.NodeArgs(n)...)
+	}
+	if c.cfg.NodeEnv != nil {
+		env = append(env, c.cfg.NodeEnv(n)...)
+	}
 	logf, err := os.OpenFile(n.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
 	}
+	n.mu.Lock()
+	n.starts++
+	fmt.Fprintf(logf, "=== proccluster: start #%d at %s: %s %s\n", n.starts, time.Now().Format(time.RFC3339Nano),
+		c.cfg.Binary, strings.Join(args, " "))
+	n.mu.Unlock()
 	cmd := exec.Command(c.cfg.Binary, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = append(os.Environ(), c.cfg.Env...)
+	cmd.Env = env
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return fmt.Errorf("starting %s: %w", n.ID, err)
 	}
 	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); logf.Close(); close(exited) }()
+	go func() {
+		_ = cmd.Wait()
+		fmt.Fprintf(logf, "=== proccluster: exited at %s: %v\n", time.Now().Format(time.RFC3339Nano), cmd.ProcessState)
+		logf.Close()
+		close(exited)
+	}()
 	n.mu.Lock()
 	n.cmd, n.exited, n.stopped = cmd, exited, false
 	n.mu.Unlock()
 	return nil
+}
+
+// Paused reports whether node i is alive and stopped by Pause.
+func (c *Cluster) Paused(i int) bool {
+	n := c.Nodes[i]
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.stopped && n.runningLocked()
 }
 
 // Running reports whether node i's process is alive.
@@ -188,6 +339,10 @@ func (c *Cluster) Running(i int) bool {
 	n := c.Nodes[i]
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	return n.runningLocked()
+}
+
+func (n *Node) runningLocked() bool {
 	if n.cmd == nil {
 		return false
 	}
@@ -205,6 +360,18 @@ func (c *Cluster) Kill(i int) { c.signalAndWait(i, syscall.SIGKILL, 0) }
 // Stop sends SIGTERM (graceful: a leader hands over) and waits up to 15 s, then kills.
 func (c *Cluster) Stop(i int) { c.signalAndWait(i, syscall.SIGTERM, 15*time.Second) }
 
+// StopTimeout is Stop with a grace period of d before the SIGKILL.
+func (c *Cluster) StopTimeout(i int, d time.Duration) { c.signalAndWait(i, syscall.SIGTERM, d) }
+
+// StopAll stops every node at once, each with a grace period of d.
+func (c *Cluster) StopAll(d time.Duration) {
+	var wg sync.WaitGroup
+	for i := range c.Nodes {
+		wg.Go(func() { c.StopTimeout(i, d) })
+	}
+	wg.Wait()
+}
+
 func (c *Cluster) signalAndWait(i int, sig syscall.Signal, grace time.Duration) {
 	n := c.Nodes[i]
 	n.mu.Lock()
@@ -213,10 +380,11 @@ func (c *Cluster) signalAndWait(i int, sig syscall.Signal, grace time.Duration) 
 	if cmd == nil {
 		return
 	}
+	_ = cmd.Process.Signal(sig)
 	if stopped && sig != syscall.SIGKILL {
+		// A stopped process keeps a pending SIGTERM until it continues.
 		_ = cmd.Process.Signal(syscall.SIGCONT)
 	}
-	_ = cmd.Process.Signal(sig)
 	if grace > 0 {
 		select {
 		case <-exited:
@@ -238,7 +406,7 @@ func (c *Cluster) signal(i int, sig syscall.Signal, stopped bool) {
 	n := c.Nodes[i]
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.cmd != nil {
+	if n.runningLocked() {
 		_ = n.cmd.Process.Signal(sig)
 		n.stopped = stopped
 	}
@@ -291,10 +459,11 @@ func (c *Cluster) State(ctx context.Context, i int) (State, error) {
 	return s, json.NewDecoder(resp.Body).Decode(&s)
 }
 
-// Leader returns the index of the running node that reports itself leader, or -1.
+// Leader returns the index of the running (not paused) node that reports itself leader, or
+// -1.
 func (c *Cluster) Leader(ctx context.Context) int {
 	for i := range c.Nodes {
-		if !c.Running(i) {
+		if !c.Running(i) || c.Paused(i) {
 			continue
 		}
 		if s, err := c.State(ctx, i); err == nil && s.IsLeader {
@@ -307,7 +476,12 @@ func (c *Cluster) Leader(ctx context.Context) int {
 // WaitLeader polls until a running node leads with limits applied (if a limits file was
 // given), or the timeout passes.
 func (c *Cluster) WaitLeader(timeout time.Duration) (int, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	return c.WaitLeaderCtx(context.Background(), timeout)
+}
+
+// WaitLeaderCtx is WaitLeader that also gives up when ctx ends.
+func (c *Cluster) WaitLeaderCtx(ctx context.Context, timeout time.Duration) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	for {
 		if l := c.Leader(ctx); l >= 0 {

@@ -1017,8 +1017,16 @@ func (x *FeedbackRequest) GetReason() string {
 type FeedbackResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// paused_for_ms is how long the named scope is now paused (0 if the feedback paused nothing).
-	PausedForMs   int64  `protobuf:"varint,1,opt,name=paused_for_ms,json=pausedForMs,proto3" json:"paused_for_ms,omitempty"`
-	Scope         string `protobuf:"bytes,2,opt,name=scope,proto3" json:"scope,omitempty"`
+	PausedForMs int64  `protobuf:"varint,1,opt,name=paused_for_ms,json=pausedForMs,proto3" json:"paused_for_ms,omitempty"`
+	Scope       string `protobuf:"bytes,2,opt,name=scope,proto3" json:"scope,omitempty"`
+	// attributed: the feedback counted as evidence about scope (it carried a reason or named a
+	// scope narrower than the domain). A 429 without a reason for a whole domain is not assumed
+	// global and changes nothing.
+	Attributed bool `protobuf:"varint,3,opt,name=attributed,proto3" json:"attributed,omitempty"`
+	// decreased: the scope's adaptive rate was multiplied down (confirmed rate limiting).
+	Decreased bool `protobuf:"varint,4,opt,name=decreased,proto3" json:"decreased,omitempty"`
+	// limit is the scope's effective requests_per_unit when it is adaptive, else 0.
+	Limit         uint64 `protobuf:"varint,5,opt,name=limit,proto3" json:"limit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1065,6 +1073,27 @@ func (x *FeedbackResponse) GetScope() string {
 		return x.Scope
 	}
 	return ""
+}
+
+func (x *FeedbackResponse) GetAttributed() bool {
+	if x != nil {
+		return x.Attributed
+	}
+	return false
+}
+
+func (x *FeedbackResponse) GetDecreased() bool {
+	if x != nil {
+		return x.Decreased
+	}
+	return false
+}
+
+func (x *FeedbackResponse) GetLimit() uint64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
 }
 
 type ApplyLimitsRequest struct {
@@ -1623,10 +1652,15 @@ const file_quotad_v1_quotad_proto_rawDesc = "" +
 	"\vstatus_code\x18\x03 \x01(\rR\n" +
 	"statusCode\x12$\n" +
 	"\x0eretry_after_ms\x18\x04 \x01(\x03R\fretryAfterMs\x12\x16\n" +
-	"\x06reason\x18\x05 \x01(\tR\x06reason\"L\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\"\xa0\x01\n" +
 	"\x10FeedbackResponse\x12\"\n" +
 	"\rpaused_for_ms\x18\x01 \x01(\x03R\vpausedForMs\x12\x14\n" +
-	"\x05scope\x18\x02 \x01(\tR\x05scope\"E\n" +
+	"\x05scope\x18\x02 \x01(\tR\x05scope\x12\x1e\n" +
+	"\n" +
+	"attributed\x18\x03 \x01(\bR\n" +
+	"attributed\x12\x1c\n" +
+	"\tdecreased\x18\x04 \x01(\bR\tdecreased\x12\x14\n" +
+	"\x05limit\x18\x05 \x01(\x04R\x05limit\"E\n" +
 	"\x12ApplyLimitsRequest\x12\x12\n" +
 	"\x04yaml\x18\x01 \x01(\tR\x04yaml\x12\x1b\n" +
 	"\tfile_name\x18\x02 \x01(\tR\bfileName\"I\n" +

@@ -97,6 +97,7 @@ type Op struct {
 	//	*Op_Refund
 	//	*Op_SetLimits
 	//	*Op_Pause
+	//	*Op_Feedback
 	Op            isOp_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -193,6 +194,15 @@ func (x *Op) GetPause() *Pause {
 	return nil
 }
 
+func (x *Op) GetFeedback() *Feedback {
+	if x != nil {
+		if x, ok := x.Op.(*Op_Feedback); ok {
+			return x.Feedback
+		}
+	}
+	return nil
+}
+
 type isOp_Op interface {
 	isOp_Op()
 }
@@ -221,6 +231,10 @@ type Op_Pause struct {
 	Pause *Pause `protobuf:"bytes,6,opt,name=pause,proto3,oneof"`
 }
 
+type Op_Feedback struct {
+	Feedback *Feedback `protobuf:"bytes,7,opt,name=feedback,proto3,oneof"`
+}
+
 func (*Op_Acquire) isOp_Op() {}
 
 func (*Op_Release) isOp_Op() {}
@@ -232,6 +246,8 @@ func (*Op_Refund) isOp_Op() {}
 func (*Op_SetLimits) isOp_Op() {}
 
 func (*Op_Pause) isOp_Op() {}
+
+func (*Op_Feedback) isOp_Op() {}
 
 type Acquire struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -479,6 +495,8 @@ func (x *SetLimits) GetLimitsJson() []byte {
 	return nil
 }
 
+// Pause is the pre-Feedback op (kept so old log entries still apply): it pauses a scope
+// unconditionally.
 type Pause struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Domain        string                 `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
@@ -539,6 +557,84 @@ func (x *Pause) GetDurationNs() int64 {
 	return 0
 }
 
+// Feedback is a provider's 429/503 for a scope: the FSM decides what it pauses and adapts
+// (quota.Engine.Feedback).
+type Feedback struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Domain        string                 `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
+	Prefix        []*v1.Entry            `protobuf:"bytes,2,rep,name=prefix,proto3" json:"prefix,omitempty"`
+	StatusCode    uint32                 `protobuf:"varint,3,opt,name=status_code,json=statusCode,proto3" json:"status_code,omitempty"`
+	RetryAfterNs  int64                  `protobuf:"varint,4,opt,name=retry_after_ns,json=retryAfterNs,proto3" json:"retry_after_ns,omitempty"`
+	Reason        string                 `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Feedback) Reset() {
+	*x = Feedback{}
+	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Feedback) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Feedback) ProtoMessage() {}
+
+func (x *Feedback) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Feedback.ProtoReflect.Descriptor instead.
+func (*Feedback) Descriptor() ([]byte, []int) {
+	return file_quotad_fsm_v1_fsm_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *Feedback) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
+}
+
+func (x *Feedback) GetPrefix() []*v1.Entry {
+	if x != nil {
+		return x.Prefix
+	}
+	return nil
+}
+
+func (x *Feedback) GetStatusCode() uint32 {
+	if x != nil {
+		return x.StatusCode
+	}
+	return 0
+}
+
+func (x *Feedback) GetRetryAfterNs() int64 {
+	if x != nil {
+		return x.RetryAfterNs
+	}
+	return 0
+}
+
+func (x *Feedback) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 var File_quotad_fsm_v1_fsm_proto protoreflect.FileDescriptor
 
 const file_quotad_fsm_v1_fsm_proto_rawDesc = "" +
@@ -547,7 +643,7 @@ const file_quotad_fsm_v1_fsm_proto_rawDesc = "" +
 	"\aCommand\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x0e\n" +
 	"\x02ts\x18\x02 \x01(\x03R\x02ts\x12#\n" +
-	"\x03ops\x18\x03 \x03(\v2\x11.quotad.fsm.v1.OpR\x03ops\"\xba\x02\n" +
+	"\x03ops\x18\x03 \x03(\v2\x11.quotad.fsm.v1.OpR\x03ops\"\xf1\x02\n" +
 	"\x02Op\x122\n" +
 	"\aacquire\x18\x01 \x01(\v2\x16.quotad.fsm.v1.AcquireH\x00R\aacquire\x122\n" +
 	"\arelease\x18\x02 \x01(\v2\x16.quotad.fsm.v1.ReleaseH\x00R\arelease\x12,\n" +
@@ -555,7 +651,8 @@ const file_quotad_fsm_v1_fsm_proto_rawDesc = "" +
 	"\x06refund\x18\x04 \x01(\v2\x15.quotad.fsm.v1.RefundH\x00R\x06refund\x129\n" +
 	"\n" +
 	"set_limits\x18\x05 \x01(\v2\x18.quotad.fsm.v1.SetLimitsH\x00R\tsetLimits\x12,\n" +
-	"\x05pause\x18\x06 \x01(\v2\x14.quotad.fsm.v1.PauseH\x00R\x05pauseB\x04\n" +
+	"\x05pause\x18\x06 \x01(\v2\x14.quotad.fsm.v1.PauseH\x00R\x05pause\x125\n" +
+	"\bfeedback\x18\a \x01(\v2\x17.quotad.fsm.v1.FeedbackH\x00R\bfeedbackB\x04\n" +
 	"\x02op\"Z\n" +
 	"\aAcquire\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x122\n" +
@@ -576,7 +673,14 @@ const file_quotad_fsm_v1_fsm_proto_rawDesc = "" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12(\n" +
 	"\x06prefix\x18\x02 \x03(\v2\x10.quotad.v1.EntryR\x06prefix\x12\x1f\n" +
 	"\vduration_ns\x18\x03 \x01(\x03R\n" +
-	"durationNsB2Z0github.com/quotad/quotad/api/quotad/fsm/v1;fsmv1b\x06proto3"
+	"durationNs\"\xab\x01\n" +
+	"\bFeedback\x12\x16\n" +
+	"\x06domain\x18\x01 \x01(\tR\x06domain\x12(\n" +
+	"\x06prefix\x18\x02 \x03(\v2\x10.quotad.v1.EntryR\x06prefix\x12\x1f\n" +
+	"\vstatus_code\x18\x03 \x01(\rR\n" +
+	"statusCode\x12$\n" +
+	"\x0eretry_after_ns\x18\x04 \x01(\x03R\fretryAfterNs\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reasonB2Z0github.com/quotad/quotad/api/quotad/fsm/v1;fsmv1b\x06proto3"
 
 var (
 	file_quotad_fsm_v1_fsm_proto_rawDescOnce sync.Once
@@ -590,7 +694,7 @@ func file_quotad_fsm_v1_fsm_proto_rawDescGZIP() []byte {
 	return file_quotad_fsm_v1_fsm_proto_rawDescData
 }
 
-var file_quotad_fsm_v1_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_quotad_fsm_v1_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_quotad_fsm_v1_fsm_proto_goTypes = []any{
 	(*Command)(nil),      // 0: quotad.fsm.v1.Command
 	(*Op)(nil),           // 1: quotad.fsm.v1.Op
@@ -600,24 +704,27 @@ var file_quotad_fsm_v1_fsm_proto_goTypes = []any{
 	(*Refund)(nil),       // 5: quotad.fsm.v1.Refund
 	(*SetLimits)(nil),    // 6: quotad.fsm.v1.SetLimits
 	(*Pause)(nil),        // 7: quotad.fsm.v1.Pause
-	(*v1.Admission)(nil), // 8: quotad.v1.Admission
-	(*v1.Entry)(nil),     // 9: quotad.v1.Entry
+	(*Feedback)(nil),     // 8: quotad.fsm.v1.Feedback
+	(*v1.Admission)(nil), // 9: quotad.v1.Admission
+	(*v1.Entry)(nil),     // 10: quotad.v1.Entry
 }
 var file_quotad_fsm_v1_fsm_proto_depIdxs = []int32{
-	1, // 0: quotad.fsm.v1.Command.ops:type_name -> quotad.fsm.v1.Op
-	2, // 1: quotad.fsm.v1.Op.acquire:type_name -> quotad.fsm.v1.Acquire
-	3, // 2: quotad.fsm.v1.Op.release:type_name -> quotad.fsm.v1.Release
-	4, // 3: quotad.fsm.v1.Op.renew:type_name -> quotad.fsm.v1.Renew
-	5, // 4: quotad.fsm.v1.Op.refund:type_name -> quotad.fsm.v1.Refund
-	6, // 5: quotad.fsm.v1.Op.set_limits:type_name -> quotad.fsm.v1.SetLimits
-	7, // 6: quotad.fsm.v1.Op.pause:type_name -> quotad.fsm.v1.Pause
-	8, // 7: quotad.fsm.v1.Acquire.admission:type_name -> quotad.v1.Admission
-	9, // 8: quotad.fsm.v1.Pause.prefix:type_name -> quotad.v1.Entry
-	9, // [9:9] is the sub-list for method output_type
-	9, // [9:9] is the sub-list for method input_type
-	9, // [9:9] is the sub-list for extension type_name
-	9, // [9:9] is the sub-list for extension extendee
-	0, // [0:9] is the sub-list for field type_name
+	1,  // 0: quotad.fsm.v1.Command.ops:type_name -> quotad.fsm.v1.Op
+	2,  // 1: quotad.fsm.v1.Op.acquire:type_name -> quotad.fsm.v1.Acquire
+	3,  // 2: quotad.fsm.v1.Op.release:type_name -> quotad.fsm.v1.Release
+	4,  // 3: quotad.fsm.v1.Op.renew:type_name -> quotad.fsm.v1.Renew
+	5,  // 4: quotad.fsm.v1.Op.refund:type_name -> quotad.fsm.v1.Refund
+	6,  // 5: quotad.fsm.v1.Op.set_limits:type_name -> quotad.fsm.v1.SetLimits
+	7,  // 6: quotad.fsm.v1.Op.pause:type_name -> quotad.fsm.v1.Pause
+	8,  // 7: quotad.fsm.v1.Op.feedback:type_name -> quotad.fsm.v1.Feedback
+	9,  // 8: quotad.fsm.v1.Acquire.admission:type_name -> quotad.v1.Admission
+	10, // 9: quotad.fsm.v1.Pause.prefix:type_name -> quotad.v1.Entry
+	10, // 10: quotad.fsm.v1.Feedback.prefix:type_name -> quotad.v1.Entry
+	11, // [11:11] is the sub-list for method output_type
+	11, // [11:11] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_quotad_fsm_v1_fsm_proto_init() }
@@ -632,6 +739,7 @@ func file_quotad_fsm_v1_fsm_proto_init() {
 		(*Op_Refund)(nil),
 		(*Op_SetLimits)(nil),
 		(*Op_Pause)(nil),
+		(*Op_Feedback)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -639,7 +747,7 @@ func file_quotad_fsm_v1_fsm_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quotad_fsm_v1_fsm_proto_rawDesc), len(file_quotad_fsm_v1_fsm_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,0 +1,62 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"os"
+	"os/signal"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"github.com/quotad/quotad/internal/top"
+)
+
+func topCmd() *cobra.Command {
+	var (
+		addr     string
+		interval time.Duration
+		ratio    float64
+		once     bool
+	)
+	cmd := &cobra.Command{
+		Use:   "top",
+		Short: "Live view of per-tenant usage, share and wait on contended buckets, and over-subscribed limits",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+			defer stop()
+			if once {
+				interval = 0
+			}
+			// Find a node that answers, then keep its connection for the view.
+			var src top.Source
+			err := call(ctx, addr, func(ctx context.Context, conn *grpc.ClientConn) error {
+				_, err := quotadv1.NewAdminClient(conn).Members(ctx, &quotadv1.MembersRequest{})
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			opts, err := dialOptions()
+			if err != nil {
+				return err
+			}
+			conn, err := grpc.NewClient(splitList(addr)[0], opts...)
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			src = top.Source{Admin: quotadv1.NewAdminClient(conn), HTTP: &http.Client{Timeout: 3 * time.Second}}
+			return top.Run(ctx, cmd.OutOrStdout(), src, ratio, interval)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&addr, "addr", "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103", "comma-separated node gRPC addresses")
+	f.DurationVar(&interval, "interval", time.Second, "refresh interval")
+	f.Float64Var(&ratio, "max-oversubscription", 1.5, "warn when a parent's children's limits sum to more than this multiple of its rate")
+	f.BoolVar(&once, "once", false, "print one frame and exit")
+	return cmd
+}

@@ -1,0 +1,143 @@
+package fsm
+
+import (
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	fsmv1 "github.com/quotad/quotad/api/quotad/fsm/v1"
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+)
+
+// Encoding log entries op by op. The leader's group commit encodes each op when it is
+// submitted (on the caller's goroutine, in parallel) and joins the encoded ops into one
+// Command when the entry is cut (EncodeEntry), instead of building a Command message and
+// marshalling it with the protobuf runtime on the single committing goroutine. The bytes are
+// a valid quotad.fsm.v1.Command (version, ts, then the ops), so proto.Unmarshal reads them.
+
+// AppendAcquireOp appends the encoding of Op{acquire: {client_id, admission}} to b. It
+// writes the Admission fields this build knows; unknown fields of adm are dropped.
+func AppendAcquireOp(b []byte, clientID string, adm *quotadv1.Admission) []byte {
+	admLen := admissionSize(adm)
+	acqLen := 0
+	if clientID != "" {
+		acqLen += 1 + protowire.SizeBytes(len(clientID))
+	}
+	acqLen += 1 + protowire.SizeBytes(admLen)
+	b = protowire.AppendTag(b, fOpAcquire, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(acqLen))
+	if clientID != "" {
+		b = protowire.AppendTag(b, fAcquireClientID, protowire.BytesType)
+		b = protowire.AppendString(b, clientID)
+	}
+	b = protowire.AppendTag(b, fAcquireAdmission, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(admLen))
+	return appendAdmission(b, adm)
+}
+
+func admissionSize(a *quotadv1.Admission) int {
+	n := 0
+	if a.RequestId != 0 {
+		n += 1 + protowire.SizeVarint(a.RequestId)
+	}
+	if a.Domain != "" {
+		n += 1 + protowire.SizeBytes(len(a.Domain))
+	}
+	for _, e := range a.Descriptors {
+		n += 1 + protowire.SizeBytes(entrySize(e))
+	}
+	if a.Cost != 0 {
+		n += 1 + protowire.SizeVarint(a.Cost)
+	}
+	if a.LeaseTtlMs != 0 {
+		n += 1 + protowire.SizeVarint(uint64(a.LeaseTtlMs))
+	}
+	if a.Attempt != 0 {
+		n += 1 + protowire.SizeVarint(uint64(a.Attempt))
+	}
+	if a.WorkClass != "" {
+		n += 1 + protowire.SizeBytes(len(a.WorkClass))
+	}
+	if a.MaxWaitMs != 0 {
+		n += 1 + protowire.SizeVarint(uint64(a.MaxWaitMs))
+	}
+	return n
+}
+
+func entrySize(e *quotadv1.Entry) int {
+	n := 0
+	if k := e.GetKey(); k != "" {
+		n += 1 + protowire.SizeBytes(len(k))
+	}
+	if v := e.GetValue(); v != "" {
+		n += 1 + protowire.SizeBytes(len(v))
+	}
+	return n
+}
+
+func appendAdmission(b []byte, a *quotadv1.Admission) []byte {
+	if a.RequestId != 0 {
+		b = protowire.AppendTag(b, fAdmissionRequestID, protowire.VarintType)
+		b = protowire.AppendVarint(b, a.RequestId)
+	}
+	if a.Domain != "" {
+		b = protowire.AppendTag(b, fAdmissionDomain, protowire.BytesType)
+		b = protowire.AppendString(b, a.Domain)
+	}
+	for _, e := range a.Descriptors {
+		b = protowire.AppendTag(b, fAdmissionDescriptors, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(entrySize(e)))
+		if k := e.GetKey(); k != "" {
+			b = protowire.AppendTag(b, fEntryKey, protowire.BytesType)
+			b = protowire.AppendString(b, k)
+		}
+		if v := e.GetValue(); v != "" {
+			b = protowire.AppendTag(b, fEntryValue, protowire.BytesType)
+			b = protowire.AppendString(b, v)
+		}
+	}
+	if a.Cost != 0 {
+		b = protowire.AppendTag(b, fAdmissionCost, protowire.VarintType)
+		b = protowire.AppendVarint(b, a.Cost)
+	}
+	if a.LeaseTtlMs != 0 {
+		b = protowire.AppendTag(b, fAdmissionLeaseTTLMs, protowire.VarintType)
+		b = protowire.AppendVarint(b, uint64(a.LeaseTtlMs))
+	}
+	if a.Attempt != 0 {
+		b = protowire.AppendTag(b, fAdmissionAttempt, protowire.VarintType)
+		b = protowire.AppendVarint(b, uint64(a.Attempt))
+	}
+	if a.WorkClass != "" {
+		b = protowire.AppendTag(b, fAdmissionWorkClass, protowire.BytesType)
+		b = protowire.AppendString(b, a.WorkClass)
+	}
+	if a.MaxWaitMs != 0 {
+		b = protowire.AppendTag(b, fAdmissionMaxWaitMs, protowire.VarintType)
+		b = protowire.AppendVarint(b, uint64(a.MaxWaitMs))
+	}
+	return b
+}
+
+// EncodeOp returns the encoding of any op (the protobuf runtime's; for the rare kinds).
+func EncodeOp(op *fsmv1.Op) ([]byte, error) {
+	return proto.Marshal(op)
+}
+
+// EncodeEntry returns a Command{version: CommandVersion, ts, ops} whose ops are already
+// encoded (by AppendAcquireOp or EncodeOp), in one allocation.
+func EncodeEntry(ts int64, ops [][]byte) []byte {
+	n := 1 + protowire.SizeVarint(CommandVersion) + 1 + protowire.SizeVarint(uint64(ts))
+	for _, op := range ops {
+		n += 1 + protowire.SizeBytes(len(op))
+	}
+	b := make([]byte, 0, n)
+	b = protowire.AppendTag(b, fCommandVersion, protowire.VarintType)
+	b = protowire.AppendVarint(b, CommandVersion)
+	b = protowire.AppendTag(b, fCommandTs, protowire.VarintType)
+	b = protowire.AppendVarint(b, uint64(ts))
+	for _, op := range ops {
+		b = protowire.AppendTag(b, fCommandOps, protowire.BytesType)
+		b = protowire.AppendBytes(b, op)
+	}
+	return b
+}
