@@ -2,12 +2,10 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/binary"
-	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -22,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"github.com/quotad/quotad/client"
 	"github.com/quotad/quotad/rpc"
 )
 
@@ -31,9 +30,10 @@ var (
 	cliAdminToken string
 )
 
-func dialOptions() ([]grpc.DialOption, error) {
+// tlsConfig builds the client commands' TLS settings from the flags; nil means plaintext.
+func tlsConfig() (*tls.Config, error) {
 	if cliTLS.CAFile == "" && cliTLS.CertFile == "" {
-		return []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, nil
+		return nil, nil
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
 	if cliTLS.CAFile != "" {
@@ -53,7 +53,28 @@ func dialOptions() ([]grpc.DialOption, error) {
 		}
 		cfg.Certificates = []tls.Certificate{cert}
 	}
+	return cfg, nil
+}
+
+func dialOptions() ([]grpc.DialOption, error) {
+	cfg, err := tlsConfig()
+	if err != nil || cfg == nil {
+		return []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, err
+	}
 	return []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(cfg))}, nil
+}
+
+// newClient returns a client library instance for the quota commands (leader discovery,
+// retries with one request ID, backoff).
+func newClient(addrs string) (*client.Client, error) {
+	cfg := client.DefaultConfig(splitList(addrs)...)
+	cfg.Batch.Disabled = true // one decision per invocation: nothing to batch
+	tlsCfg, err := tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	cfg.TLS = tlsCfg
+	return client.New(cfg)
 }
 
 func withToken(ctx context.Context) context.Context {
@@ -106,11 +127,14 @@ func call(ctx context.Context, addrs string, fn func(ctx context.Context, conn *
 	}
 }
 
-func randomID() (string, uint64) {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	return "cli-" + hex.EncodeToString(b[:8]), binary.LittleEndian.Uint64(b[8:]) | 1
-}
+// decisionView prints a client.Decision in the API's millisecond units (rounded up, so a
+// caller that waits retry_after_ms is never early).
+type decisionView struct{ client.Decision }
+
+func (d decisionView) ResetAfterMs() int64 { return ceilMs(d.ResetAfter) }
+func (d decisionView) RetryAfterMs() int64 { return ceilMs(d.RetryAfter) }
+
+func ceilMs(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
 
 func printJSON(v any) error {
 	enc := json.NewEncoder(os.Stdout)
@@ -131,43 +155,40 @@ func acquireCmd() *cobra.Command {
 		Use:   "acquire",
 		Short: "Ask for quota once: exit 0 if admitted, 3 if denied",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			adm := &quotadv1.Admission{Domain: domain, Cost: cost, LeaseTtlMs: leaseTTL.Milliseconds(), Attempt: 1}
+			req := client.Request{Domain: domain, Cost: cost, LeaseTTL: leaseTTL, Attempt: 1}
 			for _, d := range descs {
 				k, v, ok := strings.Cut(d, "=")
 				if !ok || k == "" {
 					return fmt.Errorf("--descriptor %q: use key=value, e.g. --descriptor tenant=acme", d)
 				}
-				adm.Descriptors = append(adm.Descriptors, &quotadv1.Entry{Key: k, Value: v})
+				req.Descriptors = append(req.Descriptors, client.Entry{Key: k, Value: v})
 			}
-			clientID, reqID := randomID()
-			adm.RequestId = reqID
-			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
-			defer cancel()
-			var d *quotadv1.Decision
-			err := call(ctx, addr, func(ctx context.Context, conn *grpc.ClientConn) error {
-				resp, err := quotadv1.NewQuotaClient(conn).Acquire(ctx, &quotadv1.AcquireRequest{ClientId: clientID, Admissions: []*quotadv1.Admission{adm}})
-				if err == nil {
-					d = resp.Decisions[0]
-				}
-				return err
-			})
+			c, err := newClient(addr)
 			if err != nil {
 				return err
 			}
+			defer c.Close()
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			dec, err := c.Allow(ctx, req)
+			if err != nil && !errors.Is(err, client.ErrDenied) {
+				return err
+			}
+			d := decisionView{dec}
 			if asJSON {
 				err = printJSON(map[string]any{
 					"admitted": d.Admitted, "reason": d.Reason, "scope": d.Scope, "limit": d.Limit,
-					"remaining": d.Remaining, "reset_after_ms": d.ResetAfterMs, "retry_after_ms": d.RetryAfterMs,
-					"lease_id": d.LeaseId,
+					"remaining": d.Remaining, "reset_after_ms": d.ResetAfterMs(), "retry_after_ms": d.RetryAfterMs(),
+					"lease_id": d.LeaseID,
 				})
 			} else {
 				verdict := "denied"
 				if d.Admitted {
 					verdict = "admitted"
 				}
-				fmt.Printf("%s  reason=%s scope=%s limit=%d remaining=%d reset_after=%dms retry_after=%dms", verdict, d.Reason, d.Scope, d.Limit, d.Remaining, d.ResetAfterMs, d.RetryAfterMs)
-				if d.LeaseId != 0 {
-					fmt.Printf(" lease_id=%d", d.LeaseId)
+				fmt.Printf("%s  reason=%s scope=%s limit=%d remaining=%d reset_after=%dms retry_after=%dms", verdict, d.Reason, d.Scope, d.Limit, d.Remaining, d.ResetAfterMs(), d.RetryAfterMs())
+				if d.LeaseID != 0 {
+					fmt.Printf(" lease_id=%d", d.LeaseID)
 				}
 				if d.Message != "" {
 					fmt.Printf("\n  %s", d.Message)
@@ -203,15 +224,19 @@ func releaseCmd() *cobra.Command {
 		Use:   "release",
 		Short: "Release a concurrency lease",
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := newClient(addr)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
 			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
 			defer cancel()
-			return call(ctx, addr, func(ctx context.Context, conn *grpc.ClientConn) error {
-				resp, err := quotadv1.NewQuotaClient(conn).Release(ctx, &quotadv1.ReleaseRequest{LeaseId: leaseID})
-				if err == nil {
-					fmt.Printf("released=%v\n", resp.Released)
-				}
+			released, err := c.ReleaseLease(ctx, leaseID)
+			if err != nil {
 				return err
-			})
+			}
+			fmt.Printf("released=%v\n", released)
+			return nil
 		},
 	}
 	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103", "comma-separated node gRPC addresses")
