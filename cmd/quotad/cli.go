@@ -174,6 +174,7 @@ func acquireCmd() *cobra.Command {
 			if err != nil && !errors.Is(err, client.ErrDenied) {
 				return err
 			}
+			err = nil // a denial is an answer: printed below, exit code 3
 			d := decisionView{dec}
 			if asJSON {
 				err = printJSON(map[string]any{
