@@ -59,6 +59,13 @@ type Config struct {
 	// attempts together.
 	AttemptTimeout time.Duration
 
+	// RetryHorizon bounds how long after its first attempt one request ID is retried
+	// (default DefaultRetryHorizon). The cluster remembers a decision for its dedup window
+	// (2 minutes of cluster time by default); a retry after that could be decided afresh, so
+	// past the horizon the call ends with ErrUnavailable instead. Keep it well below the
+	// server's window.
+	RetryHorizon time.Duration
+
 	// DialOptions are appended to the client's own gRPC dial options (interceptors, keepalive,
 	// a custom dialer). Transport credentials are set from TLS; do not pass them here.
 	DialOptions []grpc.DialOption
@@ -119,8 +126,14 @@ func (c Config) withDefaults() Config {
 	if c.AttemptTimeout == 0 {
 		c.AttemptTimeout = DefaultAttemptTimeout
 	}
+	if c.RetryHorizon == 0 {
+		c.RetryHorizon = DefaultRetryHorizon
+	}
 	return c
 }
+
+// DefaultRetryHorizon is half the server's default dedup window (fsm.DefaultDedupWindow).
+const DefaultRetryHorizon = time.Minute
 
 // Validate reports every problem with c (after defaults are applied), quoting the values.
 func (c Config) Validate() error {

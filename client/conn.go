@@ -163,9 +163,13 @@ type rpcFunc func(ctx context.Context, qc quotadv1.QuotaClient, opts ...grpc.Cal
 // extra lengthens each attempt's timeout (for admissions that may wait on the leader).
 func (c *Client) invoke(ctx context.Context, op string, extra time.Duration, call rpcFunc) error {
 	var lastErr error
+	start := time.Now()
 	for attempt := 0; ; attempt++ {
 		if err := ctx.Err(); err != nil {
 			return c.unavailable(op, attempt, lastErr, err)
+		}
+		if attempt > 0 && time.Since(start) > c.cfg.RetryHorizon {
+			return c.unavailable(op, attempt, lastErr, errRetryHorizon)
 		}
 		n, err := c.nodes.target()
 		if errors.Is(err, ErrClosed) {
@@ -217,6 +221,9 @@ func firstValue(mds ...metadata.MD) string {
 	}
 	return ""
 }
+
+// errRetryHorizon: the request ID is too old to be retried safely (Config.RetryHorizon).
+var errRetryHorizon = errors.New("retry horizon reached: the cluster may no longer remember this request ID")
 
 func (c *Client) unavailable(op string, attempts int, last, ctxErr error) error {
 	if last == nil {

@@ -203,3 +203,24 @@ func TestDurationsFromClusterSaturate(t *testing.T) {
 		t.Errorf("durationMillisCeil(max) = %d", got)
 	}
 }
+
+// A request ID is not retried past RetryHorizon, even when the caller's context allows it:
+// the cluster might no longer remember it and could decide it a second time.
+func TestRetriesStopAtTheHorizon(t *testing.T) {
+	c, err := New(Config{Addrs: []string{"127.0.0.1:1"}, Batch: BatchConfig{Disabled: true},
+		Backoff: BackoffConfig{Initial: time.Millisecond, Max: 20 * time.Millisecond}, RetryHorizon: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err = c.Allow(ctx, Request{Domain: "d"})
+	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, errRetryHorizon) {
+		t.Fatalf("err %v, want ErrUnavailable at the retry horizon", err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("gave up after %v with a 100ms horizon", took)
+	}
+}
