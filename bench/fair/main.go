@@ -90,11 +90,16 @@ func dur(d time.Duration) time.Duration { return time.Duration(float64(d) * *sca
 
 func main() {
 	out := flag.String("out", "bench/results/fairness.json", "JSON report path")
+	keep := flag.Bool("keep", false, "keep the cluster's data dirs and logs")
 	only := flag.String("only", "", "run one scenario: seed, weighted, lone, interactive, pause, aimd, failover")
 	flag.Parse()
 	dir, err := os.MkdirTemp("", "quotad-bench-fair-")
 	check(err)
-	defer os.RemoveAll(dir)
+	if *keep {
+		defer logf("kept %s (node logs: node*.log)", dir)
+	} else {
+		defer os.RemoveAll(dir)
+	}
 	logf("building quotad in %s", dir)
 	bin, err := proccluster.Build(".", dir)
 	check(err)
@@ -153,7 +158,7 @@ func main() {
 	if want("aimd") {
 		conv, steady := aimd(c, dur(30*time.Second), dur(30*time.Second))
 		rep.AIMD429Rate, rep.AIMDUtilization = ptr(round4(steady.rate429())), ptr(round3(steady.utilization()))
-		target(steady.rate429() < 0.01, "aimd: 429s %.2f%% of requests after 30 s (< 1%%; first 30 s: %.2f%%)",
+		target(steady.sent > 0 && steady.rate429() < 0.01, "aimd: 429s %.2f%% of requests after 30 s (< 1%%; first 30 s: %.2f%%)",
 			100*steady.rate429(), 100*conv.rate429())
 		target(steady.utilization() >= 0.85, "aimd: %.1f%% of the hidden capacity used after 30 s (>= 85%%; first 30 s: %.1f%%)",
 			100*steady.utilization(), 100*conv.utilization())
