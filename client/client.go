@@ -148,6 +148,7 @@ func (c *Client) Allow(ctx context.Context, req Request) (Decision, error) {
 	id := c.nextID()
 	c.metrics.admissions.Add(1)
 	adm := req.admission(id)
+	sent := time.Now()
 	var (
 		pd  *quotadv1.Decision
 		at  time.Time
@@ -162,6 +163,7 @@ func (c *Client) Allow(ctx context.Context, req Request) (Decision, error) {
 		return Decision{RequestID: id}, err
 	}
 	d := decisionFromProto(pd, id, at)
+	d.sent = sent
 	return d, decisionError(d)
 }
 

@@ -105,9 +105,14 @@ func (l *Lease) renew() {
 	if ttl <= 0 {
 		ttl = 10 * time.Second
 	}
-	// expires is a conservative local bound: the lease's TTL counted from when the
-	// admission's answer arrived (the cluster started counting earlier, not later).
-	expires := l.d.At.Add(ttl)
+	// expires is a conservative local bound on when the cluster ends the lease: its TTL counted
+	// from when the admission was first sent (the cluster started counting later, at commit),
+	// less 2 % for a leader clock that runs fast.
+	start := l.d.sent
+	if start.IsZero() {
+		start = l.d.At
+	}
+	expires := start.Add(ttl - ttl/50)
 	for {
 		interval := max(ttl/3, minLeaseRenewInterval)
 		t := time.NewTimer(interval)

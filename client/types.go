@@ -142,6 +142,10 @@ type Decision struct {
 	RequestID uint64
 	// At is the local time the decision arrived.
 	At time.Time
+
+	// sent is the local time the admission's first attempt left: the cluster started counting
+	// a lease's TTL after it, never before (leases are anchored here, not at At).
+	sent time.Time
 }
 
 // RetryAt is the earliest local time at which a retry of a denied request can succeed.
