@@ -66,6 +66,9 @@ type NodeAddrs struct {
 	ID, GRPC, Raft, Gossip, HTTP string
 	// DataDir is the node's data dir on the test machine (bind-mounted into a container).
 	DataDir string
+	// LogPath is the node's log file while it runs ("" when the backend collects logs only
+	// at the end).
+	LogPath string
 }
 
 // Node is one agent slot of a Cluster.
@@ -330,7 +333,8 @@ func (p *procBackend) Name() string { return "process" }
 func (p *procBackend) Len() int     { return len(p.pc.Nodes) }
 func (p *procBackend) Addrs(i int) NodeAddrs {
 	n := p.pc.Nodes[i]
-	return NodeAddrs{ID: n.ID, GRPC: n.GRPCAddr, Raft: n.RaftAddr, Gossip: n.GossipAddr, HTTP: n.HTTPAddr, DataDir: n.DataDir}
+	return NodeAddrs{ID: n.ID, GRPC: n.GRPCAddr, Raft: n.RaftAddr, Gossip: n.GossipAddr, HTTP: n.HTTPAddr,
+		DataDir: n.DataDir, LogPath: n.LogPath}
 }
 func (p *procBackend) Prepare() (int, error) { return p.pc.PrepareNode() }
 func (p *procBackend) Start(i int) error     { return p.pc.Start(i) }

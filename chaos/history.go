@@ -132,6 +132,8 @@ type History struct {
 	FirstFault int64 `json:"first_fault"`
 	// LoadStart is when the workload started.
 	LoadStart int64 `json:"load_start"`
+	// Strays lists nodes found down outside any fault (crashed, or stopped from outside).
+	Strays []string `json:"strays,omitempty"`
 }
 
 // Write saves h as JSON.

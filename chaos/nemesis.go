@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -87,6 +88,7 @@ func (nm *nemesis) run(ctx context.Context) {
 		if len(nm.cfg.Only) > 0 && !slices.Contains(nm.cfg.Only, name) {
 			name = nm.cfg.Only[nm.rng.IntN(len(nm.cfg.Only))]
 		}
+		nm.reviveStrays()
 		f := nm.inject(ctx, name)
 		if f.Skipped != "" && ctx.Err() != nil {
 			return // the fault period ended while it waited for a leader
@@ -103,6 +105,42 @@ func (nm *nemesis) run(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// reviveStrays restarts nodes that are meant to run (started before, not removed by the
+// membership fault; faults restart their victims before they end) but do not: they exited on
+// their own or were stopped from outside the suite. A crash also leaves its panic or fatal
+// line in the node's log, which the node-logs checker reports; the exit itself is noted in
+// the report.
+func (nm *nemesis) reviveStrays() {
+	for _, n := range nm.c.Nodes {
+		if n.Starts() == 0 || n.Removed || n.Running() {
+			continue
+		}
+		at := nm.rec.now()
+		msg := fmt.Sprintf("%s exited outside any fault (found at %s); restarted", n.ID, ms(at))
+		if line := lastLogLine(n.LogPath); line != "" {
+			msg += "; its log ends: " + truncate(line, 200)
+		}
+		nm.log("nemesis: %s", msg)
+		nm.rec.add(func(h *History) { h.Strays = append(h.Strays, msg) })
+		if err := nm.c.Start(n); err != nil {
+			nm.log("nemesis: restarting %s: %v", n.ID, err)
+		}
+	}
+}
+
+// lastLogLine returns the last non-empty line of a log file ("" if there is none).
+func lastLogLine(path string) string {
+	if path == "" {
+		return ""
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return lines[len(lines)-1]
 }
 
 func ids(ns []*Node) []string {

@@ -43,8 +43,10 @@ var plantedBugs = []plantedBug{
 		tag:       "chaos_bug_followerdecides",
 		behaviour: "rpc: a follower decides Acquire from its own FSM state (a local, unreplicated debit) instead of forwarding",
 		faults:    []string{"kill-follower", "pause-follower"},
-		catchers:  []string{"linearizable-spends", "replay-same-decision"},
-		raw:       true,
+		// A local debit changes the follower's state without a log entry: its hash at an
+		// applied index then differs from the leader's.
+		catchers: []string{"linearizable-spends", "replay-same-decision", "replica-hashes"},
+		raw:      true,
 	},
 }
 

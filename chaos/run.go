@@ -60,14 +60,16 @@ type Report struct {
 	Anomalies int            `json:"anomalies"`
 	Faults    map[string]int `json:"faults"`
 	// Missing lists fault kinds never injected (a CI run must inject every kind).
-	Missing          []string             `json:"missing_faults,omitempty"`
-	Throughput       float64              `json:"throughput_before_fault"`
-	Porcupine        LinearizabilityStats `json:"porcupine"`
-	Checkers         []Result             `json:"checkers"`
-	ReclaimBound     string               `json:"reclaim_bound"`
-	OK               bool                 `json:"ok"`
-	UnknownOutcomes  int                  `json:"unknown_outcomes"`
-	ResolvedOutcomes int                  `json:"resolved_outcomes"`
+	Missing         []string             `json:"missing_faults,omitempty"`
+	Throughput      float64              `json:"throughput_before_fault"`
+	Porcupine       LinearizabilityStats `json:"porcupine"`
+	Checkers        []Result             `json:"checkers"`
+	ReclaimBound    string               `json:"reclaim_bound"`
+	OK              bool                 `json:"ok"`
+	UnknownOutcomes int                  `json:"unknown_outcomes"`
+	// Strays counts nodes found down outside any fault (see Notes).
+	Strays           int `json:"strays"`
+	ResolvedOutcomes int `json:"resolved_outcomes"`
 }
 
 // Run performs a whole chaos run and returns its report (also written to OutDir).
@@ -236,6 +238,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		thr,
 	}
 	rep.Throughput, rep.Porcupine, rep.Ops = rate, st, len(h.Ops)
+	rep.Strays = len(h.Strays)
+	rep.Notes = append(rep.Notes, h.Strays...)
 	rep.Duration = time.Duration(rec.now()).Round(time.Second).String()
 	for _, op := range h.Ops {
 		if op.Outcome == Unknown {

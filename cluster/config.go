@@ -80,6 +80,13 @@ type Config struct {
 	// comes back is re-added as a non-voter and promoted again.
 	DeadNodeTimeout time.Duration
 
+	// RejoinDelay is how long the leader waits before adding back a server it removed. Raft
+	// stops a removed server's replication asynchronously; re-adding the same ID at once can
+	// leave an old stream (e.g. a stale snapshot install) racing the new one, which made a
+	// rejoining follower panic ("log not found") in the chaos suite. It must exceed the
+	// transport's RPC timeout (10 s).
+	RejoinDelay time.Duration
+
 	// ReconcileInterval is how often the leader compares gossip membership with the Raft
 	// configuration (add, promote, re-address, remove). Gossip events also trigger it.
 	ReconcileInterval time.Duration
@@ -110,11 +117,15 @@ type Config struct {
 	CommitTimeout      time.Duration
 
 	// MaxAppendEntries caps entries per AppendEntries RPC and per FSM.ApplyBatch call
-	// (raft allows at most 1024).
+	// (raft allows at most 1024). quotad's entries are large (group commit puts up to 1024
+	// admissions, ~90 KB, in one), so a caught-up follower gets 1–3 entries per RPC and the
+	// cap only matters for catching up, where it bounds one RPC to ~MaxAppendEntries × 90 KB.
 	MaxAppendEntries int
 
 	// LogCacheSize is the number of recent log entries kept in memory in front of BoltDB.
-	// It should be at least MaxAppendEntries so that replication reads hit the cache.
+	// A caught-up follower needs the last few; entries of up to ~90 KB make each cached
+	// entry cost memory, so it is sized to hold a couple of seconds of entries at full load
+	// rather than a fixed multiple of MaxAppendEntries.
 	LogCacheSize int
 
 	// SnapshotInterval, SnapshotThreshold and TrailingLogs are passed to raft: every
@@ -177,6 +188,7 @@ func DefaultConfig() Config {
 		JoinRetryMax:       5 * time.Second,
 		MinVoters:          3,
 		DeadNodeTimeout:    60 * time.Second,
+		RejoinDelay:        15 * time.Second,
 		ReconcileInterval:  time.Second,
 		PromoteMaxLag:      512,
 		PromoteStableFor:   2 * time.Second,
@@ -186,11 +198,11 @@ func DefaultConfig() Config {
 		ElectionTimeout:    500 * time.Millisecond,
 		LeaderLeaseTimeout: 400 * time.Millisecond,
 		CommitTimeout:      50 * time.Millisecond,
-		MaxAppendEntries:   512,
-		LogCacheSize:       1024,
+		MaxAppendEntries:   128,
+		LogCacheSize:       256,
 		SnapshotInterval:   30 * time.Second,
 		SnapshotThreshold:  16384,
-		TrailingLogs:       10240,
+		TrailingLogs:       2048,
 		SnapshotRetain:     2,
 		LibraryLogLevel:    slog.LevelWarn,
 	}

@@ -196,6 +196,7 @@ func (n *Node) reconcile(r *reconciler) {
 		}
 		n.log.Info("removed dead server", "server", id, "suffrage", s.Suffrage.String(),
 			"dead_for", now.Sub(deadSince).Round(time.Millisecond))
+		n.removedAt[id] = now
 		if s.Suffrage == raft.Voter {
 			voters--
 		}
@@ -209,6 +210,12 @@ func (n *Node) reconcile(r *reconciler) {
 		p := peers[id]
 		if inConfig[id] || !p.alive || p.meta.Raft == "" || id == n.cfg.ID {
 			continue
+		}
+		if at, ok := n.removedAt[id]; ok {
+			if now.Sub(at) < n.cfg.RejoinDelay {
+				continue // the removed server's old replication may still be winding down
+			}
+			delete(n.removedAt, id)
 		}
 		f := n.raft.AddNonvoter(raft.ServerID(id), raft.ServerAddress(p.meta.Raft), 0, timeout)
 		if err := n.wait(n.ctx, f); err != nil {

@@ -77,6 +77,8 @@ type Node struct {
 	gossip gossipState
 
 	reconcileCh chan struct{}
+	// removedAt: when this node, as leader, removed a server (only the reconcile loop uses it).
+	removedAt   map[string]time.Time
 	bootstrapCh chan struct{}
 }
 
@@ -113,6 +115,7 @@ func NewNode(cfg Config, f FSM) (*Node, error) {
 		fsm:         f,
 		lcCh:        make(chan struct{}),
 		reconcileCh: make(chan struct{}, 1),
+		removedAt:   make(map[string]time.Time),
 		bootstrapCh: make(chan struct{}, 1),
 	}
 	n.gossip.peers = make(map[string]*peer)

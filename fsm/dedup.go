@@ -10,87 +10,300 @@ import (
 	"github.com/quotad/quotad/quota"
 )
 
-// dedupKey identifies one admission: the client's namespace and its request ID.
-type dedupKey struct {
-	client string
-	id     uint64
+// dedupRecord is one remembered decision: 24 bytes and pointer-free. The decision itself is
+// kept in its chunk's byte arena, in exactly the layout the snapshot uses (appendDecision), so
+// snapshots and the state hash copy bytes rather than re-encode; a retry or a refund decodes it.
+type dedupRecord struct {
+	id      uint64
+	expires quota.Time
+	client  uint32 // index into dedupTable.clients; the top bit is the refunded flag
+	off     uint32 // start of the decision in the chunk's arena; it ends where the next begins
 }
 
-type dedupRecord struct {
-	key      dedupKey
-	decision quota.Decision
-	expires  quota.Time
-	refunded bool
+const refundedBit = 1 << 31
+
+// dedupChunkData holds dedupChunk consecutive records and their encoded decisions.
+type dedupChunkData struct {
+	recs  []dedupRecord
+	arena []byte
+}
+
+func (c *dedupChunkData) decisionBytes(i int) []byte {
+	end := uint32(len(c.arena))
+	if i+1 < len(c.recs) {
+		end = c.recs[i+1].off
+	}
+	return c.arena[c.recs[i].off:end]
+}
+
+// dedupClient is one interned client ID with the number of live records that name it; an ID
+// is forgotten (and its index reused) when its last record expires.
+type dedupClient struct {
+	id   string
+	refs uint32
 }
 
 // dedupTable remembers decisions by request ID until they expire in FSM time. Records are kept
 // in a FIFO: FSM time never goes backwards and every record lives equally long, so insertion
 // order is expiry order and expiring is a pop from the front — deterministic on every replica.
 //
-// At full load the table holds a whole DedupWindow of admissions (millions of records), so
-// records are stored by value in fixed-size chunks addressed by sequence number rather than
-// as one heap object each: a put allocates nothing (amortized), and expiring frees whole
-// chunks, which are reused.
+// At full load the table holds a whole DedupWindow of admissions (millions of records), so it
+// is built to cost little memory and no GC work: records are 24-byte pointer-free values in
+// fixed-size chunks addressed by sequence number, each chunk with one pointer-free byte arena
+// for the decisions (~50 bytes each), and the index is a map of pointer-free keys. A put
+// allocates nothing (amortized); expiring frees whole chunks, which are reused. Client IDs
+// are interned (refcounted), so a record names its client with 4 bytes.
 type dedupTable struct {
-	byKey  map[dedupKey]uint64 // the record's sequence number
-	chunks [][]dedupRecord     // chunks[0][0] has sequence number first
-	spare  []dedupRecord       // an emptied chunk kept for the next put
+	index  dedupIndex        // (client, id) → the record's sequence number
+	chunks []*dedupChunkData // chunks[0].recs[0] has sequence number first
+	spare  *dedupChunkData   // an emptied chunk kept for the next put
 	first  uint64
 	head   uint64 // the oldest live record
 	next   uint64 // the sequence number of the next put
+
+	arenaHint int // bytes the last filled chunk's decisions took
+
+	clients   []dedupClient
+	clientIdx map[string]uint32
+	freeIdx   []uint32
 }
 
 const dedupChunk = 4096
 
+// dedupIndex finds a record by (client, id): an open-addressing hash table (linear probing,
+// backward-shift deletion, at most half full) of 8-byte slots. A slot holds 32 bits of the
+// key's hash (top bit forced to 1, so 0 means empty; the low bits pick the home slot) and the
+// low 32 bits of the record's sequence number — live sequence numbers span less than 2^32, so
+// these identify it. A lookup compares hashes in the slots and touches a record only on a
+// hash match; growing and deleting never touch records. 16–32 bytes per record and no
+// pointers, where a Go map of (client, id) → sequence number took ~55.
+type dedupIndex struct {
+	slots []uint64
+	n     int
+}
+
+func dedupHash(client uint32, id uint64) uint32 {
+	h := id ^ uint64(client)<<32 ^ 0x9e3779b97f4a7c15
+	h ^= h >> 30
+	h *= 0xbf58476d1ce4e5b9
+	h ^= h >> 27
+	h *= 0x94d049bb133111eb
+	return uint32(h^h>>31) | 1<<31
+}
+
+// seqOf reconstructs the full sequence number of a slot.
+func (t *dedupTable) seqOf(slot uint64) uint64 { return t.head + uint64(uint32(slot)-uint32(t.head)) }
+
+func (t *dedupTable) recAt(seq uint64) *dedupRecord {
+	c, i := t.at(seq)
+	return &c.recs[i]
+}
+
+func (x *dedupIndex) find(t *dedupTable, client uint32, id uint64) (uint64, bool) {
+	if x.n == 0 {
+		return 0, false
+	}
+	h := dedupHash(client, id)
+	mask := uint64(len(x.slots) - 1)
+	for i := uint64(h) & mask; ; i = (i + 1) & mask {
+		v := x.slots[i]
+		if v == 0 {
+			return 0, false
+		}
+		if uint32(v>>32) != h {
+			continue
+		}
+		seq := t.seqOf(v)
+		if r := t.recAt(seq); r.id == id && r.client&^refundedBit == client {
+			return seq, true
+		}
+	}
+}
+
+// insert adds record seq (already in the table; its key is not in the index).
+func (x *dedupIndex) insert(t *dedupTable, seq uint64) {
+	if (x.n+1)*2 > len(x.slots) {
+		x.grow()
+	}
+	r := t.recAt(seq)
+	h := dedupHash(r.client&^refundedBit, r.id)
+	x.place(uint64(h)<<32 | uint64(uint32(seq)))
+	x.n++
+}
+
+func (x *dedupIndex) place(v uint64) {
+	mask := uint64(len(x.slots) - 1)
+	i := (v >> 32) & mask
+	for x.slots[i] != 0 {
+		i = (i + 1) & mask
+	}
+	x.slots[i] = v
+}
+
+func (x *dedupIndex) grow() {
+	size := max(1024, 2*len(x.slots))
+	for (x.n+1)*2 > size {
+		size *= 2
+	}
+	old := x.slots
+	x.slots = make([]uint64, size)
+	for _, v := range old {
+		if v != 0 {
+			x.place(v)
+		}
+	}
+}
+
+// remove deletes the entry of the oldest live record t.head, whose key is (client, id)
+// (records expire in order), before t.head moves past it.
+func (x *dedupIndex) remove(t *dedupTable, client uint32, id uint64) {
+	mask := uint64(len(x.slots) - 1)
+	want := uint64(dedupHash(client, id))<<32 | uint64(uint32(t.head))
+	i := (want >> 32) & mask
+	for x.slots[i] != want {
+		if x.slots[i] == 0 {
+			return // not indexed (cannot happen)
+		}
+		i = (i + 1) & mask
+	}
+	// Backward-shift deletion: pull later entries of the probe run into the hole.
+	for j := (i + 1) & mask; x.slots[j] != 0; j = (j + 1) & mask {
+		home := (x.slots[j] >> 32) & mask
+		// Move slot j into the hole i unless its home lies cyclically in (i, j].
+		if (j-home)&mask >= (j-i)&mask {
+			x.slots[i] = x.slots[j]
+			i = j
+		}
+	}
+	x.slots[i] = 0
+	x.n--
+}
+
 func newDedupTable() *dedupTable {
-	return &dedupTable{byKey: make(map[dedupKey]uint64)}
+	return &dedupTable{clientIdx: make(map[string]uint32)}
 }
 
 func (t *dedupTable) len() int { return int(t.next - t.head) }
 
-func (t *dedupTable) at(seq uint64) *dedupRecord {
+func (t *dedupTable) at(seq uint64) (*dedupChunkData, int) {
 	i := seq - t.first
-	return &t.chunks[i/dedupChunk][i%dedupChunk]
+	return t.chunks[i/dedupChunk], int(i % dedupChunk)
 }
 
-func (t *dedupTable) get(client string, id uint64) (*dedupRecord, bool) {
-	seq, ok := t.byKey[dedupKey{client, id}]
+// lookup returns the sequence number of the record for (client, id).
+func (t *dedupTable) lookup(client string, id uint64) (uint64, bool) {
+	ci, ok := t.clientIdx[client]
 	if !ok {
-		return nil, false
+		return 0, false
 	}
-	return t.at(seq), true
+	return t.index.find(t, ci, id)
+}
+
+// decision decodes the remembered decision of record seq.
+func (t *dedupTable) decision(seq uint64) quota.Decision {
+	c, i := t.at(seq)
+	d := decoder{buf: c.decisionBytes(i)}
+	return d.decision()
+}
+
+func (t *dedupTable) refunded(seq uint64) bool {
+	c, i := t.at(seq)
+	return c.recs[i].client&refundedBit != 0
+}
+
+func (t *dedupTable) setRefunded(seq uint64) {
+	c, i := t.at(seq)
+	c.recs[i].client |= refundedBit
+}
+
+// get returns the remembered decision for (client, id).
+func (t *dedupTable) get(client string, id uint64) (quota.Decision, bool) {
+	seq, ok := t.lookup(client, id)
+	if !ok {
+		return quota.Decision{}, false
+	}
+	return t.decision(seq), true
 }
 
 func (t *dedupTable) put(client string, id uint64, expires quota.Time, d quota.Decision) {
-	t.add(dedupRecord{key: dedupKey{client, id}, decision: d, expires: expires})
+	c := t.last()
+	off := len(c.arena)
+	c.arena = appendDecision(c.arena, &d)
+	t.push(c, client, id, expires, false, off)
 }
 
-func (t *dedupTable) add(r dedupRecord) {
-	if n := len(t.chunks); n == 0 || len(t.chunks[n-1]) == dedupChunk {
-		c := t.spare
-		if c == nil {
-			c = make([]dedupRecord, 0, dedupChunk)
-		}
-		t.spare = nil
-		t.chunks = append(t.chunks, c)
+// last returns the chunk the next record goes into.
+func (t *dedupTable) last() *dedupChunkData {
+	if n := len(t.chunks); n > 0 && len(t.chunks[n-1].recs) < dedupChunk {
+		return t.chunks[n-1]
 	}
-	last := &t.chunks[len(t.chunks)-1]
-	*last = append(*last, r)
-	t.byKey[r.key] = t.next
+	if n := len(t.chunks); n > 0 {
+		// Size the next arena like the one just filled, so it rarely grows (growth by append
+		// would leave up to half of it unused).
+		t.arenaHint = len(t.chunks[n-1].arena)
+	}
+	c := t.spare
+	if c == nil {
+		c = &dedupChunkData{recs: make([]dedupRecord, 0, dedupChunk), arena: make([]byte, 0, t.arenaHint+t.arenaHint/32)}
+	}
+	t.spare = nil
+	t.chunks = append(t.chunks, c)
+	return c
+}
+
+// push appends the record whose decision was just written at c.arena[off:].
+func (t *dedupTable) push(c *dedupChunkData, client string, id uint64, expires quota.Time, refunded bool, off int) {
+	ci := t.intern(client)
+	r := dedupRecord{id: id, expires: expires, client: ci, off: uint32(off)}
+	if refunded {
+		r.client |= refundedBit
+	}
+	c.recs = append(c.recs, r)
 	t.next++
+	t.index.insert(t, t.next-1)
+}
+
+func (t *dedupTable) intern(client string) uint32 {
+	if ci, ok := t.clientIdx[client]; ok {
+		t.clients[ci].refs++
+		return ci
+	}
+	var ci uint32
+	if n := len(t.freeIdx); n > 0 {
+		ci = t.freeIdx[n-1]
+		t.freeIdx = t.freeIdx[:n-1]
+	} else {
+		ci = uint32(len(t.clients))
+		t.clients = append(t.clients, dedupClient{})
+	}
+	t.clients[ci] = dedupClient{id: client, refs: 1}
+	t.clientIdx[client] = ci
+	return ci
+}
+
+func (t *dedupTable) release(ci uint32) {
+	c := &t.clients[ci]
+	if c.refs--; c.refs == 0 {
+		delete(t.clientIdx, c.id)
+		*c = dedupClient{}
+		t.freeIdx = append(t.freeIdx, ci)
+	}
 }
 
 func (t *dedupTable) expire(now quota.Time) {
 	for t.head < t.next {
-		r := t.at(t.head)
+		c, i := t.at(t.head)
+		r := &c.recs[i]
 		if r.expires > now {
 			break
 		}
-		delete(t.byKey, r.key)
-		*r = dedupRecord{}
+		ci := r.client &^ refundedBit
+		t.index.remove(t, ci, r.id)
+		t.release(ci)
 		t.head++
 		if t.head-t.first == dedupChunk {
-			t.spare = t.chunks[0][:0]
+			c.recs, c.arena = c.recs[:0], c.arena[:0]
+			t.spare = c
 			t.chunks[0] = nil
 			t.chunks = t.chunks[1:]
 			t.first += dedupChunk
@@ -98,29 +311,38 @@ func (t *dedupTable) expire(now quota.Time) {
 	}
 }
 
-// each calls fn for every live record, oldest first.
-func (t *dedupTable) each(fn func(r *dedupRecord)) {
+// each calls fn for every live record, oldest first, with its encoded decision.
+func (t *dedupTable) each(fn func(client string, r *dedupRecord, decision []byte)) {
 	for seq := t.head; seq < t.next; seq++ {
-		fn(t.at(seq))
+		c, i := t.at(seq)
+		r := &c.recs[i]
+		fn(t.clients[r.client&^refundedBit].id, r, c.decisionBytes(i))
 	}
 }
 
 func (t *dedupTable) hashInto(h hash.Hash64) {
 	var buf []byte
-	t.each(func(r *dedupRecord) {
-		buf = appendRecord(buf[:0], r)
+	t.each(func(client string, r *dedupRecord, dec []byte) {
+		buf = appendRecordHead(buf[:0], client, r)
 		h.Write(buf)
+		h.Write(dec)
 	})
 }
 
 const dedupFormat = 1
 
-func (t *dedupTable) marshal() []byte {
-	buf := []byte{dedupFormat}
+// appendTo appends the table's snapshot section.
+func (t *dedupTable) appendTo(buf []byte) []byte {
+	buf = append(buf, dedupFormat)
 	buf = binary.AppendUvarint(buf, uint64(t.len()))
-	t.each(func(r *dedupRecord) { buf = appendRecord(buf, r) })
+	t.each(func(client string, r *dedupRecord, dec []byte) {
+		buf = appendRecordHead(buf, client, r)
+		buf = append(buf, dec...)
+	})
 	return buf
 }
+
+func (t *dedupTable) marshal() []byte { return t.appendTo(nil) }
 
 func unmarshalDedup(data []byte) (*dedupTable, error) {
 	t := newDedupTable()
@@ -129,11 +351,21 @@ func unmarshalDedup(data []byte) (*dedupTable, error) {
 		return nil, fmt.Errorf("fsm: dedup table format %d unknown (this build reads %d)", f, dedupFormat)
 	}
 	n := d.uvarint()
+	var intern internTable
 	for i := uint64(0); i < n && d.err == nil; i++ {
-		r := d.record()
-		if d.err == nil {
-			t.add(r)
+		client := intern.get(d.bytes())
+		id := d.uvarint()
+		expires := quota.Time(d.varint())
+		refunded := d.bool()
+		start := d.buf
+		d.skipDecision()
+		if d.err != nil {
+			break
 		}
+		c := t.last()
+		off := len(c.arena)
+		c.arena = append(c.arena, start[:len(start)-len(d.buf)]...)
+		t.push(c, client, id, expires, refunded, off)
 	}
 	if d.err != nil {
 		return nil, fmt.Errorf("fsm: corrupt dedup table: %w", d.err)
@@ -153,12 +385,16 @@ func appendBool(b []byte, v bool) []byte {
 	return append(b, 0)
 }
 
-func appendRecord(b []byte, r *dedupRecord) []byte {
-	b = appendString(b, r.key.client)
-	b = binary.AppendUvarint(b, r.key.id)
+// appendRecordHead and appendDecision together write one record of the snapshot's dedup
+// section (format 1).
+func appendRecordHead(b []byte, client string, r *dedupRecord) []byte {
+	b = appendString(b, client)
+	b = binary.AppendUvarint(b, r.id)
 	b = binary.AppendVarint(b, int64(r.expires))
-	b = appendBool(b, r.refunded)
-	d := &r.decision
+	return appendBool(b, r.client&refundedBit != 0)
+}
+
+func appendDecision(b []byte, d *quota.Decision) []byte {
 	b = appendBool(b, d.Admitted)
 	b = appendString(b, string(d.Reason))
 	b = appendString(b, d.Scope)
@@ -241,13 +477,21 @@ func (d *decoder) string() string {
 
 func (d *decoder) bool() bool { return d.byte() == 1 }
 
-func (d *decoder) record() dedupRecord {
-	var r dedupRecord
-	r.key.client = d.string()
-	r.key.id = d.uvarint()
-	r.expires = quota.Time(d.varint())
-	r.refunded = d.bool()
-	dc := &r.decision
+// bytes reads a length-prefixed string without copying it.
+func (d *decoder) bytes() []byte {
+	n := d.uvarint()
+	if d.err != nil || uint64(len(d.buf)) < n {
+		d.fail()
+		return nil
+	}
+	b := d.buf[:n:n]
+	d.buf = d.buf[n:]
+	return b
+}
+
+// decision reads what appendDecision wrote.
+func (d *decoder) decision() quota.Decision {
+	var dc quota.Decision
 	dc.Admitted = d.bool()
 	dc.Reason = quota.Reason(d.string())
 	dc.Scope = d.string()
@@ -263,12 +507,36 @@ func (d *decoder) record() dedupRecord {
 	n := d.uvarint()
 	if n > uint64(len(d.buf)) { // each charge takes at least one byte
 		d.fail()
-		return r
+		return dc
 	}
 	for i := uint64(0); i < n; i++ {
 		dc.Charges = append(dc.Charges, d.string())
 	}
-	return r
+	return dc
+}
+
+// skipDecision checks and skips what appendDecision wrote, allocating nothing.
+func (d *decoder) skipDecision() {
+	d.bool()
+	d.bytes() // reason
+	d.bytes() // scope
+	d.uvarint()
+	d.uvarint()
+	d.varint()
+	d.varint()
+	d.varint()
+	d.uvarint()
+	d.varint()
+	d.bytes() // message
+	d.uvarint()
+	n := d.uvarint()
+	if n > uint64(len(d.buf)) {
+		d.fail()
+		return
+	}
+	for i := uint64(0); i < n && d.err == nil; i++ {
+		d.bytes()
+	}
 }
 
 func putU64(b []byte, v uint64) { binary.LittleEndian.PutUint64(b, v) }

@@ -31,12 +31,13 @@ func TestDedupTableAcrossChunks(t *testing.T) {
 			}
 		}
 		if cut < n {
-			r, ok := tb.get("c", uint64(cut+1))
-			if !ok || r.decision.Remaining != uint64(cut) {
-				t.Fatalf("record %d: %+v %v", cut+1, r, ok)
+			d, ok := tb.get("c", uint64(cut+1))
+			if !ok || d.Remaining != uint64(cut) || !d.Admitted {
+				t.Fatalf("record %d: %+v %v", cut+1, d, ok)
 			}
-			r.refunded = true // written through the pointer, kept in the table
-			if r2, _ := tb.get("c", uint64(cut+1)); !r2.refunded {
+			seq, _ := tb.lookup("c", uint64(cut+1))
+			tb.setRefunded(seq) // kept in the table
+			if s2, _ := tb.lookup("c", uint64(cut+1)); !tb.refunded(s2) {
 				t.Fatal("refunded flag lost")
 			}
 		}
@@ -94,5 +95,61 @@ func TestEncodeMatchesProtobuf(t *testing.T) {
 	}
 	if _, ok, _ := splitOp(raw.ops[2]); ok {
 		t.Fatal("a Release was taken for an Acquire")
+	}
+}
+
+// TestDedupIndexMatchesMap drives the table's open-addressing index through growth, expiry
+// across chunks and many clients, and checks every lookup against a plain map.
+func TestDedupIndexMatchesMap(t *testing.T) {
+	tb := newDedupTable()
+	type key struct {
+		c  string
+		id uint64
+	}
+	want := map[key]uint64{} // → Remaining
+	var order []key
+	head := 0
+	clients := []string{"a", "b", "c", "d", "e"}
+	for i := range 5 * dedupChunk {
+		k := key{clients[i*7%len(clients)], uint64(i*31%977 + i)}
+		if _, dup := want[k]; dup {
+			continue
+		}
+		tb.put(k.c, k.id, quota.Time(i), quota.Decision{Admitted: true, Remaining: uint64(i), Charges: []string{k.c}})
+		want[k] = uint64(i)
+		order = append(order, k)
+		if i%3 == 0 { // expire roughly a third as we go
+			cut := i / 3
+			tb.expire(quota.Time(cut))
+			for head < len(order) && int(want[order[head]]) <= cut {
+				delete(want, order[head])
+				head++
+			}
+		}
+		if i%97 == 0 || i == 5*dedupChunk-1 {
+			if tb.len() != len(want) {
+				t.Fatalf("step %d: len %d, want %d", i, tb.len(), len(want))
+			}
+			for k, rem := range want {
+				d, ok := tb.get(k.c, k.id)
+				if !ok || d.Remaining != rem || len(d.Charges) != 1 || d.Charges[0] != k.c {
+					t.Fatalf("step %d: %v: %+v %v, want remaining %d", i, k, d, ok, rem)
+				}
+			}
+			for _, k := range order[:head] {
+				if _, ok := tb.get(k.c, k.id); ok {
+					t.Fatalf("step %d: expired %v still found", i, k)
+				}
+			}
+		}
+	}
+	back, err := unmarshalDedup(tb.marshal())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, rem := range want {
+		if d, ok := back.get(k.c, k.id); !ok || d.Remaining != rem {
+			t.Fatalf("restored %v: %+v %v", k, d, ok)
+		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"hash/fnv"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -54,6 +55,8 @@ type FSM struct {
 	engine  *quota.Engine
 	dedup   *dedupTable
 	applied uint64
+	// snapshotHint is the size of the last snapshot (not replicated state).
+	snapshotHint atomic.Int64
 	// lastSweep is the FSM time of the last full engine.Tick (replicated: it decides when the
 	// next sweep happens, so it is part of the snapshot).
 	lastSweep quota.Time
@@ -153,6 +156,7 @@ func (f *FSM) applyLocked(l *raft.Log) any {
 	if c := f.engine.Clock(); now < c {
 		now = c
 	}
+	f.engine.Advance(now)
 	if now.Sub(f.lastSweep) >= SweepInterval {
 		f.engine.Tick(now)
 		f.lastSweep = now
@@ -198,12 +202,16 @@ func (f *FSM) applyOp(now quota.Time, op *fsmv1.Op) OpResult {
 		ttl, err := f.engine.Renew(now, o.Renew.LeaseId, time.Duration(o.Renew.TtlNs))
 		return OpResult{LeaseTTL: ttl, Err: err}
 	case *fsmv1.Op_Refund:
-		rec, ok := f.dedup.get(o.Refund.ClientId, o.Refund.RequestId)
-		if !ok || !rec.decision.Admitted || rec.refunded {
+		seq, ok := f.dedup.lookup(o.Refund.ClientId, o.Refund.RequestId)
+		if !ok || f.dedup.refunded(seq) {
 			return OpResult{}
 		}
-		n := f.engine.Refund(now, rec.decision.Charges, rec.decision.Cost)
-		rec.refunded = true
+		d := f.dedup.decision(seq)
+		if !d.Admitted {
+			return OpResult{}
+		}
+		n := f.engine.Refund(now, d.Charges, d.Cost)
+		f.dedup.setRefunded(seq)
 		return OpResult{Refunded: n}
 	case *fsmv1.Op_SetLimits:
 		var l quota.Limits
@@ -240,8 +248,8 @@ func (f *FSM) applyAcquire(now quota.Time, a *acquireOp) OpResult {
 	if !a.hasAdm {
 		return OpResult{Decision: invalid("admission missing")}
 	}
-	if rec, ok := f.dedup.get(a.clientID, a.id); ok && !plantedNoDedup {
-		return OpResult{Decision: rec.decision, Duplicate: true}
+	if d, ok := f.dedup.get(a.clientID, a.id); ok && !plantedNoDedup {
+		return OpResult{Decision: d, Duplicate: true}
 	}
 	a.req.Spread = spread(a.clientID, a.id)
 	d := f.engine.Acquire(now, a.req)
@@ -310,6 +318,16 @@ func (f *FSM) Status(domain string, path []quota.Entry) ([]quota.BucketStatus, e
 	return f.engine.Status(f.engine.Clock(), domain, path)
 }
 
+// Remembers reports whether the dedup table holds a decision for (clientID, requestID): a
+// retry of it must go to the log, where it gets that decision back, whatever the scheduler
+// would say about fresh work.
+func (f *FSM) Remembers(clientID string, requestID uint64) bool {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	_, ok := f.dedup.get(clientID, requestID)
+	return ok
+}
+
 // Limits returns the current limits (treat as read-only).
 func (f *FSM) Limits() *quota.Limits {
 	f.mu.RLock()
@@ -357,21 +375,26 @@ func (f *FSM) Stats() Stats {
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	engine, err := f.engine.MarshalBinary()
+	// One buffer for the whole file, sized like the last snapshot so it rarely grows.
+	b := make([]byte, 0, f.snapshotHint.Load())
+	b = appendSnapshotHeader(b, f.applied, int64(f.lastSweep))
+	b, start := beginSection(b)
+	b, err := f.engine.AppendBinary(b)
 	if err != nil {
 		return nil, fmt.Errorf("fsm: snapshot of the engine: %w", err)
 	}
-	return &snapshot{engine: engine, dedup: f.dedup.marshal(), applied: f.applied, lastSweep: int64(f.lastSweep)}, nil
+	endSection(b, start)
+	b, start = beginSection(b)
+	b = f.dedup.appendTo(b)
+	endSection(b, start)
+	f.snapshotHint.Store(int64(len(b) + len(b)/8))
+	return &snapshot{data: b}, nil
 }
 
 // Restore replaces the whole state with a snapshot's (never merges).
 func (f *FSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
-	data, err := io.ReadAll(rc)
-	if err != nil {
-		return fmt.Errorf("fsm: reading snapshot: %w", err)
-	}
-	s, err := decodeSnapshot(data)
+	s, err := readSnapshot(rc)
 	if err != nil {
 		return err
 	}

@@ -135,7 +135,7 @@ func TestInvalidLimitsChangeNothing(t *testing.T) {
 	l := newLog(t)
 	before := l.f.Hash()
 	bad := &quota.Limits{Domains: []quota.Domain{{Name: "x", Rate: &quota.Rate{Unit: time.Second}}}}
-	r := l.apply(time.Millisecond, setLimits(t, bad)).Ops[0]
+	r := l.apply(0, setLimits(t, bad)).Ops[0] // same instant: only the refused change could alter state
 	if r.Err == nil {
 		t.Fatal("limits with requests_per_unit 0 were accepted")
 	}
@@ -258,4 +258,16 @@ func TestUnknownOpStops(t *testing.T) {
 		}
 	}()
 	l.apply(time.Millisecond, &fsmv1.Op{}) // no known oneof set: what a newer op looks like here
+}
+
+// Idle tick entries (no ops) move the FSM clock every time, not only at sweeps: a new leader's
+// base, Status and lease expiry follow the last committed timestamp.
+func TestTicksAdvanceTheClock(t *testing.T) {
+	l := newLog(t)
+	for _, ts := range []time.Duration{2 * time.Second, 2500 * time.Millisecond, 2900 * time.Millisecond} {
+		l.apply(ts)
+		if got := time.Duration(l.f.Clock()); got != ts {
+			t.Fatalf("after a tick at %v the clock is %v", ts, got)
+		}
+	}
 }

@@ -108,6 +108,11 @@ func (e *Engine) Stats() Stats {
 // Limits returns a copy of the installed limits (domains sorted by name, Version set).
 func (e *Engine) Limits() *Limits { return cloneLimits(e.lim.limits) }
 
+// Advance moves the engine's clock to now (never backwards) without doing anything else; the
+// FSM calls it for every log entry so that the clock, and what Status and snapshots report,
+// follow the leader's ticks between sweeps.
+func (e *Engine) Advance(now Time) { e.advance(now) }
+
 func (e *Engine) advance(now Time) Time {
 	if now > e.clock {
 		e.clock = now

@@ -107,7 +107,11 @@ func (e *Engine) Hash() uint64 {
 // counter, then buckets (sorted by key, keys prefix-compressed), leases (sorted by ID) and pauses
 // (sorted by key), all as varints. The output is a function of the state alone.
 // With a million buckets it takes about half a second, mostly sorting keys.
-func (e *Engine) MarshalBinary() ([]byte, error) {
+func (e *Engine) MarshalBinary() ([]byte, error) { return e.AppendBinary(nil) }
+
+// AppendBinary appends what MarshalBinary returns to buf (encoding.BinaryAppender), so a caller
+// that frames the state (the FSM's snapshot) can write it in place without another copy.
+func (e *Engine) AppendBinary(buf []byte) ([]byte, error) {
 	js, err := json.Marshal(e.lim.limits)
 	if err != nil {
 		return nil, fmt.Errorf("quota: marshal limits: %w", err)
@@ -124,7 +128,8 @@ func (e *Engine) MarshalBinary() ([]byte, error) {
 	}
 	slices.SortFunc(bs, func(a, b keyed) int { return strings.Compare(a.key, b.key) })
 
-	buf := make([]byte, 0, 64+len(js)+len(bs)*24)
+	// About 24 bytes a bucket with prefix-compressed keys; more if keys differ early.
+	buf = slices.Grow(buf, 64+len(js)+len(bs)*24)
 	format := snapshotFormat1
 	if len(e.adapt) > 0 || len(e.retries) > 0 {
 		format = snapshotFormat
@@ -297,6 +302,9 @@ func (d *decoder) count(minBytes int) int {
 	return int(n)
 }
 
+// keyBlock is the size of the blocks restored bucket keys are copied into.
+const keyBlock = 16 << 10
+
 func decodeSnapshot(data []byte) (*Engine, error) {
 	if len(data) == 0 {
 		return nil, fmt.Errorf("empty input")
@@ -326,11 +334,23 @@ func decodeSnapshot(data []byte) (*Engine, error) {
 	nb := d.count(5)
 	e.buckets = make(map[string]*bucket, nb)
 	var key []byte
+	// Keys are copied into shared blocks, one string allocation per block rather than one per
+	// bucket (a million of them in a large snapshot); a block is freed once all its buckets are.
+	var block []byte
+	var blockStr string
+	var blockOff int
 	for i := 0; i < nb && d.err == nil; i++ {
 		shared := d.uvarint()
 		suffix := d.bytes(d.uvarint())
 		if shared > uint64(len(key)) {
 			d.fail("bucket #%d: shared prefix %d longer than the previous key", i, shared)
+			break
+		}
+		// MarshalBinary writes keys in strictly ascending order with the longest shared
+		// prefix, so the next key differs at byte `shared` and is greater there: checking
+		// that catches duplicates without a map lookup.
+		if i > 0 && (len(suffix) == 0 || (shared < uint64(len(key)) && suffix[0] <= key[shared])) {
+			d.fail("bucket #%d: key not in ascending order (duplicated or out of order)", i)
 			break
 		}
 		key = append(key[:shared], suffix...)
@@ -349,12 +369,32 @@ func decodeSnapshot(data []byte) (*Engine, error) {
 			d.fail("bucket %q: balance %d or age %d out of range", key, tokens, age)
 			break
 		}
-		b := &bucket{key: string(key), tokens: tokens, last: e.clock - Time(age), lvl: lv}
-		if _, dup := e.buckets[b.key]; dup {
-			d.fail("bucket %q appears twice", key)
+		if blockOff+len(key) > len(blockStr) {
+			block = append(block[:0], key...)
+			// Fill the block with the keys that follow (decoded again below, cheaply).
+			la := decoder{data: d.data, off: d.off}
+			prev := append([]byte(nil), key...)
+			for j := i + 1; j < nb && len(block) < keyBlock && la.err == nil; j++ {
+				sh := la.uvarint()
+				suf := la.bytes(la.uvarint())
+				la.uvarint()
+				la.uvarint()
+				la.uvarint()
+				if la.err != nil || sh > uint64(len(prev)) {
+					break
+				}
+				prev = append(prev[:sh], suf...)
+				block = append(block, prev...)
+			}
+			blockStr, blockOff = string(block), 0
+		}
+		k := blockStr[blockOff : blockOff+len(key)]
+		blockOff += len(key)
+		if k != string(key) { // cannot happen: the block holds exactly the keys in order
+			d.fail("bucket #%d: key block out of step", i)
 			break
 		}
-		e.buckets[b.key] = b
+		e.buckets[k] = &bucket{key: k, tokens: tokens, last: e.clock - Time(age), lvl: lv}
 	}
 
 	nl := d.count(4)

@@ -170,8 +170,9 @@ func (f *fair) acquire(ctx context.Context, req *quotadv1.AcquireRequest) (*quot
 	resp := &quotadv1.AcquireResponse{Decisions: make([]*quotadv1.Decision, len(req.Admissions))}
 	errs := make([]error, len(req.Admissions))
 	var (
-		ops [][]byte
-		idx []int
+		ops       [][]byte
+		idx       []int
+		batchErrs []error
 	)
 	var wg sync.WaitGroup
 	for i, adm := range req.Admissions {
@@ -179,13 +180,18 @@ func (f *fair) acquire(ctx context.Context, req *quotadv1.AcquireRequest) (*quot
 			resp.Decisions[i] = &quotadv1.Decision{Reason: string(quota.ReasonInvalid), Message: msg}
 			continue
 		}
-		if adm.MaxWaitMs > 0 {
+		// A retry of a request the FSM already decided must get that decision back from the
+		// log, never the scheduler's fresh opinion: no gate, no queue.
+		known := s.fsm.Remembers(req.ClientId, adm.RequestId)
+		if adm.MaxWaitMs > 0 && !known {
 			wg.Go(func() { resp.Decisions[i], errs[i] = f.wait(ctx, req.ClientId, adm) })
 			continue
 		}
-		if d := f.gate(adm); d != nil {
-			resp.Decisions[i] = d
-			continue
+		if !known {
+			if d := f.gate(adm); d != nil {
+				resp.Decisions[i] = d
+				continue
+			}
 		}
 		ops = append(ops, fsm.AppendAcquireOp(nil, req.ClientId, adm))
 		idx = append(idx, i)
@@ -196,11 +202,11 @@ func (f *fair) acquire(ctx context.Context, req *quotadv1.AcquireRequest) (*quot
 			err = s.prop.wait(ctx, c)
 		}
 		if err != nil {
-			errs = append(errs, s.applyError(err))
+			batchErrs = append(batchErrs, s.applyError(err))
 		} else {
 			for j, r := range c.results {
 				if r.err != nil {
-					errs = append(errs, s.applyError(r.err))
+					batchErrs = append(batchErrs, s.applyError(r.err))
 					continue
 				}
 				resp.Decisions[idx[j]] = decisionToProto(r.res.Decision)
@@ -208,7 +214,8 @@ func (f *fair) acquire(ctx context.Context, req *quotadv1.AcquireRequest) (*quot
 		}
 	}
 	wg.Wait()
-	for _, err := range errs {
+	// errs is written by the waiters' goroutines, so the batch's own errors live apart.
+	for _, err := range append(errs, batchErrs...) {
 		if err != nil {
 			return nil, err
 		}

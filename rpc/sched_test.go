@@ -177,3 +177,38 @@ descriptors:
 		t.Fatalf("weight-1 tenant got %d vs %d (share %.2f), want 0.25", s, b, share)
 	}
 }
+
+// A retry of an admission the FSM already decided gets that decision back even while waiters
+// queue on its bucket: the scheduler must not answer retries with a fresh opinion.
+func TestRetryOfDecidedAdmissionBypassesTheScheduler(t *testing.T) {
+	c := rpctest.Start(t, 3, fairLimits)
+	leader := c.Leader()
+	q := quotadv1.NewQuotaClient(dial(t, c.Addrs()[leader]))
+	ctx := context.Background()
+	first := &quotadv1.Admission{RequestId: 1, Domain: "fair", Cost: 1, Descriptors: []*quotadv1.Entry{{Key: "tenant", Value: "N"}}}
+	d, err := acquireOne(ctx, q, "n", first)
+	if err != nil || !d.Admitted {
+		t.Fatalf("first admission: %+v %v", d, err)
+	}
+	waitCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for i := range 60 {
+		go acquireOne(waitCtx, q, "a", waitingAdmission(uint64(i+1), "A", 20*time.Second))
+	}
+	clustertest.Eventually(t, 10*time.Second, func() error {
+		if n := c.Agent(leader).FairView().Waiting; n < 20 {
+			return fmt.Errorf("%d waiting", n)
+		}
+		return nil
+	})
+	// A fresh non-waiting admission is turned away while others wait ...
+	fresh, err := acquireOne(ctx, q, "n", &quotadv1.Admission{RequestId: 2, Domain: "fair", Cost: 1, Descriptors: first.Descriptors})
+	if err != nil || fresh.Admitted {
+		t.Fatalf("fresh admission beside waiters: %+v %v, want denied", fresh, err)
+	}
+	// ... but the retry of request 1 gets its original admission.
+	again, err := acquireOne(ctx, q, "n", first)
+	if err != nil || !again.Admitted || again.Remaining != d.Remaining {
+		t.Fatalf("retry of a decided admission: %+v %v, want the original %+v", again, err, d)
+	}
+}

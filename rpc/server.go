@@ -130,6 +130,9 @@ func (s *Server) Acquire(ctx context.Context, req *quotadv1.AcquireRequest) (*qu
 	if err := validateAcquire(req); err != nil {
 		return nil, err
 	}
+	if resp, ok := s.plantedFollowerDecides(req); ok {
+		return resp, nil
+	}
 	conn, err := s.route(ctx)
 	if err != nil {
 		return nil, err

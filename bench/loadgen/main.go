@@ -16,6 +16,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -58,8 +59,19 @@ func main() {
 		window      = flag.Duration("batch-window", 0, "client batch window (0: the client's default)")
 		maxBatch    = flag.Int("batch-max", 0, "client batch size cap (0: the client's default)")
 		noBatch     = flag.Bool("no-batch", false, "disable client batching")
+		cpuProfile  = flag.String("cpuprofile", "", "write the load generator's CPU profile to this file")
 	)
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fail(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fail(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	cfg := client.DefaultConfig(strings.Split(*addrs, ",")...)
 	if *window > 0 {
 		cfg.Batch.Window = *window

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -25,6 +27,8 @@ func agentCmd() *cobra.Command {
 		gossipKey  string
 		adminToken string
 		tlsFiles   rpc.TLSFiles
+		gcPercent  int
+		memLimit   string
 	)
 	cmd := &cobra.Command{
 		Use:   "agent",
@@ -58,6 +62,9 @@ promoted once caught up. A node restarted with its --data-dir resumes where it s
 			if err := cc.Validate(); err != nil {
 				return err
 			}
+			if err := setGC(gcPercent, memLimit); err != nil {
+				return err
+			}
 			acfg := rpc.AgentConfig{Cluster: cc, LimitsFile: limits, TLS: tlsFiles, AdminToken: adminToken}
 			chaosHooks(&acfg)
 			agent, err := rpc.StartAgent(acfg)
@@ -84,6 +91,7 @@ promoted once caught up. A node restarted with its --data-dir resumes where it s
 	f.StringVar(&limits, "limits", "", "limits YAML applied if the cluster has none yet")
 	f.IntVar(&cc.MinVoters, "min-voters", cc.MinVoters, "dead-node cleanup never leaves fewer voters than this")
 	f.DurationVar(&cc.DeadNodeTimeout, "dead-node-timeout", cc.DeadNodeTimeout, "how long a node must be dead before the leader removes it")
+	f.DurationVar(&cc.RejoinDelay, "rejoin-delay", cc.RejoinDelay, "how long the leader waits before adding back a node it removed")
 	f.Uint64Var(&cc.SnapshotThreshold, "snapshot-threshold", cc.SnapshotThreshold, "log entries since the last snapshot that make the next one due")
 	f.DurationVar(&cc.SnapshotInterval, "snapshot-interval", cc.SnapshotInterval, "how often to check whether a snapshot is due")
 	f.Uint64Var(&cc.TrailingLogs, "trailing-logs", cc.TrailingLogs, "log entries kept after a snapshot for slow followers")
@@ -92,9 +100,49 @@ promoted once caught up. A node restarted with its --data-dir resumes where it s
 	f.StringVar(&tlsFiles.CertFile, "tls-cert", "", "PEM certificate for the gRPC API")
 	f.StringVar(&tlsFiles.KeyFile, "tls-key", "", "PEM key for --tls-cert")
 	f.StringVar(&tlsFiles.CAFile, "tls-ca", "", "PEM CA: require and verify client certificates (mutual TLS)")
+	f.IntVar(&gcPercent, "gc-percent", defaultGCPercent, "Go GC target: heap growth in percent over the live heap between collections (GOGC; -1 keeps $GOGC or Go's 100)")
+	f.StringVar(&memLimit, "memory-limit", "", "soft memory limit for the Go runtime, e.g. 2GiB (GOMEMLIMIT; empty keeps $GOMEMLIMIT or none)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")
 	return cmd
+}
+
+// defaultGCPercent: see setGC.
+const defaultGCPercent = -1
+
+// setGC applies --gc-percent and --memory-limit (the runtime already read $GOGC and
+// $GOMEMLIMIT; a flag overrides them).
+func setGC(percent int, limit string) error {
+	if percent >= 0 {
+		debug.SetGCPercent(percent)
+	}
+	if limit != "" {
+		n, err := parseBytes(limit)
+		if err != nil {
+			return fmt.Errorf("--memory-limit %q: %v", limit, err)
+		}
+		debug.SetMemoryLimit(n)
+	}
+	return nil
+}
+
+// parseBytes reads a byte count with an optional KiB, MiB, GiB, KB, MB or GB suffix.
+func parseBytes(s string) (int64, error) {
+	mult := int64(1)
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"B", 1}} {
+		if v, ok := strings.CutSuffix(s, u.suffix); ok {
+			s, mult = v, u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("want a positive byte count such as 512MiB")
+	}
+	return n * mult, nil
 }
 
 func splitList(s string) []string {
