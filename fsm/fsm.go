@@ -57,6 +57,7 @@ type FSM struct {
 	applied uint64
 	// snapshotHint is the size of the last snapshot (not replicated state).
 	snapshotHint atomic.Int64
+	dedupHint    atomic.Int64
 	// lastSweep is the FSM time of the last full engine.Tick (replicated: it decides when the
 	// next sweep happens, so it is part of the snapshot).
 	lastSweep quota.Time
@@ -378,15 +379,21 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	// One buffer for the whole file, sized like the last snapshot so it rarely grows.
 	b := make([]byte, 0, f.snapshotHint.Load())
 	b = appendSnapshotHeader(b, f.applied, int64(f.lastSweep))
+	// The dedup section is encoded on another goroutine meanwhile (both only read the state,
+	// under the read lock held here); with a large table this halves the time on two cores.
+	dedupCh := make(chan []byte, 1)
+	go func() { dedupCh <- f.dedup.appendTo(make([]byte, 0, f.dedupHint.Load())) }()
 	b, start := beginSection(b)
 	b, err := f.engine.AppendBinary(b)
+	dedup := <-dedupCh
 	if err != nil {
 		return nil, fmt.Errorf("fsm: snapshot of the engine: %w", err)
 	}
 	endSection(b, start)
 	b, start = beginSection(b)
-	b = f.dedup.appendTo(b)
+	b = append(b, dedup...)
 	endSection(b, start)
+	f.dedupHint.Store(int64(len(dedup) + len(dedup)/8))
 	f.snapshotHint.Store(int64(len(b) + len(b)/8))
 	return &snapshot{data: b}, nil
 }
@@ -398,14 +405,26 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	if err != nil {
 		return err
 	}
+	// The two sections are independent: decode the dedup table on another goroutine.
+	type dedupResult struct {
+		t   *dedupTable
+		err error
+	}
+	dedupCh := make(chan dedupResult, 1)
+	go func() {
+		t, err := unmarshalDedup(s.dedup)
+		dedupCh <- dedupResult{t, err}
+	}()
 	engine := quota.NewEngine()
-	if err := engine.UnmarshalBinary(s.engine); err != nil {
-		return fmt.Errorf("fsm: restoring the engine: %w", err)
+	engineErr := engine.UnmarshalBinary(s.engine)
+	dr := <-dedupCh
+	if engineErr != nil {
+		return fmt.Errorf("fsm: restoring the engine: %w", engineErr)
 	}
-	dedup, err := unmarshalDedup(s.dedup)
-	if err != nil {
-		return err
+	if dr.err != nil {
+		return dr.err
 	}
+	dedup := dr.t
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.engine, f.dedup, f.applied, f.lastSweep = engine, dedup, s.applied, quota.Time(s.lastSweep)
