@@ -329,7 +329,9 @@ func (t *dedupTable) hashInto(h hash.Hash64) {
 	})
 }
 
-const dedupFormat = 1
+// dedupFormat 2 added Decision.DebitSeq (refunds). Format 1 came only from development builds
+// before the first release; it is refused with a message rather than misread.
+const dedupFormat = 2
 
 // appendTo appends the table's snapshot section.
 func (t *dedupTable) appendTo(buf []byte) []byte {
@@ -411,7 +413,7 @@ func appendDecision(b []byte, d *quota.Decision) []byte {
 	for _, c := range d.Charges {
 		b = appendString(b, c)
 	}
-	return b
+	return binary.AppendUvarint(b, d.DebitSeq)
 }
 
 var errShort = errors.New("truncated")
@@ -512,6 +514,7 @@ func (d *decoder) decision() quota.Decision {
 	for i := uint64(0); i < n; i++ {
 		dc.Charges = append(dc.Charges, d.string())
 	}
+	dc.DebitSeq = d.uvarint()
 	return dc
 }
 
@@ -537,6 +540,7 @@ func (d *decoder) skipDecision() {
 	for i := uint64(0); i < n && d.err == nil; i++ {
 		d.bytes()
 	}
+	d.uvarint() // DebitSeq
 }
 
 func putU64(b []byte, v uint64) { binary.LittleEndian.PutUint64(b, v) }

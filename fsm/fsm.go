@@ -211,7 +211,7 @@ func (f *FSM) applyOp(now quota.Time, op *fsmv1.Op) OpResult {
 		if !d.Admitted {
 			return OpResult{}
 		}
-		n := f.engine.Refund(now, d.Charges, d.Cost)
+		n := f.engine.Refund(now, d.Charges, d.Cost, d.DebitSeq)
 		f.dedup.setRefunded(seq)
 		return OpResult{Refunded: n}
 	case *fsmv1.Op_SetLimits:

@@ -134,4 +134,7 @@ type bucket struct {
 	last   Time
 	lvl    *level // the level whose rate governs this bucket; re-pointed by SetLimits; nil once dropped
 	sched  Time   // time of this bucket's entry in Engine.fullAt (not part of the state)
+	// debit is the Engine.debitSeq of the last admission that debited this bucket: a refund is
+	// honoured only for that one (see Engine.Refund).
+	debit uint64
 }

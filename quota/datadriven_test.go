@@ -120,6 +120,7 @@ func runScript(t *testing.T, path string) {
 type scriptState struct {
 	e           *Engine
 	lastCharges []string
+	lastSeq     uint64
 }
 
 type scriptArgs struct {
@@ -194,7 +195,7 @@ func (s *scriptState) run(t *testing.T, b scriptBlock) string {
 		}
 		d := e.Acquire(a.t, req)
 		if d.Admitted {
-			s.lastCharges = d.Charges
+			s.lastCharges, s.lastSeq = d.Charges, d.DebitSeq
 		}
 		return formatDecision(d)
 	case "refund":
@@ -202,7 +203,7 @@ func (s *scriptState) run(t *testing.T, b scriptBlock) string {
 		if v, ok := a.named["keys"]; ok {
 			keys = strings.Split(v, ",")
 		}
-		return fmt.Sprintf("refunded=%d", e.Refund(a.t, keys, mustUint(t, a.named["cost"])))
+		return fmt.Sprintf("refunded=%d", e.Refund(a.t, keys, mustUint(t, a.named["cost"]), s.lastSeq))
 	case "release":
 		return fmt.Sprint(e.Release(a.t, mustUint(t, a.named["lease"])))
 	case "renew":

@@ -43,6 +43,7 @@ type Engine struct {
 	inflight map[string]uint64      // concurrency key → permits held
 	pauses   map[string]Time        // scope key → paused until (exclusive)
 	leaseSeq uint64                 // last lease ID issued
+	debitSeq uint64                 // last admission that debited buckets (Decision.DebitSeq)
 	adapt    map[string]*adaptState // adaptive bucket key → effective rate, while below the ceiling
 	retries  map[string]*retryState // domain → retry budget, while not full
 
@@ -350,6 +351,8 @@ func (e *Engine) Acquire(now Time, req Request) Decision {
 	d := Decision{Admitted: true, Reason: ReasonOK, Cost: cost, ShadowDenials: shadow}
 	if nRate > 0 {
 		d.Charges = make([]string, 0, nRate)
+		e.debitSeq++
+		d.DebitSeq = e.debitSeq
 	}
 	tight, tightRem := -1, uint64(0)
 	for i := range steps {
@@ -368,6 +371,7 @@ func (e *Engine) Acquire(now Time, req Request) Decision {
 			// A debit only moves the full-at time later, so b's entry stays valid.
 			b.tokens, b.last = s.tokens-costMicro, s.last
 		}
+		b.debit = e.debitSeq
 		d.Charges = append(d.Charges, b.key)
 		if rem := b.tokens / microPerUnit; tight < 0 || rem < tightRem {
 			tight, tightRem = i, rem
@@ -468,20 +472,24 @@ func (e *Engine) stored(key string, r *rateParams, now Time) (uint64, Time) {
 	return r.capMicro, now
 }
 
-// Refund credits cost units back to each bucket named in charges (normally a Decision's Charges),
-// after refilling it to now, clamped to its capacity. It returns the smallest number of whole
-// units credited to any named bucket: 0 when any was already full (a full bucket is not stored,
-// so a key that names no stored bucket also counts as full). The caller must not refund more
-// than it was charged; the engine cannot tell.
-func (e *Engine) Refund(now Time, charges []string, cost uint64) (refunded uint64) {
+// Refund returns cost units to the buckets an admission charged (its Decision.Charges), clamped
+// to capacity, and reports the units returned (the least over the buckets; 0 if any got none).
+//
+// A bucket takes the units back only if that admission (debitSeq, its Decision.DebitSeq) is
+// still the last one that debited it. Then the refund restores exactly the state the bucket
+// would have without the admission, so the bounded-admission invariant holds. Once another
+// admission debited the bucket, or it refilled and was dropped, the units cannot be told apart
+// from capacity already handed out again, and that bucket keeps them. The caller (the FSM)
+// refunds an admission at most once.
+func (e *Engine) Refund(now Time, charges []string, cost uint64, debitSeq uint64) (refunded uint64) {
 	now = e.advance(now)
-	if len(charges) == 0 || cost == 0 {
+	if len(charges) == 0 || cost == 0 || debitSeq == 0 {
 		return 0
 	}
 	refunded = math.MaxUint64
 	for _, k := range charges {
 		b := e.buckets[k]
-		if b == nil {
+		if b == nil || b.debit != debitSeq {
 			refunded = 0
 			continue
 		}
@@ -489,7 +497,7 @@ func (e *Engine) Refund(now Time, charges []string, cost uint64) (refunded uint6
 		tokens, last := r.refill(b.tokens, b.last, now)
 		add := min(cost, r.capUnits) * microPerUnit
 		add = min(add, r.capMicro-tokens)
-		b.tokens, b.last = tokens+add, last
+		b.tokens, b.last, b.debit = tokens+add, last, 0
 		if e.bucketRate(b).fullAt(b.tokens, b.last) < b.sched {
 			e.scheduleFull(b)
 		}

@@ -360,17 +360,39 @@ func TestRefund(t *testing.T) {
 		Descriptors: []Node{{Key: "t", Rate: &Rate{Unit: time.Second, RequestsPerUnit: 10}}},
 	}}})
 	d := e.Acquire(0, Request{Domain: "d", Descriptors: []Entry{{"t", "a"}}, Cost: 10})
-	if got := e.Refund(0, d.Charges, 4); got != 4 {
+	if got := e.Refund(0, d.Charges, 4, d.DebitSeq); got != 4 {
 		t.Fatalf("refund 4: %d", got)
 	}
-	if got := e.Refund(0, d.Charges, 10); got != 6 { // clamped at capacity by the t bucket
-		t.Fatalf("refund 10: %d", got)
+	if got := e.Refund(0, d.Charges, 10, d.DebitSeq); got != 0 {
+		t.Fatalf("a second refund of one admission returned %d units", got)
 	}
-	if got := e.Refund(0, []string{"d/t=nobody"}, 1); got != 0 {
+	if got := e.Refund(0, []string{"d/t=nobody"}, 1, d.DebitSeq); got != 0 {
 		t.Fatalf("refund to absent bucket: %d", got)
 	}
-	if got := e.Refund(0, nil, 1); got != 0 {
+	if got := e.Refund(0, nil, 1, d.DebitSeq); got != 0 {
 		t.Fatalf("refund nothing: %d", got)
+	}
+	d2 := e.Acquire(0, Request{Domain: "d", Descriptors: []Entry{{"t", "b"}}, Cost: 10})
+	if got := e.Refund(0, d2.Charges, 10, d2.DebitSeq); got != 10 { // clamped by nothing: both buckets had room
+		t.Fatalf("refund 10 right after the debit: %d", got)
+	}
+}
+
+// A refund must not hand back capacity the bucket already gave out again (review finding):
+// rate 1/s, burst 10. A takes 10 at 0; the bucket refills; B takes 10 at 99 s; A's refund at
+// 99.5 s must not let C take another 10 — B and C in half a second would be 20 > 10.5.
+func TestRefundAfterRefillAndOtherDebitsReturnsNothing(t *testing.T) {
+	e := mustEngine(t, oneBucket(1, time.Second, 10))
+	a := e.Acquire(0, Request{Domain: "d", Cost: 10})
+	b := e.Acquire(Time(99*time.Second), Request{Domain: "d", Cost: 10})
+	if !a.Admitted || !b.Admitted {
+		t.Fatalf("setup: %+v %+v", a, b)
+	}
+	if got := e.Refund(Time(99500*time.Millisecond), a.Charges, 10, a.DebitSeq); got != 0 {
+		t.Fatalf("refund of A after B's debit returned %d units", got)
+	}
+	if c := e.Acquire(Time(99500*time.Millisecond), Request{Domain: "d", Cost: 10}); c.Admitted {
+		t.Fatalf("C admitted: 20 units in 0.5 s on a 1/s bucket of burst 10")
 	}
 }
 
@@ -458,15 +480,16 @@ func TestTickDropsExactlyFullBuckets(t *testing.T) {
 	}
 	const n = 5000
 	var charges [][]string
+	var seqs []uint64
 	for i := 0; i < n; i++ {
 		d := e.Acquire(Time(i)*ms, req(i, uint64(i%97+1)))
-		charges = append(charges, d.Charges)
+		charges, seqs = append(charges, d.Charges), append(seqs, d.DebitSeq)
 	}
 	for i := 0; i < n; i += 3 { // debit again: full later than first scheduled
 		e.Acquire(Time(n)*ms, req(i, 1))
 	}
 	for i := 1; i < n; i += 7 { // refund: full earlier than first scheduled
-		e.Refund(Time(n)*ms, charges[i], uint64(i%50))
+		e.Refund(Time(n)*ms, charges[i], uint64(i%50), seqs[i])
 	}
 	for now := Time(n) * ms; len(e.buckets) > 0; now += 750 * ms {
 		want := 0

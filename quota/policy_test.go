@@ -520,18 +520,21 @@ func TestPolicyStateSnapshotAndReplicas(t *testing.T) {
 	})
 }
 
-func TestSnapshotFormat1WithoutPolicyState(t *testing.T) {
+func TestSnapshotFormats(t *testing.T) {
 	e := mustEngine(t, providerLimits())
-	e.Acquire(0, Request{Domain: "p"})
 	snap, _ := e.MarshalBinary()
 	if snap[0] != 1 {
-		t.Errorf("a state without adaptive rates or retry budgets should stay format 1 (readable by older nodes), got %d", snap[0])
+		t.Errorf("a state without debits, adaptive rates or retry budgets should stay format 1, got %d", snap[0])
 	}
 	e = mustEngine(t, retryLimits(10, 0))
 	e.Acquire(0, Request{Domain: "p", Attempt: 2})
 	snap, _ = e.MarshalBinary()
-	if snap[0] != 2 {
-		t.Errorf("format %d, want 2", snap[0])
+	if snap[0] != 3 {
+		t.Errorf("format %d after a debit, want 3 (refund section)", snap[0])
+	}
+	r := NewEngine()
+	if err := r.UnmarshalBinary(snap); err != nil || r.Hash() != e.Hash() {
+		t.Fatalf("format 3 round trip: %v", err)
 	}
 	for i := 1; i < len(snap); i++ {
 		if err := NewEngine().UnmarshalBinary(snap[:i]); err == nil {

@@ -180,7 +180,7 @@ func (r *runner) apply(t *rapid.T, op histOp) string {
 		for _, k := range d.Charges {
 			r.refunds[k] = append(r.refunds[k], event{max(r.now, e.Clock()), c})
 		}
-		return fmt.Sprint(e.Refund(r.now, d.Charges, c))
+		return fmt.Sprint(e.Refund(r.now, d.Charges, c, d.DebitSeq))
 	case opRelease:
 		if len(r.leases) == 0 {
 			return "-"

@@ -15,6 +15,9 @@ import (
 const (
 	snapshotFormat  byte = 2
 	snapshotFormat1 byte = 1
+	// snapshotFormat3 is format 2 followed by the refund section: the debit counter and each
+	// bucket's last debit (in bucket order). Written once anything was debited.
+	snapshotFormat3 byte = 3
 )
 
 // hashFormat versions the Hash layout. New state is folded in only when present, so the hash of
@@ -69,7 +72,7 @@ func (h hashState) str(s string) hashState {
 func (e *Engine) Hash() uint64 {
 	var bucketSum, leaseSum, pauseSum uint64
 	for k, b := range e.buckets {
-		bucketSum += uint64(hashState(hashSeed).str(k).u64(b.tokens).u64(uint64(b.last)))
+		bucketSum += uint64(hashState(hashSeed).str(k).u64(b.tokens).u64(uint64(b.last)).u64(b.debit))
 	}
 	for id, l := range e.leases {
 		h := hashState(hashSeed).u64(id).u64(uint64(l.expiry)).u64(uint64(l.ttl)).u64(uint64(len(l.keys)))
@@ -86,6 +89,7 @@ func (e *Engine) Hash() uint64 {
 		u64(e.lim.limits.Version).
 		u64(e.lim.digest).
 		u64(e.leaseSeq).
+		u64(e.debitSeq).
 		u64(uint64(len(e.buckets))).u64(bucketSum).
 		u64(uint64(len(e.leases))).u64(leaseSum).
 		u64(uint64(len(e.pauses))).u64(pauseSum)
@@ -133,6 +137,9 @@ func (e *Engine) AppendBinary(buf []byte) ([]byte, error) {
 	format := snapshotFormat1
 	if len(e.adapt) > 0 || len(e.retries) > 0 {
 		format = snapshotFormat
+	}
+	if e.debitSeq > 0 {
+		format = snapshotFormat3
 	}
 	buf = append(buf, format)
 	buf = binary.AppendUvarint(buf, uint64(len(js)))
@@ -210,6 +217,12 @@ func (e *Engine) AppendBinary(buf []byte) ([]byte, error) {
 		buf = appendString(buf, d)
 		buf = binary.AppendUvarint(buf, st.tokens)
 		buf = binary.AppendVarint(buf, int64(st.last))
+	}
+	if format == snapshotFormat3 {
+		buf = binary.AppendUvarint(buf, e.debitSeq)
+		for _, kb := range bs {
+			buf = binary.AppendUvarint(buf, kb.b.debit)
+		}
 	}
 	return buf, nil
 }
@@ -310,8 +323,8 @@ func decodeSnapshot(data []byte) (*Engine, error) {
 		return nil, fmt.Errorf("empty input")
 	}
 	format := data[0]
-	if format != snapshotFormat1 && format != snapshotFormat {
-		return nil, fmt.Errorf("unknown format %d (this build reads formats %d and %d)", format, snapshotFormat1, snapshotFormat)
+	if format != snapshotFormat1 && format != snapshotFormat && format != snapshotFormat3 {
+		return nil, fmt.Errorf("unknown format %d (this build reads formats 1 to 3); upgrade this node", format)
 	}
 	d := &decoder{data: data, off: 1}
 	js := d.bytes(d.uvarint())
@@ -333,6 +346,10 @@ func decodeSnapshot(data []byte) (*Engine, error) {
 
 	nb := d.count(5)
 	e.buckets = make(map[string]*bucket, nb)
+	var order []*bucket // buckets in snapshot order, for format 3's per-bucket debits
+	if format == snapshotFormat3 {
+		order = make([]*bucket, 0, nb)
+	}
 	var key []byte
 	// Keys are copied into shared blocks, one string allocation per block rather than one per
 	// bucket (a million of them in a large snapshot); a block is freed once all its buckets are.
@@ -394,7 +411,11 @@ func decodeSnapshot(data []byte) (*Engine, error) {
 			d.fail("bucket #%d: key block out of step", i)
 			break
 		}
-		e.buckets[k] = &bucket{key: k, tokens: tokens, last: e.clock - Time(age), lvl: lv}
+		b := &bucket{key: k, tokens: tokens, last: e.clock - Time(age), lvl: lv}
+		e.buckets[k] = b
+		if order != nil {
+			order = append(order, b)
+		}
 	}
 
 	nl := d.count(4)
@@ -420,8 +441,17 @@ func decodeSnapshot(data []byte) (*Engine, error) {
 		k := string(d.bytes(d.uvarint()))
 		e.pauses[k] = Time(d.varint())
 	}
-	if format == snapshotFormat {
+	if format == snapshotFormat || format == snapshotFormat3 {
 		decodePolicy(d, e, lim)
+	}
+	if format == snapshotFormat3 {
+		e.debitSeq = d.uvarint()
+		for _, b := range order {
+			if b.debit = d.uvarint(); b.debit > e.debitSeq {
+				d.fail("bucket %q: debit %d beyond the debit counter %d", b.key, b.debit, e.debitSeq)
+				break
+			}
+		}
 	}
 	if d.err == nil && d.off != len(data) {
 		d.fail("%d trailing bytes", len(data)-d.off)

@@ -214,6 +214,8 @@ type Decision struct {
 	Charges []string
 	// Cost actually debited from each charged bucket.
 	Cost uint64
+	// DebitSeq identifies this admission's debits for Refund (0 when nothing was debited).
+	DebitSeq uint64
 	// ShadowDenials lists the scopes of shadow-mode levels that would have refused this request
 	// (they were skipped: no debit, no permit). Nil when none.
 	ShadowDenials []string
