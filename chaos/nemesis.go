@@ -473,7 +473,7 @@ func (nm *nemesis) membership(ctx context.Context, leader *Node) (nodes []string
 	if err := nm.c.Start(victim); err != nil {
 		detail += "; restart: " + err.Error()
 	}
-	v, ok = waitVoters(func(v []string) bool { return slices.Contains(v, victim.ID) }, 40*time.Second)
+	_, ok = waitVoters(func(v []string) bool { return slices.Contains(v, victim.ID) }, 40*time.Second)
 	detail += fmt.Sprintf("; %s back as voter=%v", victim.ID, ok)
 	return []string{n4.ID, victim.ID}, detail, ""
 }

@@ -201,12 +201,6 @@ func (w *workload) start(ctx context.Context) {
 	w.wg.Go(func() { w.statusSampler(ctx, leaseClient) })
 }
 
-// wait waits for the workers and then for the resolution of unknown outcomes.
-func (w *workload) wait() {
-	w.wg.Wait()
-	w.resolve.Wait()
-}
-
 func (w *workload) close() {
 	for _, cl := range w.clients {
 		_ = cl.Close()

@@ -1,7 +1,6 @@
 package fsm
 
 import (
-	"errors"
 	"fmt"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -45,8 +44,6 @@ const (
 	fEntryKey   = 1
 	fEntryValue = 2
 )
-
-var errMalformed = errors.New("malformed protobuf")
 
 // rawCommand is a Command whose ops are still encoded.
 type rawCommand struct {

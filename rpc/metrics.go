@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
 // Metrics are one node's Prometheus metrics. A nil *Metrics records nothing.
@@ -53,7 +54,7 @@ func NewMetrics() *Metrics {
 	}, []string{"domain", "status", "outcome"})
 	m.Registry.MustRegister(m.feedback)
 	m.Registry.MustRegister(m.decisions, m.decisionTime, m.commitTime, m.entryOps, m.commitErrors,
-		m.leaderChanges, prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+		m.leaderChanges, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 

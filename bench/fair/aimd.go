@@ -62,8 +62,6 @@ func aimdLimits() string { return fmt.Sprintf(aimdDomain, *aimdBurst) }
 // The AIMD scenario's simulated provider and its load.
 const (
 	aimdHiddenDefaultBurst = 5
-	// aimdCeiling is the configured requests_per_unit of domain "provider" (see limits).
-	aimdCeiling = 100
 	// aimdHidden is the provider's real capacity, 60 % of the ceiling; quotad is not told.
 	aimdHidden = 60
 	// aimdWorkers keep requests outstanding; each sends its next request as soon as the last
