@@ -281,7 +281,7 @@ func limitsCmd() *cobra.Command {
 			return call(ctx, addr, func(ctx context.Context, conn *grpc.ClientConn) error {
 				resp, err := quotadv1.NewAdminClient(conn).GetLimits(ctx, &quotadv1.GetLimitsRequest{})
 				if err == nil {
-					fmt.Printf("# version %d\n%s", resp.Version, resp.Yaml)
+					fmt.Print(resp.Yaml) // config.Format starts with a version comment
 				}
 				return err
 			})
