@@ -105,12 +105,12 @@ func NewNode(cfg Config, f FSM) (*Node, error) {
 		cfg.Clock = SystemClock{}
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
+		cfg.Logger = slog.Default().With("node", cfg.ID)
 	}
 	cfg.Join = append([]string(nil), cfg.Join...)
 	n := &Node{
 		cfg:         cfg,
-		log:         cfg.Logger.With("node", cfg.ID),
+		log:         cfg.Logger, // names the node already (cmd/quotad, the harnesses, or the default above)
 		clock:       cfg.Clock,
 		fsm:         f,
 		lcCh:        make(chan struct{}),

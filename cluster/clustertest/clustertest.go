@@ -118,7 +118,7 @@ func (c *Cluster) start(i int, newAddrHost string) {
 			cfg.Join = append(cfg.Join, o.node.GossipAddr())
 		}
 	}
-	cfg.Logger = slog.New(slog.NewTextHandler(c.logOut, &slog.HandlerOptions{Level: logLevel()}))
+	cfg.Logger = slog.New(slog.NewTextHandler(c.logOut, &slog.HandlerOptions{Level: logLevel()})).With("node", cfg.ID)
 	if c.configure != nil {
 		c.configure(i, &cfg)
 	}
