@@ -76,6 +76,20 @@ func TestChaos(t *testing.T) {
 func runAndReport(t *testing.T, cfg Config) {
 	t.Helper()
 	start := time.Now()
+	rep := runLogged(t, cfg)
+	t.Logf("wall time %v", time.Since(start).Round(time.Second))
+	if !rep.OK {
+		t.Errorf("seed %d: %d anomalies; history, node logs and porcupine visualizations are in %s", rep.Seed, rep.Anomalies, cfg.OutDir)
+	}
+	if os.Getenv("QUOTAD_CHAOS_REQUIRE_ALL") == "1" && len(rep.Missing) > 0 {
+		t.Errorf("seed %d: fault kinds never injected: %v", rep.Seed, rep.Missing)
+	}
+}
+
+// runLogged runs the suite with cfg (bounded by its duration plus time to check) and logs the
+// summary table.
+func runLogged(t *testing.T, cfg Config) *Report {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration+8*time.Minute)
 	defer cancel()
 	rep, err := Run(ctx, cfg)
@@ -85,13 +99,7 @@ func runAndReport(t *testing.T, cfg Config) {
 	var sb strings.Builder
 	PrintSummary(&sb, rep)
 	t.Log("\n" + sb.String())
-	t.Logf("wall time %v", time.Since(start).Round(time.Second))
-	if !rep.OK {
-		t.Errorf("seed %d: %d anomalies; history, node logs and porcupine visualizations are in %s", rep.Seed, rep.Anomalies, cfg.OutDir)
-	}
-	if os.Getenv("QUOTAD_CHAOS_REQUIRE_ALL") == "1" && len(rep.Missing) > 0 {
-		t.Errorf("seed %d: fault kinds never injected: %v", rep.Seed, rep.Missing)
-	}
+	return rep
 }
 
 // TestChaosDocker is the same run with one container per node (make chaos-docker): an image

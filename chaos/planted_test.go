@@ -2,7 +2,6 @@ package chaos
 
 import (
 	"bytes"
-	"context"
 	"debug/elf"
 	"os"
 	"os/exec"
@@ -145,15 +144,7 @@ func TestPlantedBugs(t *testing.T) {
 			cfg.Nemesis.Only = bug.faults
 			cfg.Workload.RawToAnyNode = bug.raw
 			cfg.OutDir = filepath.Join(cfg.OutDir, "bug-"+bug.tag)
-			ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration+8*time.Minute)
-			defer cancel()
-			rep, err := Run(ctx, cfg)
-			if err != nil {
-				t.Fatalf("seed %d: %v", cfg.Seed, err)
-			}
-			var sb strings.Builder
-			PrintSummary(&sb, rep)
-			t.Log("\n" + sb.String())
+			rep := runLogged(t, cfg)
 			if !strings.Contains(rep.Binary, bug.tag) {
 				t.Fatalf("the %s build failed and fell back to %s: %v", bug.tag, rep.Binary, rep.Notes)
 			}
