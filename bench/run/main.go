@@ -88,6 +88,7 @@ func main() {
 		out       = flag.String("out", "bench/results/latest.json", "JSON report path")
 		keep      = flag.Bool("keep", false, "keep the cluster running at the end (for profiling) until interrupted")
 		agentArgs = flag.String("agent-args", "", "extra agent flags, space-separated")
+		snapProf  = flag.String("snapshot-cpuprofile", "", "write a CPU profile of the snapshot step's timed part to this file")
 	)
 	flag.Parse()
 	steps := map[string]bool{}
@@ -164,7 +165,7 @@ func main() {
 		rep.RSSMB1MBuckets = memory(c, loadgen, strings.Join(c.GRPCAddrs(), ","), *buckets)
 	}
 	if want("snapshot") {
-		s, err := snapshotRestore(*buckets)
+		s, err := snapshotRestore(*buckets, *snapProf)
 		check(err)
 		rep.SnapshotRestoreS = s
 	}

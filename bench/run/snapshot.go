@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -21,7 +22,7 @@ import (
 // too), then times what a node does to ship and load its state: FSM.Snapshot, Persist into
 // raft's file snapshot store (written and fsynced), and FSM.Restore from it into a fresh FSM.
 // It checks that the restored replica's state hash equals the original's.
-func snapshotRestore(n int) (float64, error) {
+func snapshotRestore(n int, cpuProfile string) (float64, error) {
 	limits, err := config.Parse("bench", []byte(benchLimits))
 	if err != nil {
 		return 0, err
@@ -67,6 +68,17 @@ func snapshotRestore(n int) (float64, error) {
 		return 0, err
 	}
 
+	if cpuProfile != "" {
+		f, err := os.Create(cpuProfile)
+		if err != nil {
+			return 0, err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return 0, err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	start := time.Now()
 	snap, err := src.Snapshot()
 	if err != nil {
