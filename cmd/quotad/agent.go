@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/quotad/quotad/cluster"
+	"github.com/quotad/quotad/internal/gctune"
 	"github.com/quotad/quotad/rpc"
 )
 
@@ -29,6 +30,7 @@ func agentCmd() *cobra.Command {
 		tlsFiles   rpc.TLSFiles
 		gcPercent  int
 		memLimit   string
+		gcHeadroom string
 	)
 	cmd := &cobra.Command{
 		Use:   "agent",
@@ -62,7 +64,7 @@ promoted once caught up. A node restarted with its --data-dir resumes where it s
 			if err := cc.Validate(); err != nil {
 				return err
 			}
-			if err := setGC(gcPercent, memLimit); err != nil {
+			if err := setGC(gcPercent, memLimit, gcHeadroom); err != nil {
 				return err
 			}
 			acfg := rpc.AgentConfig{Cluster: cc, LimitsFile: limits, TLS: tlsFiles, AdminToken: adminToken}
@@ -102,6 +104,7 @@ promoted once caught up. A node restarted with its --data-dir resumes where it s
 	f.StringVar(&tlsFiles.CAFile, "tls-ca", "", "PEM CA: require and verify client certificates (mutual TLS)")
 	f.IntVar(&gcPercent, "gc-percent", defaultGCPercent, "Go GC target: heap growth in percent over the live heap between collections (GOGC; -1 keeps $GOGC or Go's 100)")
 	f.StringVar(&memLimit, "memory-limit", "", "soft memory limit for the Go runtime, e.g. 2GiB (GOMEMLIMIT; empty keeps $GOMEMLIMIT or none)")
+	f.StringVar(&gcHeadroom, "gc-headroom", "64MiB", "once the live heap is large, let it grow at most this much between collections (0: GOGC alone decides)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")
 	return cmd
@@ -111,8 +114,8 @@ promoted once caught up. A node restarted with its --data-dir resumes where it s
 const defaultGCPercent = -1
 
 // setGC applies --gc-percent and --memory-limit (the runtime already read $GOGC and
-// $GOMEMLIMIT; a flag overrides them).
-func setGC(percent int, limit string) error {
+// $GOMEMLIMIT; a flag overrides them), then starts the --gc-headroom tuner under that limit.
+func setGC(percent int, limit, headroom string) error {
 	if percent >= 0 {
 		debug.SetGCPercent(percent)
 	}
@@ -122,6 +125,13 @@ func setGC(percent int, limit string) error {
 			return fmt.Errorf("--memory-limit %q: %v", limit, err)
 		}
 		debug.SetMemoryLimit(n)
+	}
+	if headroom != "0" {
+		n, err := parseBytes(headroom)
+		if err != nil {
+			return fmt.Errorf("--gc-headroom %q: %v (or 0 to turn it off)", headroom, err)
+		}
+		gctune.Start(n)
 	}
 	return nil
 }
