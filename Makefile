@@ -2,7 +2,7 @@ GO ?= go
 BIN := bin/quotad
 PROTOC ?= protoc
 
-.PHONY: all build run test test-short race vet proto bench bench-fair chaos chaos-long chaos-bugs chaos-docker clean
+.PHONY: all build run test test-short race vet proto bench bench-fair bench-soak chaos chaos-long chaos-bugs chaos-docker clean
 
 all: build
 
@@ -57,6 +57,11 @@ bench:
 
 # bench-fair runs the fair-sharing scenarios of issue 4 against a real 3-node cluster of
 # separate processes and writes bench/results/fairness.json (about 3 minutes).
+# bench-soak alternates 30 s of load and 30 s of idle on a 3-node cluster for 10 minutes and
+# counts leadership changes (must be 0); writes bench/results/soak.json.
+bench-soak:
+	$(GO) run ./bench/run -only soak -out bench/results/soak.json
+
 bench-fair:
 	$(GO) run ./bench/fair
 

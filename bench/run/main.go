@@ -51,6 +51,11 @@ type Report struct {
 	RSSMB1MBuckets   []float64    `json:"rss_mb_1m_buckets"`
 	SnapshotRestoreS float64      `json:"snapshot_restore_s_1m"`
 	Sweep            []SweepPoint `json:"sweep"`
+	// The soak step (run only when asked for: -only soak) alternates load and idle and counts
+	// leadership changes, which must stay 0: no node was killed.
+	SoakSeconds       float64 `json:"soak_seconds,omitempty"`
+	SoakDecisions     int64   `json:"soak_decisions,omitempty"`
+	SoakLeaderChanges *int    `json:"soak_leader_changes,omitempty"`
 }
 
 // SweepPoint is the median over runs at one concurrency.
@@ -84,7 +89,8 @@ func main() {
 		concs     = flag.String("concurrency", "1,64,256,1024", "concurrency sweep")
 		kills     = flag.Int("kills", 5, "leader kill -9 trials")
 		buckets   = flag.Int("buckets", 1_000_000, "active buckets for the memory step")
-		only      = flag.String("only", "", "comma-separated steps to run (sweep,failover,memory,snapshot); empty: all")
+		only      = flag.String("only", "", "comma-separated steps to run (sweep,failover,memory,snapshot,soak); empty: all but soak")
+		soak      = flag.Duration("soak", 10*time.Minute, "length of the soak step (alternating 30 s of load and 30 s of idle)")
 		out       = flag.String("out", "bench/results/latest.json", "JSON report path")
 		keep      = flag.Bool("keep", false, "keep the cluster running at the end (for profiling) until interrupted")
 		agentArgs = flag.String("agent-args", "", "extra agent flags, space-separated")
@@ -97,7 +103,7 @@ func main() {
 			steps[s] = true
 		}
 	}
-	want := func(s string) bool { return len(steps) == 0 || steps[s] }
+	want := func(s string) bool { return steps[s] || len(steps) == 0 && s != "soak" }
 
 	dir, err := os.MkdirTemp("", "quotad-bench-")
 	check(err)
@@ -135,6 +141,10 @@ func main() {
 	startCluster("cluster1")
 	addrs := strings.Join(c.GRPCAddrs(), ",")
 
+	if want("soak") {
+		n, decisions := soakRun(c, loadgen, addrs, *soak)
+		rep.SoakSeconds, rep.SoakDecisions, rep.SoakLeaderChanges = soak.Seconds(), decisions, &n
+	}
 	if want("sweep") {
 		rep.Sweep = sweep(loadgen, addrs, parseInts(*concs), *runs, *duration)
 		best := rep.Sweep[0]
@@ -259,6 +269,11 @@ func memory(c *proccluster.Cluster, loadgen, addrs string, n int) []float64 {
 }
 
 func scrapeRSS(httpAddr string) (float64, error) {
+	return scrapeMetric(httpAddr, "process_resident_memory_bytes")
+}
+
+// scrapeMetric reads one unlabelled sample from a node's /metrics.
+func scrapeMetric(httpAddr, name string) (float64, error) {
 	resp, err := http.Get("http://" + httpAddr + "/metrics")
 	if err != nil {
 		return 0, err
@@ -267,11 +282,11 @@ func scrapeRSS(httpAddr string) (float64, error) {
 	s := bufio.NewScanner(resp.Body)
 	s.Buffer(nil, 1<<20)
 	for s.Scan() {
-		if v, ok := strings.CutPrefix(s.Text(), "process_resident_memory_bytes "); ok {
+		if v, ok := strings.CutPrefix(s.Text(), name+" "); ok {
 			return strconv.ParseFloat(v, 64)
 		}
 	}
-	return 0, fmt.Errorf("%s/metrics has no process_resident_memory_bytes", httpAddr)
+	return 0, fmt.Errorf("%s/metrics has no %s", httpAddr, name)
 }
 
 func printTable(r *Report) {
@@ -292,6 +307,10 @@ func printTable(r *Report) {
 	fmt.Printf("failover_max_ms        %10.0f   (target ≤ 2000)\n", r.FailoverMaxMs)
 	fmt.Printf("rss_mb_1m_buckets      %10v   (target ≤ 300 per node)\n", r.RSSMB1MBuckets)
 	fmt.Printf("snapshot_restore_s_1m  %10.2f   (target ≤ 3)\n", r.SnapshotRestoreS)
+	if r.SoakLeaderChanges != nil {
+		fmt.Printf("soak_leader_changes    %10d   (target 0 in %.0f s of mixed idle and load, %d decisions)\n",
+			*r.SoakLeaderChanges, r.SoakSeconds, r.SoakDecisions)
+	}
 	fmt.Println()
 }
 
