@@ -3,7 +3,7 @@ package client
 import (
 	"context"
 	cryptorand "crypto/rand"
-	"encoding/hex"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"math"
@@ -47,12 +47,16 @@ func New(cfg Config) (*Client, error) {
 	}
 	cfg = cfg.withDefaults()
 	id := cfg.ClientID
+	seq := uint64(time.Now().UnixNano())
 	if id == "" {
-		var b [16]byte
+		// 96 random bits, base64: every admission carries the client ID into the replicated
+		// log, so it is kept short. A fresh random namespace has never been used, so its
+		// request IDs can start at 1 (short varints) instead of at the wall clock.
+		var b [12]byte
 		if _, err := cryptorand.Read(b[:]); err != nil {
 			return nil, fmt.Errorf("client: generating a client ID: %w", err)
 		}
-		id = hex.EncodeToString(b[:])
+		id, seq = base64.RawURLEncoding.EncodeToString(b[:]), 0
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Client{
@@ -64,9 +68,10 @@ func New(cfg Config) (*Client, error) {
 		closing: make(chan struct{}),
 		leases:  make(map[*Lease]struct{}),
 	}
-	// Start the sequence at the wall clock so a restarted process that reuses a ClientID
-	// never reuses a request ID the cluster may still remember. 0 is never produced.
-	c.seq.Store(uint64(time.Now().UnixNano()))
+	// With a configured ClientID the sequence starts at the wall clock, so a restarted
+	// process that reuses it never reuses a request ID the cluster may still remember. 0 is
+	// never produced.
+	c.seq.Store(seq)
 	if !cfg.Batch.Disabled {
 		c.batcher = newBatcher(c, cfg.Batch)
 	}

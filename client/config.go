@@ -37,10 +37,11 @@ type Config struct {
 	Addrs []string
 
 	// ClientID is this client's idempotency namespace: request IDs are unique within it.
-	// Empty means a random 128-bit ID, which is what almost every caller wants. If you set a
-	// stable ID, never run two live clients with the same one. Request sequences start at
-	// the wall-clock time in nanoseconds, so a restarted process with the same ID does not
-	// reuse the IDs of its previous life.
+	// Empty means a random 96-bit ID (16 characters), which is what almost every caller
+	// wants. If you set a stable ID, never run two live clients with the same one, and keep it
+	// short: it is stored with every admission in the replicated log. With a stable ID request
+	// sequences start at the wall-clock time in nanoseconds, so a restarted process with the
+	// same ID does not reuse the IDs of its previous life.
 	ClientID string
 
 	// TLS, when non-nil, is used for every connection (set RootCAs and, for mTLS,

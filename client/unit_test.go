@@ -36,21 +36,10 @@ func TestBackoffFullJitterBounds(t *testing.T) {
 	}
 }
 
-func TestRequestIDsUniqueAndStartAtClock(t *testing.T) {
-	before := uint64(time.Now().UnixNano())
-	c, err := New(Config{Addrs: []string{"127.0.0.1:1"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if len(c.ClientID()) != 32 {
-		t.Errorf("generated client ID %q, want 32 hex digits", c.ClientID())
-	}
-	c2, _ := New(Config{Addrs: []string{"127.0.0.1:1"}})
-	defer c2.Close()
-	if c.ClientID() == c2.ClientID() {
-		t.Error("two clients got the same random ID")
-	}
+// uniqueIDs takes 16,000 request IDs from c on 16 goroutines and fails unless all are
+// distinct and above floor.
+func uniqueIDs(t *testing.T, c *Client, floor uint64) {
+	t.Helper()
 	const goroutines, per = 16, 1000
 	ids := make([][]uint64, goroutines)
 	var wg sync.WaitGroup
@@ -65,12 +54,45 @@ func TestRequestIDsUniqueAndStartAtClock(t *testing.T) {
 	seen := map[uint64]bool{}
 	for _, l := range ids {
 		for _, id := range l {
-			if id <= before || seen[id] {
-				t.Fatalf("request ID %d repeated or not above the start clock %d", id, before)
+			if id <= floor || seen[id] {
+				t.Fatalf("request ID %d repeated or not above %d", id, floor)
 			}
 			seen[id] = true
 		}
 	}
+}
+
+func TestGeneratedClientIDIsShortRandomAndCountsFromOne(t *testing.T) {
+	c, err := New(Config{Addrs: []string{"127.0.0.1:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if len(c.ClientID()) != 16 {
+		t.Errorf("generated client ID %q, want 16 base64 characters (96 bits)", c.ClientID())
+	}
+	c2, _ := New(Config{Addrs: []string{"127.0.0.1:1"}})
+	defer c2.Close()
+	if c.ClientID() == c2.ClientID() {
+		t.Error("two clients got the same random ID")
+	}
+	if id := c2.nextID(); id != 1 {
+		t.Errorf("first request ID of a fresh random namespace = %d, want 1", id)
+	}
+	uniqueIDs(t, c, 0)
+}
+
+func TestConfiguredClientIDStartsAtTheClock(t *testing.T) {
+	before := uint64(time.Now().UnixNano())
+	c, err := New(Config{Addrs: []string{"127.0.0.1:1"}, ClientID: "billing-worker-7"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.ClientID() != "billing-worker-7" {
+		t.Errorf("ClientID() = %q, want the configured one", c.ClientID())
+	}
+	uniqueIDs(t, c, before)
 }
 
 func TestConfigValidate(t *testing.T) {
