@@ -5,19 +5,24 @@ import (
 	"errors"
 	"fmt"
 	"hash"
+	"io"
+	"math/bits"
+	"slices"
 	"time"
 
 	"github.com/quotad/quotad/quota"
 )
 
 // dedupRecord is one remembered decision: 24 bytes and pointer-free. The decision itself is
-// kept in its chunk's byte arena, in exactly the layout the snapshot uses (appendDecision), so
-// snapshots and the state hash copy bytes rather than re-encode; a retry or a refund decodes it.
+// kept in its chunk's byte arena: the fields that vary, in the layout the snapshot uses
+// (appendDecision), after the index of an interned template holding the others
+// (dedup_template.go). Snapshots and the state hash interleave the two, copying bytes rather
+// than re-encoding; a retry or a refund decodes the result.
 type dedupRecord struct {
 	id      uint64
 	expires quota.Time
 	client  uint32 // index into dedupTable.clients; the top bit is the refunded flag
-	off     uint32 // start of the decision in the chunk's arena; it ends where the next begins
+	off     uint32 // start of the stored decision in the chunk's arena; it ends where the next begins
 }
 
 const refundedBit = 1 << 31
@@ -28,6 +33,7 @@ type dedupChunkData struct {
 	arena []byte
 }
 
+// decisionBytes is the stored form of record i's decision.
 func (c *dedupChunkData) decisionBytes(i int) []byte {
 	end := uint32(len(c.arena))
 	if i+1 < len(c.recs) {
@@ -50,9 +56,10 @@ type dedupClient struct {
 // At full load the table holds a whole DedupWindow of admissions (millions of records), so it
 // is built to cost little memory and no GC work: records are 24-byte pointer-free values in
 // fixed-size chunks addressed by sequence number, each chunk with one pointer-free byte arena
-// for the decisions (~50 bytes each), and the index is a map of pointer-free keys. A put
+// for the decisions (~40 bytes each), and the index is a map of pointer-free keys. A put
 // allocates nothing (amortized); expiring frees whole chunks, which are reused. Client IDs
-// are interned (refcounted), so a record names its client with 4 bytes.
+// and the fields of decisions that repeat are interned (refcounted), so a record names its
+// client with 4 bytes and its template with one or two.
 type dedupTable struct {
 	index  dedupIndex        // (client, id) → the record's sequence number
 	chunks []*dedupChunkData // chunks[0].recs[0] has sequence number first
@@ -66,6 +73,9 @@ type dedupTable struct {
 	clients   []dedupClient
 	clientIdx map[string]uint32
 	freeIdx   []uint32
+
+	templates decisionTemplates
+	scratch   []byte // put's encoding of the decision it stores
 }
 
 const dedupChunk = 4096
@@ -123,7 +133,7 @@ func (x *dedupIndex) find(t *dedupTable, client uint32, id uint64) (uint64, bool
 // insert adds record seq (already in the table; its key is not in the index).
 func (x *dedupIndex) insert(t *dedupTable, seq uint64) {
 	if (x.n+1)*2 > len(x.slots) {
-		x.grow()
+		x.reserve(max(x.n+1, len(x.slots))) // doubles
 	}
 	r := t.recAt(seq)
 	h := dedupHash(r.client&^refundedBit, r.id)
@@ -140,10 +150,14 @@ func (x *dedupIndex) place(v uint64) {
 	x.slots[i] = v
 }
 
-func (x *dedupIndex) grow() {
-	size := max(1024, 2*len(x.slots))
-	for (x.n+1)*2 > size {
+// reserve makes room for n entries in all, so that inserting up to n rehashes nothing.
+func (x *dedupIndex) reserve(n int) {
+	size := max(1024, len(x.slots))
+	for n*2 > size {
 		size *= 2
+	}
+	if size == len(x.slots) {
+		return
 	}
 	old := x.slots
 	x.slots = make([]uint64, size)
@@ -152,6 +166,48 @@ func (x *dedupIndex) grow() {
 			x.place(v)
 		}
 	}
+}
+
+// buildIndex indexes every record of a table whose index is empty (a restored one).
+// Inserting a million records in sequence order would write to random slots of a 16 MB
+// table, each write a cache and TLB miss (~300 ns on a VM); inserting them grouped by the
+// part of the table they hash to moves through it once, within a window of a few pages.
+func (t *dedupTable) buildIndex() {
+	x := &t.index
+	n := t.len()
+	if n == 0 {
+		return
+	}
+	x.reserve(n)
+	mask := uint64(len(x.slots) - 1)
+	const groupBits = 8 // 256 groups: 64 KB of slots each with 1M records
+	shift := max(bits.Len64(mask)-groupBits, 0)
+	var start [1<<groupBits + 1]int // group g's entries go to vs[start[g]:start[g+1]]
+	t.eachChunk(func(c *dedupChunkData, from int) {
+		for i := from; i < len(c.recs); i++ {
+			r := &c.recs[i]
+			start[(uint64(dedupHash(r.client&^refundedBit, r.id))&mask)>>shift+1]++
+		}
+	})
+	for g := 1; g < len(start); g++ {
+		start[g] += start[g-1]
+	}
+	vs := make([]uint64, n)
+	seq := t.head
+	t.eachChunk(func(c *dedupChunkData, from int) {
+		for i := from; i < len(c.recs); i++ {
+			r := &c.recs[i]
+			h := uint64(dedupHash(r.client&^refundedBit, r.id))
+			g := (h & mask) >> shift
+			vs[start[g]] = h<<32 | uint64(uint32(seq))
+			start[g]++
+			seq++
+		}
+	})
+	for _, v := range vs {
+		x.place(v)
+	}
+	x.n += n
 }
 
 // remove deletes the entry of the oldest live record t.head, whose key is (client, id)
@@ -202,7 +258,8 @@ func (t *dedupTable) lookup(client string, id uint64) (uint64, bool) {
 // decision decodes the remembered decision of record seq.
 func (t *dedupTable) decision(seq uint64) quota.Decision {
 	c, i := t.at(seq)
-	d := decoder{buf: c.decisionBytes(i)}
+	var buf [128]byte
+	d := decoder{buf: t.templates.appendExpanded(buf[:0], c.decisionBytes(i))}
 	return d.decision()
 }
 
@@ -226,10 +283,13 @@ func (t *dedupTable) get(client string, id uint64) (quota.Decision, bool) {
 }
 
 func (t *dedupTable) put(client string, id uint64, expires quota.Time, d quota.Decision) {
+	var runs decisionRuns
+	t.scratch, runs = appendDecisionRuns(t.scratch[:0], &d)
 	c := t.last()
 	off := len(c.arena)
-	c.arena = appendDecision(c.arena, &d)
+	c.arena = t.templates.appendStored(c.arena, t.scratch, runs)
 	t.push(c, client, id, expires, false, off)
+	t.index.insert(t, t.next-1)
 }
 
 // last returns the chunk the next record goes into.
@@ -251,7 +311,8 @@ func (t *dedupTable) last() *dedupChunkData {
 	return c
 }
 
-// push appends the record whose decision was just written at c.arena[off:].
+// push appends the record whose decision was just written at c.arena[off:]; the caller
+// indexes it.
 func (t *dedupTable) push(c *dedupChunkData, client string, id uint64, expires quota.Time, refunded bool, off int) {
 	ci := t.intern(client)
 	r := dedupRecord{id: id, expires: expires, client: ci, off: uint32(off)}
@@ -260,7 +321,6 @@ func (t *dedupTable) push(c *dedupChunkData, client string, id uint64, expires q
 	}
 	c.recs = append(c.recs, r)
 	t.next++
-	t.index.insert(t, t.next-1)
 }
 
 func (t *dedupTable) intern(client string) uint32 {
@@ -300,6 +360,7 @@ func (t *dedupTable) expire(now quota.Time) {
 		ci := r.client &^ refundedBit
 		t.index.remove(t, ci, r.id)
 		t.release(ci)
+		t.templates.release(c.arena[r.off:])
 		t.head++
 		if t.head-t.first == dedupChunk {
 			c.recs, c.arena = c.recs[:0], c.arena[:0]
@@ -311,7 +372,7 @@ func (t *dedupTable) expire(now quota.Time) {
 	}
 }
 
-// each calls fn for every live record, oldest first, with its encoded decision.
+// each calls fn for every live record, oldest first, with its stored decision.
 func (t *dedupTable) each(fn func(client string, r *dedupRecord, decision []byte)) {
 	for seq := t.head; seq < t.next; seq++ {
 		c, i := t.at(seq)
@@ -324,8 +385,8 @@ func (t *dedupTable) hashInto(h hash.Hash64) {
 	var buf []byte
 	t.each(func(client string, r *dedupRecord, dec []byte) {
 		buf = appendRecordHead(buf[:0], client, r)
+		buf = t.templates.appendExpanded(buf, dec)
 		h.Write(buf)
-		h.Write(dec)
 	})
 }
 
@@ -333,46 +394,153 @@ func (t *dedupTable) hashInto(h hash.Hash64) {
 // before the first release; it is refused with a message rather than misread.
 const dedupFormat = 2
 
+// eachChunk calls fn for every chunk holding live records, oldest first, with the index of
+// its first live record.
+func (t *dedupTable) eachChunk(fn func(c *dedupChunkData, from int)) {
+	if t.head == t.next {
+		return
+	}
+	c, from := t.at(t.head)
+	fn(c, from)
+	for _, c := range t.chunks[1:] {
+		fn(c, 0)
+	}
+}
+
+// sectionSize is the exact length of what appendTo appends: a snapshot allocates the section
+// once at its final size instead of growing it by doubling (which touches up to three times
+// its size in fresh memory).
+func (t *dedupTable) sectionSize() int {
+	n := 1 + uvarintLen(uint64(t.len()))
+	t.eachChunk(func(c *dedupChunkData, from int) {
+		for i := from; i < len(c.recs); i++ {
+			r := &c.recs[i]
+			n += recordHeadLen(t.clients[r.client&^refundedBit].id, r) + t.templates.expandedLen(c.decisionBytes(i))
+		}
+	})
+	return n
+}
+
 // appendTo appends the table's snapshot section.
 func (t *dedupTable) appendTo(buf []byte) []byte {
 	buf = append(buf, dedupFormat)
 	buf = binary.AppendUvarint(buf, uint64(t.len()))
-	t.each(func(client string, r *dedupRecord, dec []byte) {
-		buf = appendRecordHead(buf, client, r)
-		buf = append(buf, dec...)
+	t.eachChunk(func(c *dedupChunkData, from int) {
+		for i := from; i < len(c.recs); i++ {
+			r := &c.recs[i]
+			buf = appendRecordHead(buf, t.clients[r.client&^refundedBit].id, r)
+			buf = t.templates.appendExpanded(buf, c.decisionBytes(i))
+		}
 	})
 	return buf
 }
 
-func (t *dedupTable) marshal() []byte { return t.appendTo(nil) }
+// dedupReadPiece is how much of a dedup section a restore reads at a time.
+const dedupReadPiece = 256 << 10
 
-func unmarshalDedup(data []byte) (*dedupTable, error) {
-	t := newDedupTable()
-	d := decoder{buf: data}
-	if f := d.byte(); f != dedupFormat {
-		return nil, fmt.Errorf("fsm: dedup table format %d unknown (this build reads %d)", f, dedupFormat)
+// readDedup decodes a dedup section of size bytes from r. It reads the section in pieces of
+// about piece bytes (more only for a record that does not fit one) rather than whole: each
+// decision is copied into the table's own arenas anyway, so a buffer of the whole section
+// would be tens of megabytes of fresh memory for nothing. It reads no further than the last
+// record; bytes after it in the section are the caller's to skip (they were always ignored).
+func readDedup(r io.Reader, size uint64, piece int) (*dedupTable, error) {
+	in := sectionReader{r: r, left: size, buf: make([]byte, 0, min(size, uint64(max(piece, 1))))}
+	// Each part is decoded from the bytes read so far; one that runs out of them is decoded
+	// again after in.more has read the next piece.
+	var format byte
+	for {
+		d := in.decoder()
+		format = d.byte()
+		if in.done(&d) != errRetry {
+			break // format is 0 if the section is empty or unreadable
+		}
 	}
-	n := d.uvarint()
+	if format != dedupFormat {
+		return nil, fmt.Errorf("fsm: dedup table format %d unknown (this build reads %d)", format, dedupFormat)
+	}
+	var n uint64
+	for {
+		d := in.decoder()
+		n = d.uvarint()
+		if err := in.done(&d); err != errRetry {
+			if err != nil {
+				return nil, err
+			}
+			break
+		}
+	}
+	t := newDedupTable()
 	var intern internTable
-	for i := uint64(0); i < n && d.err == nil; i++ {
-		client := intern.get(d.bytes())
+	for i := uint64(0); i < n; {
+		d := in.decoder()
+		client := d.bytes()
 		id := d.uvarint()
 		expires := quota.Time(d.varint())
 		refunded := d.bool()
-		start := d.buf
-		d.skipDecision()
-		if d.err != nil {
-			break
+		decision := d.buf
+		runs := d.splitDecision()
+		if err := in.done(&d); err == errRetry {
+			continue
+		} else if err != nil {
+			return nil, err
 		}
 		c := t.last()
 		off := len(c.arena)
-		c.arena = append(c.arena, start[:len(start)-len(d.buf)]...)
-		t.push(c, client, id, expires, refunded, off)
+		c.arena = t.templates.appendStored(c.arena, decision, runs)
+		t.push(c, intern.get(client), id, expires, refunded, off)
+		i++
 	}
-	if d.err != nil {
-		return nil, fmt.Errorf("fsm: corrupt dedup table: %w", d.err)
-	}
+	t.buildIndex()
 	return t, nil
+}
+
+// sectionReader reads a section of a file in pieces into one buffer: buf[pos:] are the bytes
+// read and not decoded yet, left the bytes of the section not read yet.
+type sectionReader struct {
+	r    io.Reader
+	left uint64
+	buf  []byte
+	pos  int
+}
+
+// decoder returns a decoder of the bytes read and not decoded yet.
+func (s *sectionReader) decoder() decoder { return decoder{buf: s.buf[s.pos:]} }
+
+// errRetry: the part being decoded did not fit in the bytes read so far; more were read.
+var errRetry = errors.New("read more")
+
+// done ends decoding a part with d: it returns nil and consumes the part if d decoded it,
+// errRetry if d ran out of bytes and more could be read, and otherwise the error.
+func (s *sectionReader) done(d *decoder) error {
+	if d.err == nil {
+		s.pos = len(s.buf) - len(d.buf)
+		return nil
+	}
+	if s.left == 0 {
+		return fmt.Errorf("fsm: corrupt dedup table: %w", d.err)
+	}
+	if err := s.more(); err != nil {
+		return err
+	}
+	return errRetry
+}
+
+// more reads the next piece after the bytes not decoded yet, moving them to the front of the
+// buffer (and growing it if they fill it). The section must have bytes left.
+func (s *sectionReader) more() error {
+	n := copy(s.buf[:cap(s.buf)], s.buf[s.pos:])
+	s.buf, s.pos = s.buf[:n], 0
+	if n == cap(s.buf) { // a record longer than a piece
+		s.buf = slices.Grow(s.buf, max(n, 64))
+	}
+	k := int(min(uint64(cap(s.buf)-n), s.left))
+	got, err := io.ReadFull(s.r, s.buf[n:n+k])
+	s.buf = s.buf[:n+got]
+	s.left -= uint64(got)
+	if err != nil {
+		return fmt.Errorf("fsm: snapshot dedup section truncated: %w", err)
+	}
+	return nil
 }
 
 func appendString(b []byte, s string) []byte {
@@ -388,7 +556,15 @@ func appendBool(b []byte, v bool) []byte {
 }
 
 // appendRecordHead and appendDecision together write one record of the snapshot's dedup
-// section (format 1).
+// section (format 1); recordHeadLen is the length of what appendRecordHead appends.
+func recordHeadLen(client string, r *dedupRecord) int {
+	return uvarintLen(uint64(len(client))) + len(client) + uvarintLen(r.id) + varintLen(int64(r.expires)) + 1
+}
+
+func uvarintLen(v uint64) int { return (bits.Len64(v|1) + 6) / 7 }
+
+func varintLen(v int64) int { return uvarintLen(uint64(v<<1) ^ uint64(v>>63)) }
+
 func appendRecordHead(b []byte, client string, r *dedupRecord) []byte {
 	b = appendString(b, client)
 	b = binary.AppendUvarint(b, r.id)
@@ -397,23 +573,39 @@ func appendRecordHead(b []byte, client string, r *dedupRecord) []byte {
 }
 
 func appendDecision(b []byte, d *quota.Decision) []byte {
+	b, _ = appendDecisionRuns(b, d)
+	return b
+}
+
+// appendDecisionRuns is appendDecision, also returning the runs of what it appended (as
+// splitDecision would find them).
+func appendDecisionRuns(b []byte, d *quota.Decision) ([]byte, decisionRuns) {
+	var r decisionRuns
+	start := len(b)
 	b = appendBool(b, d.Admitted)
 	b = appendString(b, string(d.Reason))
 	b = appendString(b, d.Scope)
 	b = binary.AppendUvarint(b, d.Limit)
+	r[0] = len(b) - start
 	b = binary.AppendUvarint(b, d.Remaining)
+	r[1] = len(b) - start
 	b = binary.AppendVarint(b, int64(d.Window))
+	r[2] = len(b) - start
 	b = binary.AppendVarint(b, int64(d.ResetAfter))
 	b = binary.AppendVarint(b, int64(d.RetryAfter))
 	b = binary.AppendUvarint(b, d.LeaseID)
+	r[3] = len(b) - start
 	b = binary.AppendVarint(b, int64(d.LeaseTTL))
 	b = appendString(b, d.Message)
+	r[4] = len(b) - start
 	b = binary.AppendUvarint(b, d.Cost)
 	b = binary.AppendUvarint(b, uint64(len(d.Charges)))
 	for _, c := range d.Charges {
 		b = appendString(b, c)
 	}
-	return binary.AppendUvarint(b, d.DebitSeq)
+	b = binary.AppendUvarint(b, d.DebitSeq)
+	r[5] = len(b) - start
+	return b, r
 }
 
 var errShort = errors.New("truncated")
@@ -516,31 +708,6 @@ func (d *decoder) decision() quota.Decision {
 	}
 	dc.DebitSeq = d.uvarint()
 	return dc
-}
-
-// skipDecision checks and skips what appendDecision wrote, allocating nothing.
-func (d *decoder) skipDecision() {
-	d.bool()
-	d.bytes() // reason
-	d.bytes() // scope
-	d.uvarint()
-	d.uvarint()
-	d.varint()
-	d.varint()
-	d.varint()
-	d.uvarint()
-	d.varint()
-	d.bytes() // message
-	d.uvarint()
-	n := d.uvarint()
-	if n > uint64(len(d.buf)) {
-		d.fail()
-		return
-	}
-	for i := uint64(0); i < n && d.err == nil; i++ {
-		d.bytes()
-	}
-	d.uvarint() // DebitSeq
 }
 
 func putU64(b []byte, v uint64) { binary.LittleEndian.PutUint64(b, v) }

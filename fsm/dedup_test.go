@@ -1,6 +1,8 @@
 package fsm
 
 import (
+	"bytes"
+	"fmt"
 	"reflect"
 	"testing"
 	"time"
@@ -11,6 +13,12 @@ import (
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 	"github.com/quotad/quotad/quota"
 )
+
+func (t *dedupTable) marshal() []byte { return t.appendTo(nil) }
+
+func unmarshalDedup(data []byte) (*dedupTable, error) {
+	return readDedup(bytes.NewReader(data), uint64(len(data)), dedupReadPiece)
+}
 
 // TestDedupTableAcrossChunks puts and expires records across several chunk boundaries and
 // checks lookups, the live count and the snapshot round trip.
@@ -151,5 +159,103 @@ func TestDedupIndexMatchesMap(t *testing.T) {
 		if d, ok := back.get(k.c, k.id); !ok || d.Remaining != rem {
 			t.Fatalf("restored %v: %+v %v", k, d, ok)
 		}
+	}
+}
+
+// variedDedupTable holds records that exercise every length in a record head: clients of 1
+// and 200 bytes, IDs of 1 to 10 varint bytes, negative and large expiry times, refunded flags; across
+// three chunks with the oldest live record inside the first.
+func variedDedupTable() *dedupTable {
+	tb := newDedupTable()
+	long := string(bytes.Repeat([]byte("x"), 200))
+	for i := range 3*dedupChunk + 11 {
+		client := []string{"c", long, "client-2"}[i%3]
+		id := uint64(i+1) * 0x9e3779b97f4a7c15 // unique, and long varints
+		if i%3 == 0 {
+			id = uint64(i + 1) // unique for client "c", short varints
+		}
+		tb.put(client, id, quota.Time(int64(i)-1000)<<(i%20), quota.Decision{
+			Admitted: i%2 == 0, Reason: quota.ReasonOK, Scope: "tenant", Remaining: uint64(i) << (i % 50),
+			Charges: []string{long[:i%150]}, DebitSeq: uint64(i),
+		})
+		if i%5 == 0 {
+			seq, _ := tb.lookup(client, id)
+			tb.setRefunded(seq)
+		}
+	}
+	return tb
+}
+
+// TestDedupSectionSize: sectionSize is exactly the length appendTo writes.
+func TestDedupSectionSize(t *testing.T) {
+	check := func(what string, tb *dedupTable) {
+		t.Helper()
+		if got, want := tb.sectionSize(), len(tb.appendTo(nil)); got != want {
+			t.Fatalf("%s: sectionSize %d, appendTo wrote %d", what, got, want)
+		}
+	}
+	tb := newDedupTable()
+	check("empty", tb)
+	tb.put("c", 1, 5, quota.Decision{})
+	check("one record", tb)
+	tb.expire(5)
+	check("emptied", tb)
+	tb = variedDedupTable()
+	check("varied", tb)
+	for _, seq := range []uint64{1, dedupChunk, dedupChunk + 1, 2*dedupChunk + 5} {
+		tb.expire(tb.recAt(tb.head + seq - 1).expires) // expiry times are not ordered here
+		check(fmt.Sprintf("%d records", tb.len()), tb)
+	}
+}
+
+// TestReadDedupInPieces: decoding a section in pieces of any size, down to one byte (every
+// record split across reads), gives back the same table.
+func TestReadDedupInPieces(t *testing.T) {
+	tb := variedDedupTable()
+	section := tb.marshal()
+	for _, piece := range []int{1, 2, 7, 100, 4096, dedupReadPiece} {
+		back, err := readDedup(bytes.NewReader(section), uint64(len(section)), piece)
+		if err != nil {
+			t.Fatalf("pieces of %d: %v", piece, err)
+		}
+		if !bytes.Equal(back.marshal(), section) {
+			t.Fatalf("pieces of %d: the table read back differs", piece)
+		}
+		for seq := tb.head; seq < tb.next; seq += 97 {
+			r := tb.recAt(seq)
+			client := tb.clients[r.client&^refundedBit].id
+			bseq, ok := back.lookup(client, r.id)
+			if !ok || back.refunded(bseq) != tb.refunded(seq) || !reflect.DeepEqual(back.decision(bseq), tb.decision(seq)) {
+				t.Fatalf("pieces of %d: record %d (%q, %d) not found or different", piece, seq, client, r.id)
+			}
+		}
+	}
+	// The index built at once serves expiry (backward-shift deletion) and new puts as well as
+	// one built record by record.
+	back, err := unmarshalDedup(section)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for back.len() > 0 {
+		back.expire(back.recAt(back.head).expires)
+		tb.expire(tb.recAt(tb.head).expires)
+		if back.len() != tb.len() || back.index.n != back.len() {
+			t.Fatalf("after expiry: %d records (%d indexed), want %d", back.len(), back.index.n, tb.len())
+		}
+		if back.len()%50 == 0 {
+			for seq := back.head; seq < back.next; seq++ {
+				r := back.recAt(seq)
+				if s, ok := back.lookup(back.clients[r.client&^refundedBit].id, r.id); !ok || s != seq {
+					t.Fatalf("record %d lost from the index after expiry", seq)
+				}
+			}
+		}
+	}
+	back.put("new", 1, 0, quota.Decision{})
+	if _, ok := back.get("new", 1); !ok {
+		t.Fatal("a put after restore and expiry is not found")
+	}
+	if _, err := readDedup(bytes.NewReader(section[:len(section)-1]), uint64(len(section)), 100); err == nil {
+		t.Fatal("a truncated section was read")
 	}
 }

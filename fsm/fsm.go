@@ -13,7 +13,6 @@ import (
 	"hash/fnv"
 	"io"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -55,9 +54,6 @@ type FSM struct {
 	engine  *quota.Engine
 	dedup   *dedupTable
 	applied uint64
-	// snapshotHint is the size of the last snapshot (not replicated state).
-	snapshotHint atomic.Int64
-	dedupHint    atomic.Int64
 	// lastSweep is the FSM time of the last full engine.Tick (replicated: it decides when the
 	// next sweep happens, so it is part of the snapshot).
 	lastSweep quota.Time
@@ -376,13 +372,18 @@ func (f *FSM) Stats() Stats {
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	// One buffer for the whole file, sized like the last snapshot so it rarely grows.
-	b := make([]byte, 0, f.snapshotHint.Load())
-	b = appendSnapshotHeader(b, f.applied, int64(f.lastSweep))
 	// The dedup section is encoded on another goroutine meanwhile (both only read the state,
 	// under the read lock held here); with a large table this halves the time on two cores.
+	// It goes into a buffer of its exact size: no growth, and no copy into the engine's.
 	dedupCh := make(chan []byte, 1)
-	go func() { dedupCh <- f.dedup.appendTo(make([]byte, 0, f.dedupHint.Load())) }()
+	go func() {
+		b, start := beginSection(make([]byte, 0, 8+f.dedup.sectionSize()))
+		b = f.dedup.appendTo(b)
+		endSection(b, start)
+		dedupCh <- b
+	}()
+	// The engine sizes its section itself (AppendBinary grows the buffer once, by its estimate).
+	b := appendSnapshotHeader(make([]byte, 0, snapshotHeader), f.applied, int64(f.lastSweep))
 	b, start := beginSection(b)
 	b, err := f.engine.AppendBinary(b)
 	dedup := <-dedupCh
@@ -390,41 +391,42 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 		return nil, fmt.Errorf("fsm: snapshot of the engine: %w", err)
 	}
 	endSection(b, start)
-	b, start = beginSection(b)
-	b = append(b, dedup...)
-	endSection(b, start)
-	f.dedupHint.Store(int64(len(dedup) + len(dedup)/8))
-	f.snapshotHint.Store(int64(len(b) + len(b)/8))
-	return &snapshot{data: b}, nil
+	return &snapshot{head: b, dedup: dedup}, nil
 }
 
-// Restore replaces the whole state with a snapshot's (never merges).
+// Restore replaces the whole state with a snapshot's (never merges). Nothing is replaced
+// unless the whole file was read and its checksum matches.
 func (f *FSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
-	s, err := readSnapshot(rc)
+	s := snapshotReader{r: checksumReader{r: rc}}
+	if err := s.readHeader(); err != nil {
+		return err
+	}
+	n, err := s.sectionLen("engine")
 	if err != nil {
 		return err
 	}
-	// The two sections are independent: decode the dedup table on another goroutine.
-	type dedupResult struct {
-		t   *dedupTable
-		err error
+	engineBytes, err := s.readSection(n, "engine")
+	if err != nil {
+		return err
 	}
-	dedupCh := make(chan dedupResult, 1)
-	go func() {
-		t, err := unmarshalDedup(s.dedup)
-		dedupCh <- dedupResult{t, err}
-	}()
+	// The two sections are independent: decode the engine on another goroutine while the
+	// dedup section is read and decoded here. Both start before the checksum at the end is
+	// checked, and both take any bytes (UnmarshalBinary is fuzzed to return an error or a
+	// usable engine); neither result is used unless the checksum matches.
 	engine := quota.NewEngine()
-	engineErr := engine.UnmarshalBinary(s.engine)
-	dr := <-dedupCh
-	if engineErr != nil {
+	engineDone := make(chan error, 1)
+	go func() { engineDone <- engine.UnmarshalBinary(engineBytes) }()
+	dedup, fileErr, dedupErr := s.readDedupSection()
+	engineErr := <-engineDone
+	switch {
+	case fileErr != nil:
+		return fileErr
+	case engineErr != nil:
 		return fmt.Errorf("fsm: restoring the engine: %w", engineErr)
+	case dedupErr != nil:
+		return dedupErr
 	}
-	if dr.err != nil {
-		return dr.err
-	}
-	dedup := dr.t
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.engine, f.dedup, f.applied, f.lastSweep = engine, dedup, s.applied, quota.Time(s.lastSweep)

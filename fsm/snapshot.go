@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"slices"
 
 	"github.com/hashicorp/raft"
 )
@@ -18,19 +19,28 @@ const (
 	snapshotFormat = 1
 	// snapshotHeader is the bytes before the engine section.
 	snapshotHeader = 4 + 4 + 8 + 8 + 8
+	// maxSection bounds a section's claimed length, so a corrupt one is refused before any
+	// allocation.
+	maxSection = 1 << 40
+	// trustedSection is how large a section's buffer is allocated before any of it is read.
+	trustedSection = 64 << 20
 )
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
-// snapshot is a captured state, already framed: data is the whole file but the checksum, which
-// Persist computes off the FSM goroutine. Building the file in one buffer in place (the engine
-// and the dedup table append to it) costs one copy of the state, not three.
+// snapshot is a captured state, already framed: head is the file header and the engine
+// section, dedup the dedup section with its length. Persist writes them one after the other
+// and computes the checksum across both, off the FSM goroutine. Keeping them apart (rather than
+// copying the dedup section after the engine's) saves a copy of the largest part of the state
+// and lets each buffer be allocated at its final size: on a machine where fresh memory costs a
+// page fault per 4 KB, bytes first touched are what a snapshot costs.
 type snapshot struct {
-	data []byte
+	head  []byte
+	dedup []byte
 }
 
-// appendSnapshotHeader starts a snapshot file; the engine and dedup sections follow, each
-// closed by endSection.
+// appendSnapshotHeader starts a snapshot file; the engine section follows, closed by
+// endSection.
 func appendSnapshotHeader(b []byte, applied uint64, lastSweep int64) []byte {
 	b = append(b, snapshotMagic...)
 	b = binary.LittleEndian.AppendUint32(b, snapshotFormat)
@@ -48,76 +58,119 @@ func endSection(b []byte, start int) {
 	binary.LittleEndian.PutUint64(b[start-8:], uint64(len(b)-start))
 }
 
-// snapshotSections are a read snapshot file's parts.
-type snapshotSections struct {
-	engine    []byte
-	dedup     []byte
+// checksumReader passes reads through and checksums what they return.
+type checksumReader struct {
+	r   io.Reader
+	crc uint32
+}
+
+func (c *checksumReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.crc = crc32.Update(c.crc, crcTable, p[:n])
+	return n, err
+}
+
+// snapshotReader reads a snapshot file front to back, checking its checksum at the end. The
+// sections are read by their decoders: the engine's whole (quota decodes from a byte slice),
+// the dedup table's in bounded pieces (readDedup).
+type snapshotReader struct {
+	r         checksumReader
 	applied   uint64
 	lastSweep int64
 }
 
-// readSnapshot reads a snapshot file section by section into buffers of the exact size (no
-// io.ReadAll doubling), checking the checksum as it goes.
-func readSnapshot(r io.Reader) (*snapshotSections, error) {
-	crc := crc32.New(crcTable)
-	var hdr [snapshotHeader]byte
-	if _, err := io.ReadFull(r, hdr[:]); err != nil || string(hdr[:4]) != snapshotMagic {
-		return nil, fmt.Errorf("fsm: not a quotad snapshot (header: %v)", err)
+// readHeader reads the file header.
+func (s *snapshotReader) readHeader() error {
+	var hdr [snapshotHeader - 8]byte
+	if _, err := io.ReadFull(&s.r, hdr[:]); err != nil || string(hdr[:4]) != snapshotMagic {
+		return fmt.Errorf("fsm: not a quotad snapshot (header: %v)", err)
 	}
-	crc.Write(hdr[:])
 	if f := binary.LittleEndian.Uint32(hdr[4:]); f != snapshotFormat {
-		return nil, fmt.Errorf("fsm: snapshot format %d unknown (this build reads %d)", f, snapshotFormat)
+		return fmt.Errorf("fsm: snapshot format %d unknown (this build reads %d)", f, snapshotFormat)
 	}
-	s := &snapshotSections{
-		applied:   binary.LittleEndian.Uint64(hdr[8:]),
-		lastSweep: int64(binary.LittleEndian.Uint64(hdr[16:])),
+	s.applied = binary.LittleEndian.Uint64(hdr[8:])
+	s.lastSweep = int64(binary.LittleEndian.Uint64(hdr[16:]))
+	return nil
+}
+
+// sectionLen reads a section's length.
+func (s *snapshotReader) sectionLen(name string) (uint64, error) {
+	var l [8]byte
+	if _, err := io.ReadFull(&s.r, l[:]); err != nil {
+		return 0, fmt.Errorf("fsm: snapshot %s section malformed: %w", name, err)
 	}
-	section := func(n uint64, name string) ([]byte, error) {
-		if n > 1<<40 {
-			return nil, fmt.Errorf("fsm: snapshot %s section claims %d bytes", name, n)
+	n := binary.LittleEndian.Uint64(l[:])
+	if n > maxSection {
+		return 0, fmt.Errorf("fsm: snapshot %s section claims %d bytes", name, n)
+	}
+	return n, nil
+}
+
+// readSection reads a whole section of n bytes. Up to trustedSection bytes, the buffer is
+// allocated at that size; beyond, it doubles as the bytes arrive, so that a corrupt length
+// cannot make it allocate much more than the file holds.
+func (s *snapshotReader) readSection(n uint64, name string) ([]byte, error) {
+	b := make([]byte, 0, min(n, trustedSection))
+	for uint64(len(b)) < n {
+		if len(b) == cap(b) {
+			b = slices.Grow(b, int(min(n-uint64(len(b)), uint64(len(b)))))
 		}
-		b := make([]byte, n)
-		if _, err := io.ReadFull(r, b); err != nil {
+		k, err := io.ReadFull(&s.r, b[len(b):min(uint64(cap(b)), n)])
+		b = b[:len(b)+k]
+		if err != nil {
 			return nil, fmt.Errorf("fsm: snapshot %s section truncated: %w", name, err)
 		}
-		crc.Write(b)
-		return b, nil
 	}
-	var err error
-	if s.engine, err = section(binary.LittleEndian.Uint64(hdr[24:]), "engine"); err != nil {
-		return nil, err
-	}
-	var l [8]byte
-	if _, err := io.ReadFull(r, l[:]); err != nil {
-		return nil, fmt.Errorf("fsm: snapshot dedup section malformed: %w", err)
-	}
-	crc.Write(l[:])
-	if s.dedup, err = section(binary.LittleEndian.Uint64(l[:]), "dedup"); err != nil {
-		return nil, err
-	}
+	return b, nil
+}
+
+// readChecksum reads the checksum, compares it with the bytes read before it, and checks that
+// nothing follows.
+func (s *snapshotReader) readChecksum() error {
+	got := s.r.crc
 	var sum [4]byte
-	if _, err := io.ReadFull(r, sum[:]); err != nil {
-		return nil, fmt.Errorf("fsm: snapshot checksum missing: %w", err)
+	if _, err := io.ReadFull(s.r.r, sum[:]); err != nil {
+		return fmt.Errorf("fsm: snapshot checksum missing: %w", err)
 	}
-	if got, want := crc.Sum32(), binary.LittleEndian.Uint32(sum[:]); got != want {
-		return nil, fmt.Errorf("fsm: snapshot checksum %08x, want %08x: the file is corrupt", got, want)
+	if want := binary.LittleEndian.Uint32(sum[:]); got != want {
+		return fmt.Errorf("fsm: snapshot checksum %08x, want %08x: the file is corrupt", got, want)
 	}
-	if n, _ := r.Read(sum[:1]); n != 0 {
-		return nil, fmt.Errorf("fsm: snapshot dedup section malformed: bytes after the checksum")
+	if n, _ := s.r.r.Read(sum[:1]); n != 0 {
+		return fmt.Errorf("fsm: snapshot dedup section malformed: bytes after the checksum")
 	}
-	return s, nil
+	return nil
+}
+
+// readDedupSection reads the dedup section and the checksum after it. fileErr is a file that
+// is truncated or corrupt (checked first: a section that does not decode is still read to its
+// end, so that a corrupt file is reported as such); dedupErr a section that does not decode.
+func (s *snapshotReader) readDedupSection() (t *dedupTable, fileErr, dedupErr error) {
+	n, err := s.sectionLen("dedup")
+	if err != nil {
+		return nil, err, nil
+	}
+	section := &io.LimitedReader{R: &s.r, N: int64(n)}
+	t, dedupErr = readDedup(section, n, dedupReadPiece)
+	if _, err := io.Copy(io.Discard, section); err != nil {
+		return nil, fmt.Errorf("fsm: snapshot dedup section truncated: %w", err), nil
+	}
+	if section.N != 0 {
+		return nil, fmt.Errorf("fsm: snapshot dedup section truncated: %d of its %d bytes missing", section.N, n), nil
+	}
+	if err := s.readChecksum(); err != nil {
+		return nil, err, nil
+	}
+	return t, nil, dedupErr
 }
 
 // Persist writes the snapshot; on error the sink is cancelled so raft discards it.
 func (s *snapshot) Persist(sink raft.SnapshotSink) error {
-	sum := binary.LittleEndian.AppendUint32(nil, crc32.Checksum(s.data, crcTable))
-	if _, err := sink.Write(s.data); err != nil {
-		sink.Cancel()
-		return fmt.Errorf("fsm: writing snapshot: %w", err)
-	}
-	if _, err := sink.Write(sum); err != nil {
-		sink.Cancel()
-		return fmt.Errorf("fsm: writing snapshot: %w", err)
+	crc := crc32.Update(crc32.Checksum(s.head, crcTable), crcTable, s.dedup)
+	for _, b := range [][]byte{s.head, s.dedup, binary.LittleEndian.AppendUint32(nil, crc)} {
+		if _, err := sink.Write(b); err != nil {
+			sink.Cancel()
+			return fmt.Errorf("fsm: writing snapshot: %w", err)
+		}
 	}
 	return sink.Close()
 }

@@ -44,5 +44,12 @@ func soakRun(c *proccluster.Cluster, loadgen, addrs string, d time.Duration) (ch
 			changes += n
 		}
 	}
+	if changes > 0 {
+		// Say why: raft logs the timeout that started each election, and we log snapshots.
+		hits, _ := c.ScanLogs("heartbeat timeout", "election", "lost leadership", "snapshot", "stepping down")
+		for _, h := range hits {
+			logf("soak: agent log: %s", h)
+		}
+	}
 	return changes, decisions
 }
