@@ -125,16 +125,3 @@ func (r *rateParams) waitUntil(tokens uint64, last, now Time, wantMicro uint64) 
 	}
 	return at.Sub(now)
 }
-
-// bucket is one stored token bucket. An absent bucket is full: only buckets that have been
-// debited and not yet refilled to capacity are stored.
-type bucket struct {
-	key    string // also the map key; shared, so Charges need no allocation
-	tokens uint64 // micro-units as of last
-	last   Time
-	lvl    *level // the level whose rate governs this bucket; re-pointed by SetLimits; nil once dropped
-	sched  Time   // time of this bucket's entry in Engine.fullAt (not part of the state)
-	// debit is the Engine.debitSeq of the last admission that debited this bucket: a refund is
-	// honoured only for that one (see Engine.Refund).
-	debit uint64
-}

@@ -36,10 +36,9 @@ type Engine struct {
 	clock Time
 	lim   *compiled
 
-	buckets  map[string]*bucket // stored (not full) buckets by key
+	buckets  bucketStore // stored (not full) buckets, and when each may be full; see scheduleFull
 	leases   map[uint64]*lease
 	expiries timeHeap[expiryEntry]
-	fullAt   timeHeap[fullEntry]    // when stored buckets may be full; see scheduleFull
 	inflight map[string]uint64      // concurrency key → permits held
 	pauses   map[string]Time        // scope key → paused until (exclusive)
 	leaseSeq uint64                 // last lease ID issued
@@ -50,13 +49,19 @@ type Engine struct {
 	// scratch for Acquire; valid until the next call.
 	keybuf []byte
 	steps  []step
+	// scratch for Tick.
+	later   []heapEntry
+	dropped []uint32
 }
 
 // step is one matched level of a request's path during Acquire.
 type step struct {
 	lv       *level
-	end      int // this level's key is keybuf[:end]
-	b        *bucket
+	end      int         // this level's key is keybuf[:end]
+	hash     uint32      // index hash of the key, for rate-limited levels
+	slot     uint32      // the stored bucket, or noSlot
+	looked   bool        // slot is set
+	stored   string      // the stored key, sharing the store's bytes
 	r        *rateParams // effective rate of the bucket (lv.rate unless adaptive)
 	tokens   uint64      // refilled balance at now, micro-units
 	last     Time
@@ -82,7 +87,7 @@ func NewEngine() *Engine {
 	}
 	return &Engine{
 		lim:      lim,
-		buckets:  make(map[string]*bucket),
+		buckets:  newBucketStore(),
 		leases:   make(map[uint64]*lease),
 		inflight: make(map[string]uint64),
 		pauses:   make(map[string]Time),
@@ -97,7 +102,7 @@ func (e *Engine) Clock() Time { return e.clock }
 // Stats returns the engine's current counts.
 func (e *Engine) Stats() Stats {
 	return Stats{
-		Buckets:       len(e.buckets),
+		Buckets:       e.buckets.live,
 		Leases:        len(e.leases),
 		Pauses:        len(e.pauses),
 		Adapted:       len(e.adapt),
@@ -117,6 +122,9 @@ func (e *Engine) Advance(now Time) { e.advance(now) }
 func (e *Engine) advance(now Time) Time {
 	if now > e.clock {
 		e.clock = now
+		if uint64(now-e.buckets.base) >= rebaseAfter {
+			e.buckets.rebase(now)
+		}
 	}
 	return e.clock
 }
@@ -133,25 +141,35 @@ func (e *Engine) SetLimits(now Time, l *Limits) error {
 		return err
 	}
 	now = e.advance(now)
-	for k, b := range e.buckets {
-		old := e.bucketRate(b)
-		tokens, last := old.refill(b.tokens, b.last, now)
-		nl := c.matchKey(k)
+	st := &e.buckets
+	dropped := false
+	var parse []byte
+	st.eachLive(func(s uint32, b *bucketRec) {
+		old := e.slotRate(s)
+		tokens, last := old.refill(b.tokens.get(), Time(b.last.get()), now)
+		var nl *level
+		nl, parse = c.matchKeyBytes(st.key(s), parse)
 		if nl == nil || nl.rate == nil {
-			delete(e.buckets, k)
-			b.lvl = nil
-			continue
+			st.release(s) // the index is rebuilt below
+			dropped = true
+			return
 		}
 		if !nl.rate.same(old) {
 			// Don't let the fraction accrued under the old rate be valued at the new one.
 			last = now
 			tokens = min(tokens, nl.rate.capMicro)
 		}
-		b.tokens, b.last, b.lvl = tokens, last, nl
-	}
+		b.tokens.set(tokens)
+		b.last.set(uint64(last))
+		b.lvl = nl.idx
+	})
 	e.carryPolicy(c, now)
 	e.lim = c
+	if dropped {
+		st.rebuildIndex(0)
+	}
 	e.rebuildFullAt()
+	st.settle()
 	return nil
 }
 
@@ -175,14 +193,14 @@ func requestProblem(domain string, entries []Entry, ttl time.Duration) string {
 // Matching stops at the first entry that matches nothing; later entries charge nothing.
 func (e *Engine) matchPath(root *level, domain string, entries []Entry) []step {
 	kb := appendEscaped(e.keybuf[:0], domain)
-	steps := append(e.steps[:0], step{lv: root, end: len(kb)})
+	steps := append(e.steps[:0], step{lv: root, end: len(kb), slot: noSlot})
 	lv := root
 	for _, en := range entries {
 		if lv = lv.child(en); lv == nil {
 			break
 		}
 		kb = appendEntry(kb, en)
-		steps = append(steps, step{lv: lv, end: len(kb)})
+		steps = append(steps, step{lv: lv, end: len(kb), slot: noSlot})
 	}
 	e.keybuf, e.steps = kb, steps
 	return steps
@@ -274,6 +292,7 @@ func (e *Engine) Acquire(now Time, req Request) Decision {
 
 	var shadow []string
 	nConc := 0
+	concEnd := 0 // lease keys are prefixes of kb[:concEnd]
 	for i := range steps {
 		s := &steps[i]
 		s.skipConc = false
@@ -290,6 +309,7 @@ func (e *Engine) Acquire(now Time, req Request) Decision {
 			return Decision{Reason: ReasonConcurrencyLimited, Scope: s.lv.scope, Limit: c.MaxInFlight, Cost: cost, ShadowDenials: shadow}
 		}
 		nConc++
+		concEnd = s.end
 	}
 
 	costMicro := uint64(math.MaxUint64)
@@ -305,25 +325,27 @@ func (e *Engine) Acquire(now Time, req Request) Decision {
 		if r == nil {
 			continue
 		}
-		s.b = e.buckets[string(kb[:s.end])]
-		if s.b == nil {
+		key := kb[:s.end]
+		s.hash = e.buckets.hash(key)
+		s.slot, s.stored = find(&e.buckets, key, s.hash)
+		s.looked = true
+		// Waits are computed from the stored state, which a refusal leaves as it is: the
+		// refilled one has its last rounded up and would overstate them by up to 1ns.
+		storedTokens, storedLast := r.capMicro, now
+		if s.slot == noSlot {
 			if s.lv.adaptive != nil {
-				r = e.rateOf(string(kb[:s.end]), s.lv, now)
+				r = e.rateOf(string(key), s.lv, now)
 			}
 			s.tokens, s.last = r.capMicro, now
 		} else {
 			if s.lv.adaptive != nil {
-				r = e.bucketRate(s.b)
+				r = e.slotRate(s.slot)
 			}
-			s.tokens, s.last = r.refill(s.b.tokens, s.b.last, now)
+			b := e.buckets.rec(s.slot)
+			storedTokens, storedLast = b.tokens.get(), Time(b.last.get())
+			s.tokens, s.last = r.refill(storedTokens, storedLast, now)
 		}
 		s.r = r
-		// Waits are computed from the stored state, which a refusal leaves as it is: the
-		// refilled one has its last rounded up and would overstate them by up to 1ns.
-		storedTokens, storedLast := s.tokens, s.last
-		if s.b != nil {
-			storedTokens, storedLast = s.b.tokens, s.b.last
-		}
 		if s.tokens >= costMicro {
 			nRate++
 			continue
@@ -354,41 +376,44 @@ func (e *Engine) Acquire(now Time, req Request) Decision {
 		e.debitSeq++
 		d.DebitSeq = e.debitSeq
 	}
+	st := &e.buckets
 	tight, tightRem := -1, uint64(0)
 	for i := range steps {
 		s := &steps[i]
 		if s.lv.rate == nil || s.skipRate {
 			continue
 		}
-		b := s.b
-		if b == nil {
-			b = &bucket{key: string(kb[:s.end]), lvl: s.lv}
-			e.buckets[b.key] = b
-			s.b = b
-			b.tokens, b.last = s.tokens-costMicro, s.last
-			e.scheduleFull(b)
-		} else {
-			// A debit only moves the full-at time later, so b's entry stays valid.
-			b.tokens, b.last = s.tokens-costMicro, s.last
+		added := s.slot == noSlot
+		if added {
+			s.slot = st.add(kb[:s.end], s.hash, s.lv.idx)
+			s.stored = st.keyString(s.slot)
 		}
-		b.debit = e.debitSeq
-		d.Charges = append(d.Charges, b.key)
-		if rem := b.tokens / microPerUnit; tight < 0 || rem < tightRem {
+		tokens := s.tokens - costMicro
+		b := st.rec(s.slot)
+		b.tokens.set(tokens)
+		b.last.set(uint64(s.last))
+		b.debit.set(e.debitSeq)
+		if added {
+			st.push(s.slot, st.due(s.r.fullAt(tokens, s.last)))
+		} // else a debit only moves the full-at time later: the heap entry stays a lower bound
+		d.Charges = append(d.Charges, s.stored)
+		if rem := tokens / microPerUnit; tight < 0 || rem < tightRem {
 			tight, tightRem = i, rem
 		}
 	}
 	if tight >= 0 {
 		s := &steps[tight]
-		rateView(&d, s.lv, s.r, s.b.tokens, s.b.last, now)
+		rateView(&d, s.lv, s.r, s.tokens-costMicro, s.last, now)
 	}
 	if nConc > 0 {
-		e.grantLease(&d, steps, kb, now, req.LeaseTTL, nConc, tight < 0)
+		e.grantLease(&d, steps, string(kb[:concEnd]), now, req.LeaseTTL, nConc, tight < 0)
 	}
 	return d
 }
 
-// grantLease takes one permit at every non-skipped concurrency level under one new lease.
-func (e *Engine) grantLease(d *Decision, steps []step, kb []byte, now Time, ttl time.Duration, n int, report bool) {
+// grantLease takes one permit at every non-skipped concurrency level under one new lease; the
+// levels' keys are prefixes of path.
+func (e *Engine) grantLease(d *Decision, steps []step, path string, now Time, ttl time.Duration, n int, report bool) {
 	keys := make([]string, 0, n)
 	configured := time.Duration(0)
 	tight, tightRem := -1, uint64(0)
@@ -398,10 +423,7 @@ func (e *Engine) grantLease(d *Decision, steps []step, kb []byte, now Time, ttl 
 		if c == nil || s.skipConc {
 			continue
 		}
-		k := string(kb[:s.end])
-		if s.b != nil {
-			k = s.b.key // share the bucket key's bytes
-		}
+		k := path[:s.end]
 		keys = append(keys, k)
 		if configured == 0 || c.LeaseTTL < configured {
 			configured = c.LeaseTTL
@@ -453,10 +475,18 @@ func (e *Engine) levelView(s *step, now Time) Decision {
 	d := Decision{Scope: s.lv.scope}
 	if r := s.lv.rate; r != nil {
 		tokens, last := r.capMicro, now // absent: full
-		if b := e.buckets[string(key)]; b != nil {
-			tokens, last = b.tokens, b.last
+		slot := s.slot
+		if !s.looked {
+			slot, _ = find(&e.buckets, key, e.buckets.hash(key))
 		}
-		rateView(&d, s.lv, e.rateOf(string(key), s.lv, last), tokens, last, now)
+		if slot != noSlot {
+			b := e.buckets.rec(slot)
+			tokens, last = b.tokens.get(), Time(b.last.get())
+		}
+		if s.lv.adaptive != nil {
+			r = e.rateOf(string(key), s.lv, last)
+		}
+		rateView(&d, s.lv, r, tokens, last, now)
 	} else if c := s.lv.conc; c != nil {
 		d.Limit = c.MaxInFlight
 		d.Remaining = c.MaxInFlight - min(c.MaxInFlight, e.inflight[string(key)])
@@ -466,8 +496,9 @@ func (e *Engine) levelView(s *step, now Time) Decision {
 
 // stored returns the stored state of the bucket key; an absent bucket is full.
 func (e *Engine) stored(key string, r *rateParams, now Time) (uint64, Time) {
-	if b := e.buckets[key]; b != nil {
-		return b.tokens, b.last
+	if s, _ := find(&e.buckets, key, e.buckets.hashString(key)); s != noSlot {
+		b := e.buckets.rec(s)
+		return b.tokens.get(), Time(b.last.get())
 	}
 	return r.capMicro, now
 }
@@ -487,19 +518,24 @@ func (e *Engine) Refund(now Time, charges []string, cost uint64, debitSeq uint64
 		return 0
 	}
 	refunded = math.MaxUint64
+	st := &e.buckets
 	for _, k := range charges {
-		b := e.buckets[k]
-		if b == nil || b.debit != debitSeq {
+		s, _ := find(st, k, st.hashString(k))
+		if s == noSlot || st.rec(s).debit.get() != debitSeq {
 			refunded = 0
 			continue
 		}
-		r := e.bucketRate(b)
-		tokens, last := r.refill(b.tokens, b.last, now)
+		b := st.rec(s)
+		r := e.slotRate(s)
+		tokens, last := r.refill(b.tokens.get(), Time(b.last.get()), now)
 		add := min(cost, r.capUnits) * microPerUnit
 		add = min(add, r.capMicro-tokens)
-		b.tokens, b.last, b.debit = tokens+add, last, 0
-		if e.bucketRate(b).fullAt(b.tokens, b.last) < b.sched {
-			e.scheduleFull(b)
+		b.tokens.set(tokens + add)
+		b.last.set(uint64(last))
+		b.debit.set(0)
+		// The bucket is full sooner now: move its heap entry earlier if it was later.
+		if due := st.due(e.slotFullAt(s)); due < st.hAt(int(b.pos)).due {
+			st.setDue(s, due)
 		}
 		refunded = min(refunded, add/microPerUnit)
 	}
@@ -611,81 +647,121 @@ func (e *Engine) Tick(now Time) {
 	e.sweepAdaptive(now)
 	e.sweepRetries(now)
 	e.dropFull(now)
+	e.buckets.settle()
 }
 
-// dropFull drops every bucket that is full at now.
+// dropFull drops every bucket that is full at now. A heap entry's due is a lower bound in
+// units of ~1ms, so entries due in now's unit may belong to buckets that are not full yet: those
+// are set aside and put back afterwards, to be looked at again by the next Tick.
 func (e *Engine) dropFull(now Time) {
-	for popped := 0; len(e.fullAt) > 0 && e.fullAt[0].at <= now; popped++ {
-		if popped >= 64 && popped >= len(e.fullAt)/16 {
+	st := &e.buckets
+	cnow := st.due(now)
+	later := e.later[:0]
+	for popped := 0; st.hlen > 0 && st.top().due <= cnow; popped++ {
+		if popped >= 64 && popped >= st.hlen/16 {
 			// Much is due (say a burst of keys a while ago): one sequential pass over the heap
 			// beats popping each entry at O(log n) cache misses.
-			e.sweepFull(now)
+			for _, x := range later {
+				st.push(x.slot, x.due)
+			}
+			e.later = later[:0]
+			e.sweepFull(now, cnow)
 			return
 		}
-		if x, ok := e.checkFull(e.fullAt.pop(), now); ok {
-			e.fullAt.push(x)
+		s := st.top().slot
+		fa := e.slotFullAt(s)
+		if fa <= now {
+			st.pop()
+			st.drop(s)
+			continue
+		}
+		if due := st.due(fa); due > cnow {
+			st.setDue(s, due)
+		} else {
+			st.pop()
+			later = append(later, heapEntry{due, s})
 		}
 	}
-}
-
-// checkFull handles a due entry: it drops the bucket if full, and returns the entry to keep
-// (ok) if the bucket was debited since and is not full yet.
-func (e *Engine) checkFull(x fullEntry, now Time) (fullEntry, bool) {
-	b := x.b
-	if b.lvl == nil || b.sched != x.at {
-		return x, false // dropped, or rescheduled earlier by a refund
+	for _, x := range later {
+		st.push(x.slot, x.due)
 	}
-	if at := e.bucketRate(b).fullAt(b.tokens, b.last); at > now {
-		b.sched = at
-		return fullEntry{at, b}, true
-	}
-	delete(e.buckets, b.key)
-	b.lvl = nil
-	return x, false
+	e.later = later[:0]
 }
 
 // sweepFull is dropFull in one pass: filter the heap array in place, then re-heapify.
-func (e *Engine) sweepFull(now Time) {
-	h := e.fullAt
-	kept := h[:0]
-	for _, x := range h { // each read yields at most one write, at or before it
-		if x.at > now {
-			kept = append(kept, x)
-		} else if y, ok := e.checkFull(x, now); ok {
-			kept = append(kept, y)
+func (e *Engine) sweepFull(now Time, cnow uint32) {
+	st := &e.buckets
+	dropped := e.dropped[:0]
+	kept := 0
+	for p := 0; p < st.hlen; p++ { // each read yields at most one write, at or before it
+		x := *st.hAt(p)
+		if x.due <= cnow {
+			fa := e.slotFullAt(x.slot)
+			if fa <= now {
+				dropped = append(dropped, x.slot)
+				continue
+			}
+			x.due = st.due(fa)
+		}
+		*st.hAt(kept) = x
+		kept++
+	}
+	st.hlen = kept
+	if len(dropped) > st.live/4 {
+		// Cheaper to rebuild the index than to delete so many keys from it one by one.
+		for _, s := range dropped {
+			st.release(s)
+		}
+		st.rebuildIndex(0)
+	} else {
+		for _, s := range dropped {
+			st.drop(s)
 		}
 	}
-	clear(h[len(kept):])
-	kept.heapify()
-	e.fullAt = kept
-}
-
-// fullEntry says bucket b may be full at at. Invariant: every stored bucket has an entry at
-// b.sched, and b.sched is no later than the time it becomes full. So Tick(now) visits every
-// bucket full at now, and drops exactly those, whatever the heap's history: replicas and
-// restored snapshots agree.
-type fullEntry struct {
-	at Time
-	b  *bucket
-}
-
-func (x fullEntry) due() Time { return x.at }
-
-// scheduleFull (re)schedules b at the time it becomes full.
-func (e *Engine) scheduleFull(b *bucket) {
-	b.sched = e.bucketRate(b).fullAt(b.tokens, b.last)
-	e.fullAt.push(fullEntry{b.sched, b})
-}
-
-// rebuildFullAt rebuilds the full-at index from the stored buckets.
-func (e *Engine) rebuildFullAt() {
-	h := make(timeHeap[fullEntry], 0, len(e.buckets))
-	for _, b := range e.buckets {
-		b.sched = e.bucketRate(b).fullAt(b.tokens, b.last)
-		h = append(h, fullEntry{b.sched, b})
+	e.dropped = dropped[:0]
+	if st.live > 0 {
+		st.heapify()
 	}
-	h.heapify()
-	e.fullAt = h
+}
+
+// slotRate returns the rate that governs the stored bucket in slot s (see rateOf).
+func (e *Engine) slotRate(s uint32) *rateParams {
+	b := e.buckets.rec(s)
+	lv := e.lim.levels[b.lvl]
+	if lv.adaptive == nil {
+		return lv.rate
+	}
+	a := e.adapt[string(e.buckets.key(s))]
+	if a == nil {
+		return lv.rate
+	}
+	return lv.rate.withRate(a.rateAt(Time(b.last.get())))
+}
+
+// slotFullAt returns when the stored bucket in slot s is full, absent debits.
+func (e *Engine) slotFullAt(s uint32) Time {
+	b := e.buckets.rec(s)
+	return e.slotRate(s).fullAt(b.tokens.get(), Time(b.last.get()))
+}
+
+// scheduleFull moves the heap entry of the bucket in slot s to the time it becomes full.
+// Invariant: every stored bucket has one heap entry, due no later than the time it becomes full
+// (a debit only makes that later). So Tick(now) visits every bucket full at now, and drops
+// exactly those, whatever the heap's history: replicas and restored snapshots agree.
+func (e *Engine) scheduleFull(s uint32) {
+	e.buckets.setDue(s, e.buckets.due(e.slotFullAt(s)))
+}
+
+// rebuildFullAt rebuilds the full-at heap from the stored buckets.
+func (e *Engine) rebuildFullAt() {
+	st := &e.buckets
+	st.base = e.clock
+	st.hlen = 0
+	st.eachLive(func(s uint32, _ *bucketRec) {
+		*st.hAt(st.hlen) = heapEntry{st.due(e.slotFullAt(s)), s}
+		st.hlen++
+	})
+	st.heapify()
 }
 
 // Status describes every level on the path that a request with these descriptors would match —

@@ -491,18 +491,18 @@ func TestTickDropsExactlyFullBuckets(t *testing.T) {
 	for i := 1; i < n; i += 7 { // refund: full earlier than first scheduled
 		e.Refund(Time(n)*ms, charges[i], uint64(i%50), seqs[i])
 	}
-	for now := Time(n) * ms; len(e.buckets) > 0; now += 750 * ms {
+	for now := Time(n) * ms; e.buckets.live > 0; now += 750 * ms {
 		want := 0
-		for _, b := range e.buckets {
+		for _, b := range storedBuckets(e) {
 			if tokens, _ := b.lvl.rate.refill(b.tokens, b.last, now); tokens < b.lvl.rate.capMicro {
 				want++
 			}
 		}
 		e.Tick(now)
-		if len(e.buckets) != want {
-			t.Fatalf("tick at %v: %d buckets stored, %d not full", time.Duration(now), len(e.buckets), want)
+		if e.buckets.live != want {
+			t.Fatalf("tick at %v: %d buckets stored, %d not full", time.Duration(now), e.buckets.live, want)
 		}
-		for k, b := range e.buckets {
+		for k, b := range storedBuckets(e) {
 			if tokens, _ := b.lvl.rate.refill(b.tokens, b.last, now); tokens >= b.lvl.rate.capMicro {
 				t.Fatalf("tick at %v kept full bucket %q", time.Duration(now), k)
 			}

@@ -19,9 +19,9 @@ type expiryEntry struct {
 
 func (x expiryEntry) due() Time { return x.at }
 
-// timeHeap is a min-heap by due time. The engine uses them as indexes only (lease expiries,
-// bucket full-at times): every entry due at or before now is processed, so the order among
-// equal times never shows, and Hash and snapshots never see the heaps.
+// timeHeap is a min-heap by due time. The engine uses it as an index only (lease expiries; the
+// bucket store keeps its own full-at heap): every entry due at or before now is processed, so
+// the order among equal times never shows, and Hash and snapshots never see the heaps.
 type timeHeap[T interface{ due() Time }] []T
 
 func (h *timeHeap[T]) push(x T) {
@@ -65,13 +65,6 @@ func (h timeHeap[T]) down(i int) {
 		}
 		h[i], h[m] = h[m], h[i]
 		i = m
-	}
-}
-
-// heapify orders an arbitrary slice into a heap in O(n).
-func (h timeHeap[T]) heapify() {
-	for i := len(h)/2 - 1; i >= 0; i-- {
-		h.down(i)
 	}
 }
 

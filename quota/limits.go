@@ -1,6 +1,7 @@
 package quota
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
@@ -191,6 +192,39 @@ func (c *compiled) matchKey(key string) *level {
 	return lv
 }
 
+// matchKeyBytes is matchKey for a key held as bytes, without allocating: it unescapes names
+// into buf and returns buf for reuse.
+func (c *compiled) matchKeyBytes(key, buf []byte) (*level, []byte) {
+	seg, rest, more := bytes.Cut(key, []byte{'/'})
+	buf, ok := unescapeBytes(buf[:0], seg)
+	if !ok {
+		return nil, buf
+	}
+	lv := c.domains[string(buf)]
+	for more && lv != nil {
+		seg, rest, more = bytes.Cut(rest, []byte{'/'})
+		k, v, found := bytes.Cut(seg, []byte{'='})
+		if !found {
+			return nil, buf
+		}
+		var okK, okV bool
+		buf, okK = unescapeBytes(buf[:0], k)
+		n := len(buf)
+		buf, okV = unescapeBytes(buf, v)
+		if !okK || !okV {
+			return nil, buf
+		}
+		cs := lv.children[string(buf[:n])]
+		if cs == nil {
+			return nil, buf
+		}
+		if lv = cs.exact[string(buf[n:])]; lv == nil {
+			lv = cs.any
+		}
+	}
+	return lv, buf
+}
+
 func cloneLimits(l *Limits) *Limits {
 	cp := &Limits{Version: l.Version, Domains: make([]Domain, len(l.Domains))}
 	for i, d := range l.Domains {
@@ -254,15 +288,15 @@ func cloneConc(c *Concurrency) *Concurrency {
 const hexDigits = "0123456789ABCDEF"
 
 func appendEscaped(b []byte, s string) []byte {
+	start := 0 // s[start:i] needs no escaping; append it in one go
 	for i := 0; i < len(s); i++ {
-		switch c := s[i]; c {
-		case '%', '/', '=':
+		if c := s[i]; c == '%' || c == '/' || c == '=' {
+			b = append(b, s[start:i]...)
 			b = append(b, '%', hexDigits[c>>4], hexDigits[c&15])
-		default:
-			b = append(b, c)
+			start = i + 1
 		}
 	}
-	return b
+	return append(b, s[start:]...)
 }
 
 // appendEntry appends "/key=value" to a bucket key.
@@ -327,6 +361,26 @@ func unescape(s string) (string, bool) {
 		i += 2
 	}
 	return sb.String(), true
+}
+
+// unescapeBytes appends s unescaped to buf; ok is false if s has a malformed escape.
+func unescapeBytes(buf, s []byte) (_ []byte, ok bool) {
+	for i := 0; i < len(s); i++ {
+		if s[i] != '%' {
+			buf = append(buf, s[i])
+			continue
+		}
+		if i+2 >= len(s) {
+			return buf, false
+		}
+		hi, lo := unhex(s[i+1]), unhex(s[i+2])
+		if hi < 0 || lo < 0 {
+			return buf, false
+		}
+		buf = append(buf, byte(hi<<4|lo))
+		i += 2
+	}
+	return buf, true
 }
 
 func unhex(c byte) int {

@@ -105,16 +105,17 @@ func (e *Engine) rateOf(key string, lv *level, at Time) *rateParams {
 	return lv.rate.withRate(a.rateAt(at))
 }
 
-func (e *Engine) bucketRate(b *bucket) *rateParams { return e.rateOf(b.key, b.lvl, b.last) }
-
 // settle refills a stored bucket to now under its current rate, so a rate change applies from
-// now on only.
-func (e *Engine) settle(key string, now Time) *bucket {
-	b := e.buckets[key]
-	if b != nil {
-		b.tokens, b.last = e.bucketRate(b).refill(b.tokens, b.last, now)
+// now on only. It returns the bucket's slot, or noSlot if it is not stored.
+func (e *Engine) settle(key string, now Time) uint32 {
+	s, _ := find(&e.buckets, key, e.buckets.hashString(key))
+	if s != noSlot {
+		b := e.buckets.rec(s)
+		tokens, last := e.slotRate(s).refill(b.tokens.get(), Time(b.last.get()), now)
+		b.tokens.set(tokens)
+		b.last.set(uint64(last))
 	}
-	return b
+	return s
 }
 
 // adaptFeedback applies attributed feedback to the adaptive level lv at key: a multiplicative
@@ -127,7 +128,7 @@ func (e *Engine) adaptFeedback(key string, lv *level, now, reset Time, decrease 
 	if a == nil && !decrease {
 		return false // at the ceiling: nothing to hold back
 	}
-	b := e.settle(key, now)
+	s := e.settle(key, now)
 	cur := p.ceil
 	if a != nil {
 		cur = a.rateAt(now)
@@ -147,8 +148,8 @@ func (e *Engine) adaptFeedback(key string, lv *level, now, reset Time, decrease 
 	if did {
 		a.lastDecrease = now
 	}
-	if b != nil {
-		e.scheduleFull(b)
+	if s != noSlot {
+		e.scheduleFull(s)
 	}
 	return did
 }
@@ -160,10 +161,10 @@ func (e *Engine) sweepAdaptive(now Time) {
 		if a.rateAt(now) < a.lvl.adaptive.ceil {
 			continue
 		}
-		b := e.settle(k, now)
+		s := e.settle(k, now)
 		delete(e.adapt, k)
-		if b != nil {
-			e.scheduleFull(b)
+		if s != noSlot {
+			e.scheduleFull(s)
 		}
 	}
 }

@@ -197,16 +197,16 @@ func (r *runner) apply(t *rapid.T, op histOp) string {
 		// Tick must drop exactly the buckets that are full at now (checked by brute force).
 		now := max(r.now, e.Clock())
 		keep := map[string]bool{}
-		for k, b := range e.buckets {
+		for k, b := range storedBuckets(e) {
 			if tokens, _ := b.lvl.rate.refill(b.tokens, b.last, now); tokens < b.lvl.rate.capMicro {
 				keep[k] = true
 			}
 		}
 		e.Tick(r.now)
-		if len(e.buckets) != len(keep) {
-			t.Fatalf("tick at %v kept %d buckets, want the %d not yet full", time.Duration(now), len(e.buckets), len(keep))
+		if e.buckets.live != len(keep) {
+			t.Fatalf("tick at %v kept %d buckets, want the %d not yet full", time.Duration(now), e.buckets.live, len(keep))
 		}
-		for k := range e.buckets {
+		for k := range storedBuckets(e) {
 			if !keep[k] {
 				t.Fatalf("tick at %v kept full bucket %q", time.Duration(now), k)
 			}

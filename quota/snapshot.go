@@ -1,11 +1,11 @@
 package quota
 
 import (
+	"cmp"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 )
 
@@ -48,7 +48,12 @@ type hashState uint64
 func (h hashState) u64(v uint64) hashState { return hashState(mix(uint64(h) ^ v + hashSeed)) }
 
 // str folds s eight bytes at a time, length first so ("ab","c") and ("a","bc") differ.
-func (h hashState) str(s string) hashState {
+func (h hashState) str(s string) hashState { return hashStr(h, s) }
+
+// bytes is str for bytes.
+func (h hashState) bytes(b []byte) hashState { return hashStr(h, b) }
+
+func hashStr[S ~string | ~[]byte](h hashState, s S) hashState {
 	h = h.u64(uint64(len(s)))
 	for len(s) >= 8 {
 		h = h.u64(uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
@@ -71,9 +76,10 @@ func (h hashState) str(s string) hashState {
 // divergence detector, not a cryptographic digest.
 func (e *Engine) Hash() uint64 {
 	var bucketSum, leaseSum, pauseSum uint64
-	for k, b := range e.buckets {
-		bucketSum += uint64(hashState(hashSeed).str(k).u64(b.tokens).u64(uint64(b.last)).u64(b.debit))
-	}
+	st := &e.buckets
+	st.eachLive(func(s uint32, b *bucketRec) {
+		bucketSum += uint64(hashState(hashSeed).bytes(st.key(s)).u64(b.tokens.get()).u64(b.last.get()).u64(b.debit.get()))
+	})
 	for id, l := range e.leases {
 		h := hashState(hashSeed).u64(id).u64(uint64(l.expiry)).u64(uint64(l.ttl)).u64(uint64(len(l.keys)))
 		for _, k := range l.keys {
@@ -90,7 +96,7 @@ func (e *Engine) Hash() uint64 {
 		u64(e.lim.digest).
 		u64(e.leaseSeq).
 		u64(e.debitSeq).
-		u64(uint64(len(e.buckets))).u64(bucketSum).
+		u64(uint64(st.live)).u64(bucketSum).
 		u64(uint64(len(e.leases))).u64(leaseSum).
 		u64(uint64(len(e.pauses))).u64(pauseSum)
 	if len(e.adapt) > 0 || len(e.retries) > 0 {
@@ -120,17 +126,8 @@ func (e *Engine) AppendBinary(buf []byte) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("quota: marshal limits: %w", err)
 	}
-	// Sort (key, bucket) pairs rather than buckets: the key header sits in the slice, which saves
-	// a pointer chase (a cache miss with a million buckets) per comparison.
-	type keyed struct {
-		key string
-		b   *bucket
-	}
-	bs := make([]keyed, 0, len(e.buckets))
-	for k, b := range e.buckets {
-		bs = append(bs, keyed{k, b})
-	}
-	slices.SortFunc(bs, func(a, b keyed) int { return strings.Compare(a.key, b.key) })
+	st := &e.buckets
+	bs := e.sortedBuckets()
 
 	// About 24 bytes a bucket with prefix-compressed keys; more if keys differ early.
 	buf = slices.Grow(buf, 64+len(js)+len(bs)*24)
@@ -148,17 +145,18 @@ func (e *Engine) AppendBinary(buf []byte) ([]byte, error) {
 	buf = binary.AppendUvarint(buf, e.leaseSeq)
 
 	buf = binary.AppendUvarint(buf, uint64(len(bs)))
-	prev := ""
-	for _, kb := range bs {
-		b := kb.b
-		shared := commonPrefix(prev, b.key)
+	var prev []byte
+	for _, x := range bs {
+		key := arenaKey(st.chunks[x.slot>>chunkShift].arena, x.off)
+		b := st.rec(x.slot)
+		shared := commonPrefix(prev, key)
 		buf = binary.AppendUvarint(buf, uint64(shared))
-		buf = binary.AppendUvarint(buf, uint64(len(b.key)-shared))
-		buf = append(buf, b.key[shared:]...)
-		buf = binary.AppendUvarint(buf, uint64(b.lvl.idx))
-		buf = binary.AppendUvarint(buf, b.tokens)
-		buf = binary.AppendUvarint(buf, uint64(e.clock-b.last)) // last <= clock
-		prev = b.key
+		buf = binary.AppendUvarint(buf, uint64(len(key)-shared))
+		buf = append(buf, key[shared:]...)
+		buf = binary.AppendUvarint(buf, uint64(b.lvl))
+		buf = binary.AppendUvarint(buf, b.tokens.get())
+		buf = binary.AppendUvarint(buf, uint64(e.clock-Time(b.last.get()))) // last <= clock
+		prev = key
 	}
 
 	ids := make([]uint64, 0, len(e.leases))
@@ -220,8 +218,8 @@ func (e *Engine) AppendBinary(buf []byte) ([]byte, error) {
 	}
 	if format == snapshotFormat3 {
 		buf = binary.AppendUvarint(buf, e.debitSeq)
-		for _, kb := range bs {
-			buf = binary.AppendUvarint(buf, kb.b.debit)
+		for _, x := range bs {
+			buf = binary.AppendUvarint(buf, st.rec(x.slot).debit.get())
 		}
 	}
 	return buf, nil
@@ -232,7 +230,64 @@ func appendString(buf []byte, s string) []byte {
 	return append(buf, s...)
 }
 
-func commonPrefix(a, b string) int {
+// sortedKey names a stored bucket for sorting by key. pfx holds 7 key bytes from the current
+// depth (big-endian, zero-padded) and then how many bytes of the key are left there, at most
+// 8 (meaning more follow): comparing pfx compares the keys by those bytes, a key that ends
+// first sorts first.
+type sortedKey struct {
+	pfx  uint64
+	slot uint32
+	off  uint32 // of the key in its chunk's arena
+}
+
+// sortedBuckets returns the stored buckets sorted by key. Keys share long prefixes (domain,
+// descriptor keys), so it sorts by integers holding 7 key bytes at a time, going deeper only
+// within runs that tie: few comparisons ever read the keys.
+func (e *Engine) sortedBuckets() []sortedKey {
+	st := &e.buckets
+	bs := make([]sortedKey, 0, st.live)
+	st.eachLive(func(s uint32, b *bucketRec) { bs = append(bs, sortedKey{slot: s, off: b.key}) })
+	st.sortKeys(bs, 0)
+	return bs
+}
+
+func (st *bucketStore) sortKeys(bs []sortedKey, depth int) {
+	for len(bs) > 1 {
+		same := true
+		for i := range bs {
+			bs[i].pfx = keyPrefix(arenaKey(st.chunks[bs[i].slot>>chunkShift].arena, bs[i].off), depth)
+			same = same && bs[i].pfx == bs[0].pfx
+		}
+		if !same || bs[0].pfx&0xff < 8 { // all ending here would be equal keys: never stored
+			break
+		}
+		depth += 7 // all share these bytes and continue
+	}
+	if len(bs) <= 1 {
+		return
+	}
+	slices.SortFunc(bs, func(x, y sortedKey) int { return cmp.Compare(x.pfx, y.pfx) })
+	for i := 0; i < len(bs); {
+		j := i + 1
+		for j < len(bs) && bs[j].pfx == bs[i].pfx {
+			j++
+		}
+		if j-i > 1 && bs[i].pfx&0xff == 8 {
+			st.sortKeys(bs[i:j], depth+7)
+		}
+		i = j
+	}
+}
+
+func keyPrefix(k []byte, depth int) uint64 {
+	var p uint64
+	for i := 0; i < 7 && depth+i < len(k); i++ {
+		p |= uint64(k[depth+i]) << (56 - 8*i)
+	}
+	return p | uint64(min(len(k)-depth, 8))
+}
+
+func commonPrefix(a, b []byte) int {
 	n := min(len(a), len(b))
 	for i := 0; i < n; i++ {
 		if a[i] != b[i] {
@@ -315,9 +370,6 @@ func (d *decoder) count(minBytes int) int {
 	return int(n)
 }
 
-// keyBlock is the size of the blocks restored bucket keys are copied into.
-const keyBlock = 16 << 10
-
 func decodeSnapshot(data []byte) (*Engine, error) {
 	if len(data) == 0 {
 		return nil, fmt.Errorf("empty input")
@@ -345,17 +397,9 @@ func decodeSnapshot(data []byte) (*Engine, error) {
 	e.leaseSeq = d.uvarint()
 
 	nb := d.count(5)
-	e.buckets = make(map[string]*bucket, nb)
-	var order []*bucket // buckets in snapshot order, for format 3's per-bucket debits
-	if format == snapshotFormat3 {
-		order = make([]*bucket, 0, nb)
-	}
+	st := &e.buckets
+	st.reserve(nb)
 	var key []byte
-	// Keys are copied into shared blocks, one string allocation per block rather than one per
-	// bucket (a million of them in a large snapshot); a block is freed once all its buckets are.
-	var block []byte
-	var blockStr string
-	var blockOff int
 	for i := 0; i < nb && d.err == nil; i++ {
 		shared := d.uvarint()
 		suffix := d.bytes(d.uvarint())
@@ -365,7 +409,7 @@ func decodeSnapshot(data []byte) (*Engine, error) {
 		}
 		// MarshalBinary writes keys in strictly ascending order with the longest shared
 		// prefix, so the next key differs at byte `shared` and is greater there: checking
-		// that catches duplicates without a map lookup.
+		// that catches duplicates without a look-up.
 		if i > 0 && (len(suffix) == 0 || (shared < uint64(len(key)) && suffix[0] <= key[shared])) {
 			d.fail("bucket #%d: key not in ascending order (duplicated or out of order)", i)
 			break
@@ -386,36 +430,10 @@ func decodeSnapshot(data []byte) (*Engine, error) {
 			d.fail("bucket %q: balance %d or age %d out of range", key, tokens, age)
 			break
 		}
-		if blockOff+len(key) > len(blockStr) {
-			block = append(block[:0], key...)
-			// Fill the block with the keys that follow (decoded again below, cheaply).
-			la := decoder{data: d.data, off: d.off}
-			prev := append([]byte(nil), key...)
-			for j := i + 1; j < nb && len(block) < keyBlock && la.err == nil; j++ {
-				sh := la.uvarint()
-				suf := la.bytes(la.uvarint())
-				la.uvarint()
-				la.uvarint()
-				la.uvarint()
-				if la.err != nil || sh > uint64(len(prev)) {
-					break
-				}
-				prev = append(prev[:sh], suf...)
-				block = append(block, prev...)
-			}
-			blockStr, blockOff = string(block), 0
-		}
-		k := blockStr[blockOff : blockOff+len(key)]
-		blockOff += len(key)
-		if k != string(key) { // cannot happen: the block holds exactly the keys in order
-			d.fail("bucket #%d: key block out of step", i)
-			break
-		}
-		b := &bucket{key: k, tokens: tokens, last: e.clock - Time(age), lvl: lv}
-		e.buckets[k] = b
-		if order != nil {
-			order = append(order, b)
-		}
+		// Buckets take slots 0, 1, 2, ... in snapshot order (format 3's debits rely on it).
+		b := st.rec(st.add(key, st.hash(key), lv.idx))
+		b.tokens.set(tokens)
+		b.last.set(uint64(e.clock - Time(age)))
 	}
 
 	nl := d.count(4)
@@ -446,11 +464,13 @@ func decodeSnapshot(data []byte) (*Engine, error) {
 	}
 	if format == snapshotFormat3 {
 		e.debitSeq = d.uvarint()
-		for _, b := range order {
-			if b.debit = d.uvarint(); b.debit > e.debitSeq {
-				d.fail("bucket %q: debit %d beyond the debit counter %d", b.key, b.debit, e.debitSeq)
+		for s := uint32(0); s < uint32(st.live) && d.err == nil; s++ {
+			debit := d.uvarint()
+			if debit > e.debitSeq {
+				d.fail("bucket %q: debit %d beyond the debit counter %d", st.key(s), debit, e.debitSeq)
 				break
 			}
+			st.rec(s).debit.set(debit)
 		}
 	}
 	if d.err == nil && d.off != len(data) {

@@ -210,7 +210,10 @@ type Decision struct {
 	LeaseTTL time.Duration
 	// Message explains invalid and unknown_domain decisions.
 	Message string
-	// Charges lists the keys of the buckets that were debited Cost units, for Refund.
+	// Charges lists the keys of the buckets that were debited Cost units, for Refund. The
+	// strings never change. They share the engine's memory for keys (no copy per admission),
+	// so one kept long after its command was applied can keep the engine's memory for a few
+	// thousand released keys alive: copy them to keep them.
 	Charges []string
 	// Cost actually debited from each charged bucket.
 	Cost uint64
