@@ -169,18 +169,19 @@ type Config struct {
 // DefaultConfig returns a Config that works on a LAN or loopback, without ID, DataDir and
 // addresses.
 //
-// Raft timeouts: HeartbeatTimeout 500ms, ElectionTimeout 500ms, LeaderLeaseTimeout 400ms.
+// Raft timeouts: HeartbeatTimeout 400ms, ElectionTimeout 400ms, LeaderLeaseTimeout 300ms.
 // A follower checks for leader contact on a timer drawn from [T, 2T), so after a leader
 // crash it notices between T and 3T later (the first of two followers usually sooner); the
 // pre-vote and vote rounds then take milliseconds. Measured with TestFailoverTimes (kill of
 // the leader until a new one has established its clock, 3 nodes on loopback, 2 cores):
 // T = 1s: median 1.7 s, p90 2.6 s; T = 600ms: median 1.5 s, max 1.95 s; T = 500ms:
-// median 1.0–1.1 s, p90 1.5–1.8 s, max 1.7–2.06 s over 20–25 trials (one election each,
-// no split votes). The leader heartbeats every 50–100 ms on a path that does not wait for
-// fsync, so a spurious election needs 500 ms of silence: none occurred in 10 s of
-// full-speed applies plus a CPU burner per core, with or without -race. Run
-// TestFailoverTimes before changing these. LeaderLeaseTimeout 400ms makes a leader cut off
-// from its quorum step down (and stop stamping time) before a new leader can be elected.
+// median 1.0–1.1 s, p90 1.5–1.8 s, max 1.7–2.06 s over 20–25 trials; T = 400ms: median
+// 0.75 s, p90 0.98 s, max 1.02 s over 15 trials. The leader heartbeats every T/10 on a path
+// that does not wait for fsync, so a spurious election needs T of silence: `make bench-soak`
+// (10 minutes alternating load and idle, 3.9M decisions) saw none at 400ms, while 300ms saw
+// one on a machine oversubscribed by other work. Run TestFailoverTimes and bench-soak before
+// changing these. LeaderLeaseTimeout makes a leader cut off from its quorum step down (and stop
+// stamping time) before a new leader can be elected.
 func DefaultConfig() Config {
 	return Config{
 		BootstrapExpect:    0,
@@ -194,9 +195,9 @@ func DefaultConfig() Config {
 		PromoteStableFor:   2 * time.Second,
 		MetaInterval:       500 * time.Millisecond,
 		TickInterval:       500 * time.Millisecond,
-		HeartbeatTimeout:   500 * time.Millisecond,
-		ElectionTimeout:    500 * time.Millisecond,
-		LeaderLeaseTimeout: 400 * time.Millisecond,
+		HeartbeatTimeout:   400 * time.Millisecond,
+		ElectionTimeout:    400 * time.Millisecond,
+		LeaderLeaseTimeout: 300 * time.Millisecond,
 		CommitTimeout:      50 * time.Millisecond,
 		MaxAppendEntries:   128,
 		LogCacheSize:       256,
