@@ -49,8 +49,8 @@ func benchFSM(b *testing.B) *FSM {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if r := f.Apply(&raft.Log{Index: 1, Type: raft.LogCommand, Data: data}).(*Result); r.Ops[0].Err != nil {
-		b.Fatal(r.Ops[0].Err)
+	if r := f.Apply(&raft.Log{Index: 1, Type: raft.LogCommand, Data: data}).(*Result); r.Ops[0].Other.Err != nil {
+		b.Fatal(r.Ops[0].Other.Err)
 	}
 	return f
 }

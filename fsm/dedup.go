@@ -76,6 +76,9 @@ type dedupTable struct {
 
 	templates decisionTemplates
 	scratch   []byte // put's encoding of the decision it stores
+
+	// gen changes whenever a record is added or removed: a dedupSpot from before is stale.
+	gen uint64
 }
 
 const dedupChunk = 4096
@@ -109,25 +112,42 @@ func (t *dedupTable) recAt(seq uint64) *dedupRecord {
 	return &c.recs[i]
 }
 
-func (x *dedupIndex) find(t *dedupTable, client uint32, id uint64) (uint64, bool) {
+// find returns the sequence number of the record for (client, id); on a miss, the empty slot
+// where its probe ended, where insertAt can put it (noSlot on a hit or if the index is empty).
+func (x *dedupIndex) find(t *dedupTable, client uint32, id uint64) (seq uint64, ok bool, empty uint64) {
 	if x.n == 0 {
-		return 0, false
+		return 0, false, noSlot
 	}
 	h := dedupHash(client, id)
 	mask := uint64(len(x.slots) - 1)
 	for i := uint64(h) & mask; ; i = (i + 1) & mask {
 		v := x.slots[i]
 		if v == 0 {
-			return 0, false
+			return 0, false, i
 		}
 		if uint32(v>>32) != h {
 			continue
 		}
 		seq := t.seqOf(v)
 		if r := t.recAt(seq); r.id == id && r.client&^refundedBit == client {
-			return seq, true
+			return seq, true, noSlot
 		}
 	}
+}
+
+const noSlot = ^uint64(0)
+
+// insertAt adds record seq, whose key hashes to h, at slot: the empty slot that find ended
+// on, with nothing inserted or removed since. It probes again only if the index must grow.
+func (x *dedupIndex) insertAt(slot uint64, h uint32, seq uint64) {
+	v := uint64(h)<<32 | uint64(uint32(seq))
+	if slot == noSlot || (x.n+1)*2 > len(x.slots) {
+		x.reserve(max(x.n+1, len(x.slots)))
+		x.place(v)
+	} else {
+		x.slots[slot] = v
+	}
+	x.n++
 }
 
 // insert adds record seq (already in the table; its key is not in the index).
@@ -248,11 +268,30 @@ func (t *dedupTable) at(seq uint64) (*dedupChunkData, int) {
 
 // lookup returns the sequence number of the record for (client, id).
 func (t *dedupTable) lookup(client string, id uint64) (uint64, bool) {
-	ci, ok := t.clientIdx[client]
-	if !ok {
-		return 0, false
+	seq, ok, _ := t.find(client, id)
+	return seq, ok
+}
+
+// dedupSpot is where a lookup that missed would put (client, id): putAt can then skip looking
+// the client up and probing the index again. It is only valid until the table changes.
+type dedupSpot struct {
+	gen   uint64 // dedupTable.gen when found
+	slot  uint64 // the empty index slot the probe ended on, or noSlot
+	ci    uint32 // the client's index, when known
+	hash  uint32 // dedupHash(ci, id), when known
+	known bool   // the client is interned
+}
+
+// find is lookup that, on a miss, also says where putAt would put the record.
+func (t *dedupTable) find(client string, id uint64) (seq uint64, ok bool, at dedupSpot) {
+	at = dedupSpot{gen: t.gen, slot: noSlot}
+	ci, known := t.clientIdx[client]
+	if !known {
+		return 0, false, at
 	}
-	return t.index.find(t, ci, id)
+	at.ci, at.known, at.hash = ci, true, dedupHash(ci, id)
+	seq, ok, at.slot = t.index.find(t, ci, id)
+	return seq, ok, at
 }
 
 // decision decodes the remembered decision of record seq.
@@ -283,13 +322,25 @@ func (t *dedupTable) get(client string, id uint64) (quota.Decision, bool) {
 }
 
 func (t *dedupTable) put(client string, id uint64, expires quota.Time, d quota.Decision) {
+	t.putAt(dedupSpot{}, client, id, expires, &d)
+}
+
+// putAt remembers d for (client, id), which is not in the table. at is what find returned for
+// them; a stale or zero spot costs only the lookups it would have saved.
+func (t *dedupTable) putAt(at dedupSpot, client string, id uint64, expires quota.Time, d *quota.Decision) {
 	var runs decisionRuns
-	t.scratch, runs = appendDecisionRuns(t.scratch[:0], &d)
+	t.scratch, runs = appendDecisionRuns(t.scratch[:0], d)
 	c := t.last()
 	off := len(c.arena)
 	c.arena = t.templates.appendStored(c.arena, t.scratch, runs)
-	t.push(c, client, id, expires, false, off)
-	t.index.insert(t, t.next-1)
+	if at.gen != t.gen || !at.known {
+		t.push(c, client, id, expires, false, off)
+		t.index.insert(t, t.next-1)
+		return
+	}
+	t.clients[at.ci].refs++
+	t.pushInterned(c, at.ci, id, expires, false, off)
+	t.index.insertAt(at.slot, at.hash, t.next-1)
 }
 
 // last returns the chunk the next record goes into.
@@ -314,13 +365,18 @@ func (t *dedupTable) last() *dedupChunkData {
 // push appends the record whose decision was just written at c.arena[off:]; the caller
 // indexes it.
 func (t *dedupTable) push(c *dedupChunkData, client string, id uint64, expires quota.Time, refunded bool, off int) {
-	ci := t.intern(client)
+	t.pushInterned(c, t.intern(client), id, expires, refunded, off)
+}
+
+// pushInterned is push for a client already interned (and counted) as ci.
+func (t *dedupTable) pushInterned(c *dedupChunkData, ci uint32, id uint64, expires quota.Time, refunded bool, off int) {
 	r := dedupRecord{id: id, expires: expires, client: ci, off: uint32(off)}
 	if refunded {
 		r.client |= refundedBit
 	}
 	c.recs = append(c.recs, r)
 	t.next++
+	t.gen++
 }
 
 func (t *dedupTable) intern(client string) uint32 {
@@ -362,6 +418,7 @@ func (t *dedupTable) expire(now quota.Time) {
 		t.release(ci)
 		t.templates.release(c.arena[r.off:])
 		t.head++
+		t.gen++
 		if t.head-t.first == dedupChunk {
 			c.recs, c.arena = c.recs[:0], c.arena[:0]
 			t.spare = c

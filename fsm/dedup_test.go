@@ -123,16 +123,32 @@ func TestDedupIndexMatchesMap(t *testing.T) {
 		if _, dup := want[k]; dup {
 			continue
 		}
-		tb.put(k.c, k.id, quota.Time(i), quota.Decision{Admitted: true, Remaining: uint64(i), Charges: []string{k.c}})
-		want[k] = uint64(i)
-		order = append(order, k)
-		if i%3 == 0 { // expire roughly a third as we go
-			cut := i / 3
+		expire := func(cut int) {
 			tb.expire(quota.Time(cut))
 			for head < len(order) && int(want[order[head]]) <= cut {
 				delete(want, order[head])
 				head++
 			}
+		}
+		d := quota.Decision{Admitted: true, Remaining: uint64(i), Charges: []string{k.c}}
+		if i%2 == 0 {
+			tb.put(k.c, k.id, quota.Time(i), d)
+		} else {
+			// The FSM's way: find, then putAt with the spot the miss returned; sometimes
+			// stale because records expired in between.
+			if _, ok, at := tb.find(k.c, k.id); ok {
+				t.Fatalf("step %d: %v found before it was put", i, k)
+			} else {
+				if i%5 == 1 {
+					expire(i / 2)
+				}
+				tb.putAt(at, k.c, k.id, quota.Time(i), &d)
+			}
+		}
+		want[k] = uint64(i)
+		order = append(order, k)
+		if i%3 == 0 { // expire roughly a third as we go
+			expire(i / 3)
 		}
 		if i%97 == 0 || i == 5*dedupChunk-1 {
 			if tb.len() != len(want) {

@@ -85,10 +85,21 @@ type Result struct {
 	Ops []OpResult
 }
 
-// OpResult is the outcome of one Op. Exactly the field matching the op kind is meaningful.
+// OpResult is the outcome of one Op: Decision and Duplicate answer an Acquire (Other is nil);
+// Other answers every other kind of op (and is never nil for one).
+//
+// Every replica builds one for every admission it applies, so the Acquire answer is kept
+// small and pointer-light (128 bytes, where carrying a quota.Decision and every other op
+// kind's fields took ~350) and the rarer outcomes are behind a pointer.
 type OpResult struct {
-	Decision      quota.Decision       // Acquire
-	Duplicate     bool                 // Acquire: answered from the dedup table
+	Decision  Decision     // Acquire
+	Duplicate bool         // Acquire: answered from the dedup table
+	Other     *OtherResult // any other op kind
+}
+
+// OtherResult is the outcome of an op other than Acquire. Only the fields of the op's kind
+// are meaningful.
+type OtherResult struct {
 	Released      bool                 // Release
 	LeaseTTL      time.Duration        // Renew
 	Refunded      uint64               // Refund
@@ -96,7 +107,31 @@ type OpResult struct {
 	PausedFor     time.Duration        // Pause, Feedback
 	Feedback      quota.FeedbackResult // Feedback
 	LimitsVersion uint64               // SetLimits
-	Err           error                // Renew, Pause, SetLimits, malformed ops
+	Err           error                // Renew, Pause, Feedback, SetLimits
+}
+
+// Decision is the answer to an Acquire: a quota.Decision without Charges, Cost and DebitSeq
+// (which only the FSM needs, for refunds; the dedup table keeps them) and ShadowDenials
+// (which no caller reads).
+type Decision struct {
+	Admitted   bool
+	Reason     quota.Reason
+	Scope      string
+	Limit      uint64
+	Remaining  uint64
+	Window     time.Duration
+	ResetAfter time.Duration
+	RetryAfter time.Duration
+	LeaseID    uint64
+	LeaseTTL   time.Duration
+	Message    string
+}
+
+// setAnswer sets a to the part of d a caller is answered with.
+func setAnswer(a *Decision, d *quota.Decision) {
+	*a = Decision{Admitted: d.Admitted, Reason: d.Reason, Scope: d.Scope, Limit: d.Limit,
+		Remaining: d.Remaining, Window: d.Window, ResetAfter: d.ResetAfter, RetryAfter: d.RetryAfter,
+		LeaseID: d.LeaseID, LeaseTTL: d.LeaseTTL, Message: d.Message}
 }
 
 // Encode marshals cmd, setting its version.
@@ -170,7 +205,7 @@ func (f *FSM) applyLocked(l *raft.Log) any {
 			if err := decodeAcquire(acq, a, f.scratch.intern.get); err != nil {
 				panic(malformed(l.Index, err))
 			}
-			res.Ops[i] = f.applyAcquire(now, a)
+			f.applyAcquire(now, a, &res.Ops[i]) // in place: no copy of the result per admission
 			continue
 		}
 		op, err := decodeOtherOp(b)
@@ -192,48 +227,50 @@ func (f *FSM) applyOp(now quota.Time, op *fsmv1.Op) OpResult {
 			op.req = quota.Request{Domain: adm.Domain, Descriptors: entries(adm.Descriptors), Cost: adm.Cost,
 				LeaseTTL: msDuration(adm.LeaseTtlMs), Attempt: adm.Attempt, WorkClass: adm.WorkClass}
 		}
-		return f.applyAcquire(now, &op)
+		var r OpResult
+		f.applyAcquire(now, &op, &r)
+		return r
 	case *fsmv1.Op_Release:
-		return OpResult{Released: f.engine.Release(now, o.Release.LeaseId)}
+		return other(OtherResult{Released: f.engine.Release(now, o.Release.LeaseId)})
 	case *fsmv1.Op_Renew:
 		ttl, err := f.engine.Renew(now, o.Renew.LeaseId, time.Duration(o.Renew.TtlNs))
-		return OpResult{LeaseTTL: ttl, Err: err}
+		return other(OtherResult{LeaseTTL: ttl, Err: err})
 	case *fsmv1.Op_Refund:
 		seq, ok := f.dedup.lookup(o.Refund.ClientId, o.Refund.RequestId)
 		if !ok || f.dedup.refunded(seq) {
-			return OpResult{}
+			return other(OtherResult{})
 		}
 		d := f.dedup.decision(seq)
 		if !d.Admitted {
-			return OpResult{}
+			return other(OtherResult{})
 		}
 		n := f.engine.Refund(now, d.Charges, d.Cost, d.DebitSeq)
 		f.dedup.setRefunded(seq)
-		return OpResult{Refunded: n}
+		return other(OtherResult{Refunded: n})
 	case *fsmv1.Op_SetLimits:
 		var l quota.Limits
 		if err := json.Unmarshal(o.SetLimits.LimitsJson, &l); err != nil {
-			return OpResult{Err: fmt.Errorf("%w: %v", ErrInvalidLimits, err)}
+			return other(OtherResult{Err: fmt.Errorf("%w: %v", ErrInvalidLimits, err)})
 		}
 		if err := f.engine.SetLimits(now, &l); err != nil {
-			return OpResult{Err: fmt.Errorf("%w: %w", ErrInvalidLimits, err)}
+			return other(OtherResult{Err: fmt.Errorf("%w: %w", ErrInvalidLimits, err)})
 		}
-		return OpResult{LimitsVersion: f.engine.Limits().Version}
+		return other(OtherResult{LimitsVersion: f.engine.Limits().Version})
 	case *fsmv1.Op_Pause:
 		d := time.Duration(o.Pause.DurationNs)
 		scope, err := f.engine.Pause(now, o.Pause.Domain, entries(o.Pause.Prefix), now.Add(d))
 		if err != nil {
-			return OpResult{Err: err}
+			return other(OtherResult{Err: err})
 		}
-		return OpResult{Scope: scope, PausedFor: d}
+		return other(OtherResult{Scope: scope, PausedFor: d})
 	case *fsmv1.Op_Feedback:
 		fb := o.Feedback
 		res, err := f.engine.Feedback(now, quota.Feedback{Domain: fb.Domain, Prefix: entries(fb.Prefix),
 			StatusCode: fb.StatusCode, RetryAfter: time.Duration(fb.RetryAfterNs), Reason: fb.Reason})
 		if err != nil {
-			return OpResult{Err: err}
+			return other(OtherResult{Err: err})
 		}
-		return OpResult{Scope: res.Scope, PausedFor: res.PausedFor, Feedback: res}
+		return other(OtherResult{Scope: res.Scope, PausedFor: res.PausedFor, Feedback: res})
 	default:
 		// An op this build does not know comes from a newer leader. Skipping it would let this
 		// replica diverge silently from the ones that apply it, so stop instead.
@@ -241,12 +278,20 @@ func (f *FSM) applyOp(now quota.Time, op *fsmv1.Op) OpResult {
 	}
 }
 
-func (f *FSM) applyAcquire(now quota.Time, a *acquireOp) OpResult {
+func other(r OtherResult) OpResult { return OpResult{Other: &r} }
+
+// applyAcquire decides a and sets out, a zero OpResult, to the answer.
+func (f *FSM) applyAcquire(now quota.Time, a *acquireOp, out *OpResult) {
 	if !a.hasAdm {
-		return OpResult{Decision: invalid("admission missing")}
+		out.Decision = Decision{Reason: quota.ReasonInvalid, Message: "admission missing"}
+		return
 	}
-	if d, ok := f.dedup.get(a.clientID, a.id); ok && !plantedNoDedup {
-		return OpResult{Decision: d, Duplicate: true}
+	seq, known, at := f.dedup.find(a.clientID, a.id)
+	if known && !plantedNoDedup {
+		d := f.dedup.decision(seq)
+		setAnswer(&out.Decision, &d)
+		out.Duplicate = true
+		return
 	}
 	a.req.Spread = spread(a.clientID, a.id)
 	d := f.engine.Acquire(now, a.req)
@@ -257,9 +302,9 @@ func (f *FSM) applyAcquire(now quota.Time, a *acquireOp) OpResult {
 	remember := a.clientID != "" && a.id != 0 && d.Reason != quota.ReasonInvalid &&
 		d.Reason != quota.ReasonUnknownDomain && (d.Admitted || !a.waits)
 	if remember {
-		f.dedup.put(a.clientID, a.id, now.Add(f.dedupWindow), d)
+		f.dedup.putAt(at, a.clientID, a.id, now.Add(f.dedupWindow), &d)
 	}
-	return OpResult{Decision: d}
+	setAnswer(&out.Decision, &d)
 }
 
 // spread derives a request's place in a pause's resume jitter window from its IDs: the same on
@@ -276,10 +321,6 @@ func spread(clientID string, requestID uint64) uint64 {
 	h ^= h >> 27
 	h *= 0x94d049bb133111eb
 	return h ^ h>>31
-}
-
-func invalid(msg string) quota.Decision {
-	return quota.Decision{Reason: quota.ReasonInvalid, Message: msg}
 }
 
 func entries(es []*quotadv1.Entry) []quota.Entry {
@@ -321,7 +362,7 @@ func (f *FSM) Status(domain string, path []quota.Entry) ([]quota.BucketStatus, e
 func (f *FSM) Remembers(clientID string, requestID uint64) bool {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	_, ok := f.dedup.get(clientID, requestID)
+	_, ok := f.dedup.lookup(clientID, requestID)
 	return ok
 }
 

@@ -63,8 +63,8 @@ func acquire(client string, id uint64, tenant string, cost uint64) *fsmv1.Op {
 
 func newLog(t *testing.T) *log {
 	l := &log{t: t, f: New(Options{DedupWindow: 10 * time.Second})}
-	if r := l.apply(0, setLimits(t, testLimits)); r.Ops[0].Err != nil {
-		t.Fatal(r.Ops[0].Err)
+	if r := l.apply(0, setLimits(t, testLimits)); r.Ops[0].Other.Err != nil {
+		t.Fatal(r.Ops[0].Other.Err)
 	}
 	return l
 }
@@ -119,14 +119,14 @@ func TestRefundOnceViaDedupRecord(t *testing.T) {
 	l := newLog(t)
 	l.apply(time.Millisecond, acquire("c1", 1, "acme", 3))
 	refund := &fsmv1.Op{Op: &fsmv1.Op_Refund{Refund: &fsmv1.Refund{ClientId: "c1", RequestId: 1}}}
-	if n := l.apply(time.Millisecond, refund).Ops[0].Refunded; n != 3 { // same instant: no refill to clamp
+	if n := l.apply(time.Millisecond, refund).Ops[0].Other.Refunded; n != 3 { // same instant: no refill to clamp
 		t.Fatalf("refunded %d, want 3", n)
 	}
-	if n := l.apply(3*time.Millisecond, refund).Ops[0].Refunded; n != 0 {
+	if n := l.apply(3*time.Millisecond, refund).Ops[0].Other.Refunded; n != 0 {
 		t.Fatalf("second refund returned %d units, want 0", n)
 	}
 	unknown := &fsmv1.Op{Op: &fsmv1.Op_Refund{Refund: &fsmv1.Refund{ClientId: "c1", RequestId: 99}}}
-	if n := l.apply(4*time.Millisecond, unknown).Ops[0].Refunded; n != 0 {
+	if n := l.apply(4*time.Millisecond, unknown).Ops[0].Other.Refunded; n != 0 {
 		t.Fatalf("refund of an unknown request returned %d", n)
 	}
 }
@@ -136,7 +136,7 @@ func TestInvalidLimitsChangeNothing(t *testing.T) {
 	before := l.f.Hash()
 	bad := &quota.Limits{Domains: []quota.Domain{{Name: "x", Rate: &quota.Rate{Unit: time.Second}}}}
 	r := l.apply(0, setLimits(t, bad)).Ops[0] // same instant: only the refused change could alter state
-	if r.Err == nil {
+	if r.Other.Err == nil {
 		t.Fatal("limits with requests_per_unit 0 were accepted")
 	}
 	after := l.f.Hash()

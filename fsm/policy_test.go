@@ -33,8 +33,8 @@ func retryOp(client string, id uint64, tenant string) *fsmv1.Op {
 
 func policyLog(t *testing.T) *log {
 	l := &log{t: t, f: New(Options{DedupWindow: 10 * time.Second})}
-	if r := l.apply(0, setLimits(t, policyLimits)); r.Ops[0].Err != nil {
-		t.Fatal(r.Ops[0].Err)
+	if r := l.apply(0, setLimits(t, policyLimits)); r.Ops[0].Other.Err != nil {
+		t.Fatal(r.Ops[0].Other.Err)
 	}
 	return l
 }
@@ -45,7 +45,7 @@ func TestFeedbackOpPausesScopeWithJitter(t *testing.T) {
 	l, r := policyLog(t), policyLog(t)
 	acme := []*quotadv1.Entry{{Key: "tenant", Value: "acme"}}
 	for _, lg := range []*log{l, r} {
-		res := lg.apply(time.Second, feedback(acme, 429, 5*time.Second, "")).Ops[0]
+		res := lg.apply(time.Second, feedback(acme, 429, 5*time.Second, "")).Ops[0].Other
 		if res.Err != nil || res.PausedFor != 5*time.Second || res.Scope != "tenant" || !res.Feedback.Attributed {
 			t.Fatalf("feedback: %+v", res)
 		}
@@ -70,7 +70,7 @@ func TestFeedbackOpPausesScopeWithJitter(t *testing.T) {
 	if d := l.apply(2*time.Second, acquire("c", 100, "other", 1)).Ops[0].Decision; !d.Admitted {
 		t.Errorf("another tenant was paused: %+v", d)
 	}
-	if res := l.apply(3*time.Second, feedback(nil, 500, 0, "x")).Ops[0]; res.Err == nil {
+	if res := l.apply(3*time.Second, feedback(nil, 500, 0, "x")).Ops[0].Other; res.Err == nil {
 		t.Error("status 500 accepted")
 	}
 }
@@ -80,7 +80,7 @@ func TestFeedbackOpPausesScopeWithJitter(t *testing.T) {
 // to the retry budget once.
 func TestPolicyStateSurvivesSnapshot(t *testing.T) {
 	l := policyLog(t)
-	res := l.apply(time.Second, feedback(nil, 429, 0, "global")).Ops[0].Feedback
+	res := l.apply(time.Second, feedback(nil, 429, 0, "global")).Ops[0].Other.Feedback
 	if !res.Decreased || res.Limit != 50 {
 		t.Fatalf("feedback: %+v", res)
 	}
@@ -107,7 +107,7 @@ func TestPolicyStateSurvivesSnapshot(t *testing.T) {
 	r := &log{t: t, f: restored, index: l.index}
 	for i, op := range []*fsmv1.Op{retryOp("c", 12, "acme"), acquire("c", 13, "acme", 1), feedback(nil, 429, time.Second, "global")} {
 		a, b := l.apply(1500*time.Millisecond+time.Duration(i)*time.Second, op).Ops[0], r.apply(1500*time.Millisecond+time.Duration(i)*time.Second, op).Ops[0]
-		if a.Decision.Reason != b.Decision.Reason || a.Feedback != b.Feedback {
+		if a.Decision.Reason != b.Decision.Reason || feedbackOf(a) != feedbackOf(b) {
 			t.Fatalf("op %d: original %+v, restored %+v", i, a, b)
 		}
 	}
@@ -119,4 +119,12 @@ func TestPolicyStateSurvivesSnapshot(t *testing.T) {
 	if err != nil || st[0].Limit != 30 || st[0].Ceiling != 100 {
 		t.Errorf("status after two decreases: %+v %v, want limit 30 of 100", st, err)
 	}
+}
+
+// feedbackOf is a feedback op's result, or the zero value for an op of another kind.
+func feedbackOf(r OpResult) quota.FeedbackResult {
+	if r.Other == nil {
+		return quota.FeedbackResult{}
+	}
+	return r.Other.Feedback
 }

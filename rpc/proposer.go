@@ -72,8 +72,10 @@ type call struct {
 	done    chan struct{}
 }
 
+// proposalResult answers one op: res points into the entry's fsm.Result (no copy of it per
+// op); it is nil when err is set.
 type proposalResult struct {
-	res fsm.OpResult
+	res *fsm.OpResult
 	err error
 }
 
@@ -122,7 +124,10 @@ func (p *proposer) propose(ctx context.Context, op *fsmv1.Op) (fsm.OpResult, err
 		return fsm.OpResult{}, err
 	}
 	r := c.results[0]
-	return r.res, r.err
+	if r.err != nil {
+		return fsm.OpResult{}, r.err
+	}
+	return *r.res, nil
 }
 
 // submit queues a call's encoded ops, in order, for the next log entries.
@@ -229,7 +234,7 @@ func (p *proposer) commit(batch []queuedOp) {
 			q.c.answer(q.i, proposalResult{err: err})
 			continue
 		}
-		q.c.answer(q.i, proposalResult{res: res.Ops[i]})
+		q.c.answer(q.i, proposalResult{res: &res.Ops[i]})
 	}
 }
 

@@ -184,17 +184,14 @@ func (s *Server) Acquire(ctx context.Context, req *quotadv1.AcquireRequest) (*qu
 				continue
 			}
 			i := idx[j]
-			setDecision(&slab[i], r.res.Decision)
+			setDecision(&slab[i], &r.res.Decision)
 			resp.Decisions[i] = &slab[i]
 		}
 		if err := errors.Join(errs...); err != nil {
 			return nil, s.applyError(err)
 		}
 	}
-	took := time.Since(start)
-	for _, d := range resp.Decisions {
-		s.metrics.observeDecision(d.Reason, took)
-	}
+	s.metrics.observeDecisions(resp.Decisions, time.Since(start))
 	return resp, nil
 }
 
@@ -258,14 +255,14 @@ func admissionProblem(adm *quotadv1.Admission) string {
 	return ""
 }
 
-func decisionToProto(d quota.Decision) *quotadv1.Decision {
+func decisionToProto(d fsm.Decision) *quotadv1.Decision {
 	pd := &quotadv1.Decision{}
-	setDecision(pd, d)
+	setDecision(pd, &d)
 	return pd
 }
 
 // setDecision fills a zero pd from d.
-func setDecision(pd *quotadv1.Decision, d quota.Decision) {
+func setDecision(pd *quotadv1.Decision, d *fsm.Decision) {
 	pd.Admitted = d.Admitted
 	pd.Reason = string(d.Reason)
 	pd.Scope = d.Scope
@@ -300,7 +297,7 @@ func (s *Server) Release(ctx context.Context, req *quotadv1.ReleaseRequest) (*qu
 	if err != nil {
 		return nil, s.applyError(err)
 	}
-	return &quotadv1.ReleaseResponse{Released: r.Released}, nil
+	return &quotadv1.ReleaseResponse{Released: r.Other.Released}, nil
 }
 
 // Renew extends a lease.
@@ -323,13 +320,13 @@ func (s *Server) Renew(ctx context.Context, req *quotadv1.RenewRequest) (*quotad
 	if err != nil {
 		return nil, s.applyError(err)
 	}
-	if r.Err != nil {
-		if errors.Is(r.Err, quota.ErrLeaseNotFound) {
+	if err := r.Other.Err; err != nil {
+		if errors.Is(err, quota.ErrLeaseNotFound) {
 			return nil, status.Errorf(codes.NotFound, "lease %d expired or was released; acquire again", req.LeaseId)
 		}
-		return nil, status.Error(codes.InvalidArgument, r.Err.Error())
+		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	return &quotadv1.RenewResponse{LeaseTtlMs: r.LeaseTTL.Milliseconds()}, nil
+	return &quotadv1.RenewResponse{LeaseTtlMs: r.Other.LeaseTTL.Milliseconds()}, nil
 }
 
 // Refund returns the tokens of an admitted request that was not sent.
@@ -348,7 +345,7 @@ func (s *Server) Refund(ctx context.Context, req *quotadv1.RefundRequest) (*quot
 	if err != nil {
 		return nil, s.applyError(err)
 	}
-	return &quotadv1.RefundResponse{Refunded: r.Refunded}, nil
+	return &quotadv1.RefundResponse{Refunded: r.Other.Refunded}, nil
 }
 
 // MaxPause bounds how long one feedback can pause a scope.
@@ -383,13 +380,13 @@ func (s *Server) Feedback(ctx context.Context, req *quotadv1.FeedbackRequest) (*
 	if err != nil {
 		return nil, s.applyError(err)
 	}
-	if r.Err != nil {
-		if errors.Is(r.Err, quota.ErrUnknownDomain) {
-			return nil, status.Error(codes.NotFound, r.Err.Error())
+	if err := r.Other.Err; err != nil {
+		if errors.Is(err, quota.ErrUnknownDomain) {
+			return nil, status.Error(codes.NotFound, err.Error())
 		}
-		return nil, status.Error(codes.InvalidArgument, r.Err.Error())
+		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	fb := r.Feedback
+	fb := r.Other.Feedback
 	s.metrics.observeFeedback(req.Domain, req.StatusCode, fb)
 	return &quotadv1.FeedbackResponse{PausedForMs: ceilMs(fb.PausedFor), Scope: fb.Scope,
 		Attributed: fb.Attributed, Decreased: fb.Decreased, Limit: fb.Limit}, nil
@@ -468,10 +465,10 @@ func (s *Server) applyLimits(ctx context.Context, limits *quota.Limits) (uint64,
 	if err != nil {
 		return 0, s.applyError(err)
 	}
-	if r.Err != nil {
-		return 0, status.Error(codes.InvalidArgument, r.Err.Error())
+	if err := r.Other.Err; err != nil {
+		return 0, status.Error(codes.InvalidArgument, err.Error())
 	}
-	return r.LimitsVersion, nil
+	return r.Other.LimitsVersion, nil
 }
 
 // GetLimits returns the limits in force, linearizably, as YAML that ApplyLimits accepts.
