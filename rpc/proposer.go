@@ -36,6 +36,17 @@ func DefaultProposerConfig() ProposerConfig {
 	return ProposerConfig{MaxBatch: 1024, MaxInflight: 2, ApplyTimeout: 5 * time.Second}
 }
 
+// Validate reports a setting that cannot work, quoting it.
+func (c ProposerConfig) Validate() error {
+	switch {
+	case c.MaxBatch < 1 || c.MaxBatch > 1<<16:
+		return fmt.Errorf("rpc: MaxBatch (--max-entry-ops) is %d; use 1 to 65536 (default %d)", c.MaxBatch, DefaultProposerConfig().MaxBatch)
+	case c.MaxInflight < 1 || c.MaxInflight > 64:
+		return fmt.Errorf("rpc: MaxInflight (--max-entries-in-flight) is %d; use 1 to 64 (default %d)", c.MaxInflight, DefaultProposerConfig().MaxInflight)
+	}
+	return nil
+}
+
 // proposer coalesces concurrent operations into shared log entries (group commit): it takes
 // whatever has queued, stamps one timestamp, commits one entry, and hands each caller its own
 // result. Under no load an operation goes out at once; under load the batch grows by itself.

@@ -31,6 +31,7 @@ func agentCmd() *cobra.Command {
 		gcPercent  int
 		memLimit   string
 		gcHeadroom string
+		proposer   = rpc.DefaultProposerConfig()
 	)
 	cmd := &cobra.Command{
 		Use:   "agent",
@@ -64,10 +65,13 @@ promoted once caught up. A node restarted with its --data-dir resumes where it s
 			if err := cc.Validate(); err != nil {
 				return err
 			}
+			if err := proposer.Validate(); err != nil {
+				return err
+			}
 			if err := setGC(gcPercent, memLimit, gcHeadroom); err != nil {
 				return err
 			}
-			acfg := rpc.AgentConfig{Cluster: cc, LimitsFile: limits, TLS: tlsFiles, AdminToken: adminToken}
+			acfg := rpc.AgentConfig{Cluster: cc, LimitsFile: limits, TLS: tlsFiles, AdminToken: adminToken, Proposer: proposer}
 			chaosHooks(&acfg)
 			agent, err := rpc.StartAgent(acfg)
 			if err != nil {
@@ -100,6 +104,8 @@ promoted once caught up. A node restarted with its --data-dir resumes where it s
 	f.DurationVar(&cc.ElectionTimeout, "raft-election-timeout", cc.ElectionTimeout, "how long a candidate waits for votes before retrying (>= --raft-heartbeat-timeout)")
 	f.DurationVar(&cc.LeaderLeaseTimeout, "raft-leader-lease-timeout", cc.LeaderLeaseTimeout, "a leader that cannot reach a quorum for this long steps down (<= --raft-heartbeat-timeout)")
 	f.Uint64Var(&cc.TrailingLogs, "trailing-logs", cc.TrailingLogs, "log entries kept after a snapshot for slow followers")
+	f.IntVar(&proposer.MaxInflight, "max-entries-in-flight", proposer.MaxInflight, "group commit: log entries the leader lets commit at once (more queue and ride in the next entry)")
+	f.IntVar(&proposer.MaxBatch, "max-entry-ops", proposer.MaxBatch, "group commit: most operations in one log entry")
 	f.StringVar(&gossipKey, "gossip-key", "", "base64 AES key (16, 24 or 32 bytes) encrypting gossip; the same on every node")
 	f.StringVar(&adminToken, "admin-token", "", "token required by limits apply and leadership transfer (or $QUOTAD_ADMIN_TOKEN)")
 	f.StringVar(&tlsFiles.CertFile, "tls-cert", "", "PEM certificate for the gRPC API")
