@@ -42,15 +42,16 @@ descriptors:
 `
 
 // Report is bench/results/latest.json.
+// Keys of steps that did not run are left out (omitempty), so a partial run never reports 0.
 type Report struct {
-	DecisionsPerSec  float64      `json:"decisions_per_sec"`
-	P99Ms            float64      `json:"p99_ms"`
-	SerialP50Ms      float64      `json:"serial_p50_ms"`
-	FailoverMedianMs float64      `json:"failover_median_ms"`
-	FailoverMaxMs    float64      `json:"failover_max_ms"`
-	RSSMB1MBuckets   []float64    `json:"rss_mb_1m_buckets"`
-	SnapshotRestoreS float64      `json:"snapshot_restore_s_1m"`
-	Sweep            []SweepPoint `json:"sweep"`
+	DecisionsPerSec  float64      `json:"decisions_per_sec,omitempty"`
+	P99Ms            float64      `json:"p99_ms,omitempty"`
+	SerialP50Ms      float64      `json:"serial_p50_ms,omitempty"`
+	FailoverMedianMs float64      `json:"failover_median_ms,omitempty"`
+	FailoverMaxMs    float64      `json:"failover_max_ms,omitempty"`
+	RSSMB1MBuckets   []float64    `json:"rss_mb_1m_buckets,omitempty"`
+	SnapshotRestoreS float64      `json:"snapshot_restore_s_1m,omitempty"`
+	Sweep            []SweepPoint `json:"sweep,omitempty"`
 	// The soak step (run only when asked for: -only soak) alternates load and idle and counts
 	// leadership changes, which must stay 0: no node was killed.
 	SoakSeconds       float64 `json:"soak_seconds,omitempty"`
