@@ -92,6 +92,7 @@ func main() {
 		buckets   = flag.Int("buckets", 1_000_000, "active buckets for the memory step")
 		only      = flag.String("only", "", "comma-separated steps to run (sweep,failover,memory,snapshot,soak); empty: all but soak")
 		soak      = flag.Duration("soak", 10*time.Minute, "length of the soak step (alternating 30 s of load and 30 s of idle)")
+		soakState = flag.Int("soak-buckets", 0, "stored buckets to create before the soak (e.g. 1000000: snapshots of a large state under load)")
 		out       = flag.String("out", "bench/results/latest.json", "JSON report path")
 		keep      = flag.Bool("keep", false, "keep the cluster running at the end (for profiling) until interrupted")
 		agentArgs = flag.String("agent-args", "", "extra agent flags, space-separated")
@@ -143,6 +144,9 @@ func main() {
 	addrs := strings.Join(c.GRPCAddrs(), ",")
 
 	if want("soak") {
+		if *soakState > 0 {
+			populate(loadgen, addrs, *soakState)
+		}
 		n, decisions := soakRun(c, loadgen, addrs, *soak)
 		rep.SoakSeconds, rep.SoakDecisions, rep.SoakLeaderChanges = soak.Seconds(), decisions, &n
 	}
@@ -238,10 +242,7 @@ func runLoadgen(loadgen string, into any, args ...string) {
 // memory creates n active buckets through the API (batched by the client library) and reads
 // every node's resident set size from its /metrics.
 func memory(c *proccluster.Cluster, loadgen, addrs string, n int) []float64 {
-	var res loadResult
-	runLoadgen(loadgen, &res, "-addrs", addrs, "-mode", "populate", "-domain", "buckets", "-n", strconv.Itoa(n),
-		"-concurrency", "2048")
-	logf("populate: %d decisions in %.1fs (%.0f/s), %d RPCs, errors %d %s", res.Decisions, res.Seconds, res.PerSec, res.RPCs, res.Errors, res.FirstError)
+	populate(loadgen, addrs, n)
 	// Let every follower apply the tail of the log.
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
@@ -267,6 +268,15 @@ func memory(c *proccluster.Cluster, loadgen, addrs string, n int) []float64 {
 		mbs = append(mbs, float64(int(mb*10))/10)
 	}
 	return mbs
+}
+
+// populate creates n stored buckets through the API: admissions with distinct tenant values
+// in a domain that refills so slowly that every bucket stays stored.
+func populate(loadgen, addrs string, n int) {
+	var res loadResult
+	runLoadgen(loadgen, &res, "-addrs", addrs, "-mode", "populate", "-domain", "buckets", "-n", strconv.Itoa(n),
+		"-concurrency", "2048")
+	logf("populate: %d decisions in %.1fs (%.0f/s), %d RPCs, errors %d %s", res.Decisions, res.Seconds, res.PerSec, res.RPCs, res.Errors, res.FirstError)
 }
 
 func scrapeRSS(httpAddr string) (float64, error) {
