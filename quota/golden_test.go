@@ -214,8 +214,11 @@ func runGolden(t testing.TB) ([]goldenCheckpoint, *Engine) {
 	return out, e
 }
 
-func TestGoldenWorkload(t *testing.T) {
-	cps, e := runGolden(t)
+// checkGolden compares a workload's checkpoints and final snapshot with testdata/golden/<name>.txt
+// and <name>_snapshot.bin (rewritten with -rewrite), then checks that the golden snapshot
+// restores into an engine that behaves like e on domain.
+func checkGolden(t *testing.T, name string, cps []goldenCheckpoint, e *Engine, domain string) {
+	t.Helper()
 	var got strings.Builder
 	for _, c := range cps {
 		fmt.Fprintln(&got, c)
@@ -224,7 +227,7 @@ func TestGoldenWorkload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	txt, bin := filepath.Join("testdata", "golden", "workload.txt"), filepath.Join("testdata", "golden", "workload_snapshot.bin")
+	txt, bin := filepath.Join("testdata", "golden", name+".txt"), filepath.Join("testdata", "golden", name+"_snapshot.bin")
 	if *rewrite {
 		if err := os.WriteFile(txt, []byte(got.String()), 0o644); err != nil {
 			t.Fatal(err)
@@ -239,16 +242,21 @@ func TestGoldenWorkload(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got.String() != string(want) {
-		t.Fatalf("golden workload diverged:\ngot:\n%s\nwant:\n%s", got.String(), want)
+		t.Fatalf("golden %s workload diverged:\ngot:\n%s\nwant:\n%s", name, got.String(), want)
 	}
 	wantSnap, err := os.ReadFile(bin)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(snap, wantSnap) {
-		t.Fatal("final snapshot differs from testdata/golden/workload_snapshot.bin")
+		t.Fatalf("final snapshot differs from %s", bin)
 	}
-	checkGoldenRestore(t, wantSnap, cps[len(cps)-1].hash, e, "api")
+	checkGoldenRestore(t, wantSnap, cps[len(cps)-1].hash, e, domain)
+}
+
+func TestGoldenWorkload(t *testing.T) {
+	cps, e := runGolden(t)
+	checkGolden(t, "workload", cps, e, "api")
 }
 
 // A snapshot written by the old store restores into an engine that writes it back byte for byte,
@@ -369,37 +377,5 @@ func runGoldenBulk(t testing.TB) ([]goldenCheckpoint, *Engine) {
 
 func TestGoldenBulkWorkload(t *testing.T) {
 	cps, e := runGoldenBulk(t)
-	var got strings.Builder
-	for _, c := range cps {
-		fmt.Fprintln(&got, c)
-	}
-	snap, err := e.MarshalBinary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	txt, bin := filepath.Join("testdata", "golden", "bulk.txt"), filepath.Join("testdata", "golden", "bulk_snapshot.bin")
-	if *rewrite {
-		if err := os.WriteFile(txt, []byte(got.String()), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(bin, snap, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(txt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got.String() != string(want) {
-		t.Fatalf("golden bulk workload diverged:\ngot:\n%s\nwant:\n%s", got.String(), want)
-	}
-	wantSnap, err := os.ReadFile(bin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(snap, wantSnap) {
-		t.Fatal("final snapshot differs from testdata/golden/bulk_snapshot.bin")
-	}
-	checkGoldenRestore(t, wantSnap, cps[len(cps)-1].hash, e, "b%")
+	checkGolden(t, "bulk", cps, e, "b%")
 }

@@ -92,7 +92,7 @@ func main() {
 		buckets   = flag.Int("buckets", 1_000_000, "active buckets for the memory step")
 		only      = flag.String("only", "", "comma-separated steps to run (sweep,failover,memory,snapshot,soak); empty: all but soak")
 		soak      = flag.Duration("soak", 10*time.Minute, "length of the soak step (alternating 30 s of load and 30 s of idle)")
-		soakState = flag.Int("soak-buckets", 0, "stored buckets to create before the soak (e.g. 1000000: snapshots of a large state under load)")
+		soakBuckets = flag.Int("soak-buckets", 0, "stored buckets to create before the soak (e.g. 1000000: snapshots of a large state under load)")
 		out       = flag.String("out", "bench/results/latest.json", "JSON report path")
 		keep      = flag.Bool("keep", false, "keep the cluster running at the end (for profiling) until interrupted")
 		agentArgs = flag.String("agent-args", "", "extra agent flags, space-separated")
@@ -144,8 +144,8 @@ func main() {
 	addrs := strings.Join(c.GRPCAddrs(), ",")
 
 	if want("soak") {
-		if *soakState > 0 {
-			populate(loadgen, addrs, *soakState)
+		if *soakBuckets > 0 {
+			populate(loadgen, addrs, *soakBuckets)
 		}
 		n, decisions := soakRun(c, loadgen, addrs, *soak)
 		rep.SoakSeconds, rep.SoakDecisions, rep.SoakLeaderChanges = soak.Seconds(), decisions, &n

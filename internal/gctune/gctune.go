@@ -60,7 +60,7 @@ type Tuner struct {
 
 	mu      sync.Mutex
 	last    int64 // the limit set last
-	applied int   // collections seen (for tests and /debug)
+	applied int   // collections seen
 }
 
 var metricNames = []string{
