@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/bits"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/quotad/quotad/quota"
@@ -31,6 +32,12 @@ const refundedBit = 1 << 31
 type dedupChunkData struct {
 	recs  []dedupRecord
 	arena []byte
+	// shared is the generation of the last capture holding this chunk (0: none). Until it is
+	// released the chunk is not reused, and its records are copied before a record changes
+	// (ownRecs says they have been since that capture). Records are only ever appended past
+	// what a capture saw, and arena bytes too, so appending needs nothing.
+	shared  uint64
+	ownRecs bool
 }
 
 // decisionBytes is the stored form of record i's decision.
@@ -79,6 +86,11 @@ type dedupTable struct {
 
 	// gen changes whenever a record is added or removed: a dedupSpot from before is stale.
 	gen uint64
+
+	// captured is the generation of the last capture, released that of the last one released
+	// (by dedupCapture.release, possibly from another goroutine).
+	captured uint64
+	released *atomic.Uint64
 }
 
 const dedupChunk = 4096
@@ -256,7 +268,7 @@ func (x *dedupIndex) remove(t *dedupTable, client uint32, id uint64) {
 }
 
 func newDedupTable() *dedupTable {
-	return &dedupTable{clientIdx: make(map[string]uint32)}
+	return &dedupTable{clientIdx: make(map[string]uint32), released: new(atomic.Uint64)}
 }
 
 func (t *dedupTable) len() int { return int(t.next - t.head) }
@@ -309,6 +321,10 @@ func (t *dedupTable) refunded(seq uint64) bool {
 
 func (t *dedupTable) setRefunded(seq uint64) {
 	c, i := t.at(seq)
+	if !c.ownRecs && c.shared > t.released.Load() {
+		c.recs = append(make([]dedupRecord, 0, dedupChunk), c.recs...)
+		c.ownRecs = true
+	}
 	c.recs[i].client |= refundedBit
 }
 
@@ -420,8 +436,10 @@ func (t *dedupTable) expire(now quota.Time) {
 		t.head++
 		t.gen++
 		if t.head-t.first == dedupChunk {
-			c.recs, c.arena = c.recs[:0], c.arena[:0]
-			t.spare = c
+			if c.shared <= t.released.Load() { // else a capture may still read it
+				*c = dedupChunkData{recs: c.recs[:0], arena: c.arena[:0]}
+				t.spare = c
+			}
 			t.chunks[0] = nil
 			t.chunks = t.chunks[1:]
 			t.first += dedupChunk
@@ -464,32 +482,120 @@ func (t *dedupTable) eachChunk(fn func(c *dedupChunkData, from int)) {
 	}
 }
 
+// dedupCapture is the table's records as of one instant, for a snapshot to encode while the
+// table goes on changing: the chunks' headers (the arrays are shared: see dedupChunkData.shared)
+// and copies of the client and template lists, whose entries are reused once unreferenced.
+type dedupCapture struct {
+	chunks    []dedupChunkData // the first starts at the oldest live record
+	n         uint64
+	clients   []dedupClient
+	templates decisionTemplates
+	gen       uint64
+	released  *atomic.Uint64
+}
+
+// view returns the records as they are now, sharing everything: valid only until the table
+// changes (capture makes one that stays valid).
+func (t *dedupTable) view() *dedupCapture {
+	v := &dedupCapture{n: uint64(t.len()), clients: t.clients, templates: decisionTemplates{list: t.templates.list}}
+	if t.head == t.next {
+		return v
+	}
+	v.chunks = make([]dedupChunkData, 0, len(t.chunks))
+	for i, c := range t.chunks {
+		h := dedupChunkData{recs: c.recs, arena: c.arena}
+		if i == 0 {
+			h.recs = h.recs[t.head-t.first:]
+		}
+		v.chunks = append(v.chunks, h)
+	}
+	return v
+}
+
+// capture returns a view that stays valid while the table changes, until release: O(chunks +
+// clients + templates), where encoding is O(records).
+func (t *dedupTable) capture() *dedupCapture {
+	v := t.view()
+	v.clients = slices.Clone(t.clients)
+	v.templates.list = slices.Clone(t.templates.list)
+	t.captured++
+	v.gen, v.released = t.captured, t.released
+	for _, c := range t.chunks {
+		c.shared, c.ownRecs = t.captured, false
+	}
+	return v
+}
+
+// release says the capture will not be read again. Safe from any goroutine, more than once.
+func (v *dedupCapture) release() {
+	if v.released == nil {
+		return
+	}
+	for {
+		r := v.released.Load()
+		if r >= v.gen || v.released.CompareAndSwap(r, v.gen) {
+			return
+		}
+	}
+}
+
 // sectionSize is the exact length of what appendTo appends: a snapshot allocates the section
 // once at its final size instead of growing it by doubling (which touches up to three times
 // its size in fresh memory).
-func (t *dedupTable) sectionSize() int {
-	n := 1 + uvarintLen(uint64(t.len()))
-	t.eachChunk(func(c *dedupChunkData, from int) {
-		for i := from; i < len(c.recs); i++ {
+func (t *dedupTable) sectionSize() int { return t.view().sectionSize() }
+
+// appendTo appends the table's snapshot section.
+func (t *dedupTable) appendTo(buf []byte) []byte { return t.view().appendTo(buf) }
+
+func (v *dedupCapture) sectionSize() int {
+	n := 1 + uvarintLen(v.n)
+	for ci := range v.chunks {
+		c := &v.chunks[ci]
+		for i := range c.recs {
 			r := &c.recs[i]
-			n += recordHeadLen(t.clients[r.client&^refundedBit].id, r) + t.templates.expandedLen(c.decisionBytes(i))
+			n += recordHeadLen(v.clients[r.client&^refundedBit].id, r) + v.templates.expandedLen(c.decisionBytes(i))
 		}
-	})
+	}
 	return n
 }
 
-// appendTo appends the table's snapshot section.
-func (t *dedupTable) appendTo(buf []byte) []byte {
+func (v *dedupCapture) appendTo(buf []byte) []byte {
 	buf = append(buf, dedupFormat)
-	buf = binary.AppendUvarint(buf, uint64(t.len()))
-	t.eachChunk(func(c *dedupChunkData, from int) {
-		for i := from; i < len(c.recs); i++ {
-			r := &c.recs[i]
-			buf = appendRecordHead(buf, t.clients[r.client&^refundedBit].id, r)
-			buf = t.templates.appendExpanded(buf, c.decisionBytes(i))
-		}
-	})
+	buf = binary.AppendUvarint(buf, v.n)
+	for ci := range v.chunks {
+		buf = v.appendChunk(buf, &v.chunks[ci])
+	}
 	return buf
+}
+
+func (v *dedupCapture) appendChunk(buf []byte, c *dedupChunkData) []byte {
+	for i := range c.recs {
+		r := &c.recs[i]
+		buf = appendRecordHead(buf, v.clients[r.client&^refundedBit].id, r)
+		buf = v.templates.appendExpanded(buf, c.decisionBytes(i))
+	}
+	return buf
+}
+
+// writeTo writes what appendTo would append to w, a chunk at a time through buf (reused), so
+// a section of hundreds of megabytes never sits in memory whole.
+func (v *dedupCapture) writeTo(w io.Writer, buf []byte) error {
+	buf = append(buf[:0], dedupFormat)
+	buf = binary.AppendUvarint(buf, v.n)
+	for ci := range v.chunks {
+		buf = v.appendChunk(buf, &v.chunks[ci])
+		if len(buf) >= 256<<10 || ci == len(v.chunks)-1 {
+			if _, err := w.Write(buf); err != nil {
+				return err
+			}
+			buf = buf[:0]
+		}
+	}
+	if len(v.chunks) == 0 {
+		_, err := w.Write(buf)
+		return err
+	}
+	return nil
 }
 
 // dedupReadPiece is how much of a dedup section a restore reads at a time.

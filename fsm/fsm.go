@@ -408,31 +408,20 @@ func (f *FSM) Stats() Stats {
 	return Stats{Stats: f.engine.Stats(), DedupEntries: f.dedup.len()}
 }
 
-// Snapshot captures the whole state. It runs on the FSM goroutine; the returned snapshot's
-// Persist runs concurrently with later applies and touches only the captured bytes.
+// Snapshot captures the whole state. It runs on raft's FSM goroutine, so applies wait for it:
+// it only captures (quota.Engine.Capture, dedupTable.capture: O(chunks), copy-on-write), and
+// the returned snapshot's Persist encodes on raft's snapshot goroutine while applies go on.
+// With a million buckets and a full dedup window, encoding here took half a second or more:
+// long enough for raft's apply queue to fill, and a follower whose queue is full answers no
+// heartbeats (its fast path hands the commit index to the FSM before recording contact).
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	// The dedup section is encoded on another goroutine meanwhile (both only read the state,
-	// under the read lock held here); with a large table this halves the time on two cores.
-	// It goes into a buffer of its exact size: no growth, and no copy into the engine's.
-	dedupCh := make(chan []byte, 1)
-	go func() {
-		b, start := beginSection(make([]byte, 0, 8+f.dedup.sectionSize()))
-		b = f.dedup.appendTo(b)
-		endSection(b, start)
-		dedupCh <- b
-	}()
-	// The engine sizes its section itself (AppendBinary grows the buffer once, by its estimate).
-	b := appendSnapshotHeader(make([]byte, 0, snapshotHeader), f.applied, int64(f.lastSweep))
-	b, start := beginSection(b)
-	b, err := f.engine.AppendBinary(b)
-	dedup := <-dedupCh
+	f.mu.Lock() // capturing marks the state shared; readers wait for microseconds
+	defer f.mu.Unlock()
+	engine, err := f.engine.Capture()
 	if err != nil {
 		return nil, fmt.Errorf("fsm: snapshot of the engine: %w", err)
 	}
-	endSection(b, start)
-	return &snapshot{head: b, dedup: dedup}, nil
+	return &snapshot{applied: f.applied, lastSweep: int64(f.lastSweep), engine: engine, dedup: f.dedup.capture()}, nil
 }
 
 // Restore replaces the whole state with a snapshot's (never merges). Nothing is replaced

@@ -8,6 +8,8 @@ import (
 	"slices"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/quotad/quotad/quota"
 )
 
 // Snapshot file layout (all little endian):
@@ -28,15 +30,12 @@ const (
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
-// snapshot is a captured state, already framed: head is the file header and the engine
-// section, dedup the dedup section with its length. Persist writes them one after the other
-// and computes the checksum across both, off the FSM goroutine. Keeping them apart (rather than
-// copying the dedup section after the engine's) saves a copy of the largest part of the state
-// and lets each buffer be allocated at its final size: on a machine where fresh memory costs a
-// page fault per 4 KB, bytes first touched are what a snapshot costs.
+// snapshot is a captured state (FSM.Snapshot), encoded by Persist off the FSM goroutine.
 type snapshot struct {
-	head  []byte
-	dedup []byte
+	applied   uint64
+	lastSweep int64
+	engine    *quota.Capture
+	dedup     *dedupCapture
 }
 
 // appendSnapshotHeader starts a snapshot file; the engine section follows, closed by
@@ -165,15 +164,70 @@ func (s *snapshotReader) readDedupSection() (t *dedupTable, fileErr, dedupErr er
 
 // Persist writes the snapshot; on error the sink is cancelled so raft discards it.
 func (s *snapshot) Persist(sink raft.SnapshotSink) error {
-	crc := crc32.Update(crc32.Checksum(s.head, crcTable), crcTable, s.dedup)
-	for _, b := range [][]byte{s.head, s.dedup, binary.LittleEndian.AppendUint32(nil, crc)} {
-		if _, err := sink.Write(b); err != nil {
-			sink.Cancel()
-			return fmt.Errorf("fsm: writing snapshot: %w", err)
-		}
+	if err := s.writeTo(sink); err != nil {
+		sink.Cancel()
+		return fmt.Errorf("fsm: writing snapshot: %w", err)
 	}
 	return sink.Close()
 }
 
-// Release frees nothing: the snapshot holds only its own bytes.
-func (s *snapshot) Release() {}
+// writeTo encodes the snapshot file to w. The engine section is built whole (its length comes
+// first and is only known once it is encoded; ~24 bytes a bucket); meanwhile the dedup
+// section is sized, and then written in pieces: at a full dedup window it is the largest part
+// of the state (hundreds of MB), and fresh memory is what a snapshot costs most.
+func (s *snapshot) writeTo(w io.Writer) error {
+	engineCh := make(chan []byte, 1)
+	go func() {
+		b := appendSnapshotHeader(make([]byte, 0, snapshotHeader), s.applied, s.lastSweep)
+		b, start := beginSection(b)
+		b = s.engine.AppendBinary(b)
+		endSection(b, start)
+		engineCh <- b
+	}()
+	dedupSize := s.dedup.sectionSize()
+	cw := &checksumWriter{w: w}
+	if _, err := cw.Write(<-engineCh); err != nil {
+		return err
+	}
+	if _, err := cw.Write(binary.LittleEndian.AppendUint64(nil, uint64(dedupSize))); err != nil {
+		return err
+	}
+	counted := &countingWriter{w: cw}
+	if err := s.dedup.writeTo(counted, make([]byte, 0, 512<<10)); err != nil {
+		return err
+	}
+	if counted.n != int64(dedupSize) {
+		// A bug, not bad input: the file would be unreadable. Refuse to finish it.
+		return fmt.Errorf("dedup section is %d bytes, sized as %d", counted.n, dedupSize)
+	}
+	_, err := w.Write(binary.LittleEndian.AppendUint32(nil, cw.crc))
+	return err
+}
+
+// Release lets the state shared with the captures change in place again.
+func (s *snapshot) Release() {
+	s.engine.Release()
+	s.dedup.release()
+}
+
+// checksumWriter passes writes through and checksums them.
+type checksumWriter struct {
+	w   io.Writer
+	crc uint32
+}
+
+func (c *checksumWriter) Write(p []byte) (int, error) {
+	c.crc = crc32.Update(c.crc, crcTable, p)
+	return c.w.Write(p)
+}
+
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}

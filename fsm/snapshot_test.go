@@ -11,7 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
+
 	fsmv1 "github.com/quotad/quotad/api/quotad/fsm/v1"
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 )
 
 var rewrite = flag.Bool("rewrite", false, "rewrite testdata/snapshot.golden from this build (only for a deliberate format change)")
@@ -204,5 +207,85 @@ func TestRestoreDedupSection(t *testing.T) {
 	}
 	if a, b := f.Hash(), l.f.Hash(); a != b {
 		t.Fatalf("restored hash %+v, want %+v", a, b)
+	}
+}
+
+// TestPersistLargeStateAfterChanges: with several chunks of buckets and dedup records, a
+// snapshot persisted after the state changed everywhere it shares (buckets debited and dropped,
+// records refunded, the captured dedup chunks expired and new records written), and one
+// persisted while those changes are applied (go test -race), both write the captured state.
+func TestPersistLargeStateAfterChanges(t *testing.T) {
+	const n = 3*dedupChunk + 100
+	f := bucketsFSM(t, n)
+	var index uint64 = 1 << 20
+	ts := int64(time.Hour + time.Second) // within the dedup window of the populating admissions
+	applyData := func(data []byte) {
+		index++
+		f.ApplyBatch([]*raft.Log{{Index: index, Term: 1, Type: raft.LogCommand, Data: data}})
+	}
+	apply := func(ops ...*fsmv1.Op) {
+		data, err := Encode(&fsmv1.Command{Ts: ts, Ops: ops})
+		if err != nil {
+			t.Fatal(err)
+		}
+		applyData(data)
+	}
+	change := func(round int) {
+		for i := 0; i < n; i += 7 {
+			// Refund an admission in a captured dedup chunk, debit its bucket again.
+			apply(&fsmv1.Op{Op: &fsmv1.Op_Refund{Refund: &fsmv1.Refund{ClientId: "bench-populate", RequestId: uint64(i + 1)}}},
+				&fsmv1.Op{Op: &fsmv1.Op_Acquire{Acquire: &fsmv1.Acquire{ClientId: fmt.Sprintf("r%d", round), Admission: &quotadv1.Admission{
+					RequestId: uint64(i + 1), Domain: "buckets", Cost: 1, Attempt: 1,
+					Descriptors: []*quotadv1.Entry{{Key: "tenant", Value: fmt.Sprintf("t%07d", i)}},
+				}}}})
+		}
+		// Everything expires and refills: chunks are recycled and buckets dropped.
+		ts += int64(time.Hour)
+		applyData(f.EncodeTick(ts))
+		for i := 0; i < dedupChunk+10; i++ {
+			apply(&fsmv1.Op{Op: &fsmv1.Op_Acquire{Acquire: &fsmv1.Acquire{ClientId: fmt.Sprintf("n%d", round), Admission: &quotadv1.Admission{
+				RequestId: uint64(i + 1), Domain: "buckets", Cost: 1, Attempt: 1,
+				Descriptors: []*quotadv1.Entry{{Key: "tenant", Value: fmt.Sprintf("u%07d", i)}},
+			}}}})
+		}
+	}
+
+	want := snapshotBytes(t, f)
+	snap, err := f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	change(0)
+	var sink memSink
+	if err := snap.Persist(&sink); err != nil {
+		t.Fatal(err)
+	}
+	snap.Release()
+	if !bytes.Equal(sink.Bytes(), want) {
+		t.Fatalf("the snapshot persisted after changes (%d bytes) is not the state captured (%d bytes)", sink.Len(), len(want))
+	}
+
+	want = snapshotBytes(t, f)
+	if snap, err = f.Snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	sink.Reset()
+	done := make(chan error, 1)
+	go func() { done <- snap.Persist(&sink) }()
+	change(1)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	snap.Release()
+	if !bytes.Equal(sink.Bytes(), want) {
+		t.Fatal("the snapshot persisted during changes is not the state captured")
+	}
+	// And it restores to the state it captured.
+	g := New(Options{})
+	if err := g.Restore(io.NopCloser(bytes.NewReader(want))); err != nil {
+		t.Fatal(err)
+	}
+	if got := snapshotBytes(t, g); !bytes.Equal(got, want) {
+		t.Fatal("restoring the snapshot and taking another gives different bytes")
 	}
 }

@@ -144,7 +144,8 @@ func (e *Engine) SetLimits(now Time, l *Limits) error {
 	st := &e.buckets
 	dropped := false
 	var parse []byte
-	st.eachLive(func(s uint32, b *bucketRec) {
+	st.eachLive(func(s uint32, _ *bucketRec) {
+		b := st.rec(s) // eachLive's pointer is only to read
 		old := e.slotRate(s)
 		tokens, last := old.refill(b.tokens.get(), Time(b.last.get()), now)
 		var nl *level
@@ -341,7 +342,7 @@ func (e *Engine) Acquire(now Time, req Request) Decision {
 			if s.lv.adaptive != nil {
 				r = e.slotRate(s.slot)
 			}
-			b := e.buckets.rec(s.slot)
+			b := e.buckets.peek(s.slot)
 			storedTokens, storedLast = b.tokens.get(), Time(b.last.get())
 			s.tokens, s.last = r.refill(storedTokens, storedLast, now)
 		}
@@ -480,7 +481,7 @@ func (e *Engine) levelView(s *step, now Time) Decision {
 			slot, _ = find(&e.buckets, key, e.buckets.hash(key))
 		}
 		if slot != noSlot {
-			b := e.buckets.rec(slot)
+			b := e.buckets.peek(slot)
 			tokens, last = b.tokens.get(), Time(b.last.get())
 		}
 		if s.lv.adaptive != nil {
@@ -497,7 +498,7 @@ func (e *Engine) levelView(s *step, now Time) Decision {
 // stored returns the stored state of the bucket key; an absent bucket is full.
 func (e *Engine) stored(key string, r *rateParams, now Time) (uint64, Time) {
 	if s, _ := find(&e.buckets, key, e.buckets.hashString(key)); s != noSlot {
-		b := e.buckets.rec(s)
+		b := e.buckets.peek(s)
 		return b.tokens.get(), Time(b.last.get())
 	}
 	return r.capMicro, now
@@ -521,7 +522,7 @@ func (e *Engine) Refund(now Time, charges []string, cost uint64, debitSeq uint64
 	st := &e.buckets
 	for _, k := range charges {
 		s, _ := find(st, k, st.hashString(k))
-		if s == noSlot || st.rec(s).debit.get() != debitSeq {
+		if s == noSlot || st.peek(s).debit.get() != debitSeq {
 			refunded = 0
 			continue
 		}
@@ -726,7 +727,7 @@ func (e *Engine) sweepFull(now Time, cnow uint32) {
 
 // slotRate returns the rate that governs the stored bucket in slot s (see rateOf).
 func (e *Engine) slotRate(s uint32) *rateParams {
-	b := e.buckets.rec(s)
+	b := e.buckets.peek(s)
 	lv := e.lim.levels[b.lvl]
 	if lv.adaptive == nil {
 		return lv.rate
@@ -740,7 +741,7 @@ func (e *Engine) slotRate(s uint32) *rateParams {
 
 // slotFullAt returns when the stored bucket in slot s is full, absent debits.
 func (e *Engine) slotFullAt(s uint32) Time {
-	b := e.buckets.rec(s)
+	b := e.buckets.peek(s)
 	return e.slotRate(s).fullAt(b.tokens.get(), Time(b.last.get()))
 }
 

@@ -312,9 +312,11 @@ func TestPropertyDeterminismAndSnapshot(t *testing.T) {
 		a.e.SetLimits(0, l)
 		b.e.SetLimits(0, l)
 		var restored *runner
+		var captured pendingCapture
 		for i, op := range ops {
 			if i == cut {
 				restored = snapshotRunner(t, a)
+				captured = capture(t, a.e)
 			}
 			oa, ob := a.apply(t, op), b.apply(t, op)
 			if oa != ob {
@@ -333,6 +335,9 @@ func TestPropertyDeterminismAndSnapshot(t *testing.T) {
 			}
 		}
 		snapshotRunner(t, a)
+		if captured.c != nil {
+			captured.check(t) // the rest of the history changed nothing it holds
+		}
 	})
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 )
 
@@ -122,43 +123,96 @@ func (e *Engine) MarshalBinary() ([]byte, error) { return e.AppendBinary(nil) }
 // AppendBinary appends what MarshalBinary returns to buf (encoding.BinaryAppender), so a caller
 // that frames the state (the FSM's snapshot) can write it in place without another copy.
 func (e *Engine) AppendBinary(buf []byte) ([]byte, error) {
+	c, err := e.capture()
+	if err != nil {
+		return nil, err
+	}
+	return c.AppendBinary(buf), nil
+}
+
+// A Capture is the engine's state as of one instant, to be encoded later (AppendBinary)
+// while the engine goes on changing: the FSM captures on its apply goroutine and encodes on
+// the snapshot goroutine, so a snapshot of a million buckets stalls applies for a capture,
+// not for the half second the encoding takes.
+//
+// Capturing copies the small parts of the state (limits, leases, pauses, adaptive rates, retry
+// budgets: encoded at once) and shares the buckets: the chunks' record arrays copy-on-write,
+// their key arenas as they are (append-only). It costs O(chunks) plus the small parts. Until
+// Release, the first change to a chunk's records after the capture copies that chunk (~147 KB).
+type Capture struct {
+	st       bucketStore // chunks only: headers copied, arrays shared
+	head     []byte      // format byte, limits, clock, lease counter
+	tail     []byte      // leases, pauses; then adaptive rates and retry budgets (format 2, 3)
+	format   byte
+	debitSeq uint64
+	clock    Time
+	gen      uint64
+	released *atomic.Uint64
+}
+
+// Capture captures the state for a later AppendBinary. It is a command in the sense that the
+// engine's next changes pay for it (copying chunks): call Release once the capture is encoded.
+// Like every command it must not run concurrently with other methods.
+func (e *Engine) Capture() (*Capture, error) {
+	c, err := e.capture()
+	if err != nil {
+		return nil, err
+	}
+	st := &e.buckets
+	if st.released == nil {
+		st.released = new(atomic.Uint64)
+	}
+	st.captured++
+	c.gen, c.released = st.captured, st.released
+	for i := range st.chunks {
+		st.chunks[i].shared = st.captured
+	}
+	return c, nil
+}
+
+// Release says the capture will not be read again, so the engine may change the records it
+// shares in place. It is safe to call from any goroutine, and more than once.
+func (c *Capture) Release() {
+	if c.released == nil {
+		return
+	}
+	for {
+		r := c.released.Load()
+		if r >= c.gen || c.released.CompareAndSwap(r, c.gen) {
+			return
+		}
+	}
+}
+
+// capture builds a Capture without marking the chunks shared: it is only safe to encode
+// before the engine changes (AppendBinary), unless Capture marks them.
+func (e *Engine) capture() (*Capture, error) {
 	js, err := json.Marshal(e.lim.limits)
 	if err != nil {
 		return nil, fmt.Errorf("quota: marshal limits: %w", err)
 	}
-	st := &e.buckets
-	bs := e.sortedBuckets()
-
-	// About 24 bytes a bucket with prefix-compressed keys; more if keys differ early.
-	buf = slices.Grow(buf, 64+len(js)+len(bs)*24)
-	format := snapshotFormat1
+	c := &Capture{st: bucketStore{chunks: slices.Clone(e.buckets.chunks), live: e.buckets.live},
+		debitSeq: e.debitSeq, clock: e.clock}
+	c.format = snapshotFormat1
 	if len(e.adapt) > 0 || len(e.retries) > 0 {
-		format = snapshotFormat
+		c.format = snapshotFormat
 	}
 	if e.debitSeq > 0 {
-		format = snapshotFormat3
+		c.format = snapshotFormat3
 	}
-	buf = append(buf, format)
+	buf := make([]byte, 0, 32+len(js))
+	buf = append(buf, c.format)
 	buf = binary.AppendUvarint(buf, uint64(len(js)))
 	buf = append(buf, js...)
 	buf = binary.AppendVarint(buf, int64(e.clock))
-	buf = binary.AppendUvarint(buf, e.leaseSeq)
+	c.head = binary.AppendUvarint(buf, e.leaseSeq)
+	c.tail = e.appendTail(nil, c.format)
+	return c, nil
+}
 
-	buf = binary.AppendUvarint(buf, uint64(len(bs)))
-	var prev []byte
-	for _, x := range bs {
-		key := arenaKey(st.chunks[x.slot>>chunkShift].arena, x.off)
-		b := st.rec(x.slot)
-		shared := commonPrefix(prev, key)
-		buf = binary.AppendUvarint(buf, uint64(shared))
-		buf = binary.AppendUvarint(buf, uint64(len(key)-shared))
-		buf = append(buf, key[shared:]...)
-		buf = binary.AppendUvarint(buf, uint64(b.lvl))
-		buf = binary.AppendUvarint(buf, b.tokens.get())
-		buf = binary.AppendUvarint(buf, uint64(e.clock-Time(b.last.get()))) // last <= clock
-		prev = key
-	}
-
+// appendTail appends the parts of the state after the buckets: leases and pauses, and for
+// format 2 and 3 adaptive rates and retry budgets.
+func (e *Engine) appendTail(buf []byte, format byte) []byte {
 	ids := make([]uint64, 0, len(e.leases))
 	for id := range e.leases {
 		ids = append(ids, id)
@@ -187,7 +241,7 @@ func (e *Engine) AppendBinary(buf []byte) ([]byte, error) {
 		buf = binary.AppendVarint(buf, int64(e.pauses[k]))
 	}
 	if format == snapshotFormat1 {
-		return buf, nil
+		return buf
 	}
 
 	ak := make([]string, 0, len(e.adapt))
@@ -216,13 +270,41 @@ func (e *Engine) AppendBinary(buf []byte) ([]byte, error) {
 		buf = binary.AppendUvarint(buf, st.tokens)
 		buf = binary.AppendVarint(buf, int64(st.last))
 	}
-	if format == snapshotFormat3 {
-		buf = binary.AppendUvarint(buf, e.debitSeq)
+	return buf
+}
+
+// AppendBinary appends the captured state as Engine.MarshalBinary would have returned it at
+// the capture. It only reads what the capture holds, so it may run concurrently with the
+// engine's commands (not with another AppendBinary of the same capture).
+func (c *Capture) AppendBinary(buf []byte) []byte {
+	st := &c.st
+	bs := st.sortedBuckets()
+
+	// About 24 bytes a bucket with prefix-compressed keys; more if keys differ early.
+	buf = slices.Grow(buf, len(c.head)+len(c.tail)+len(bs)*24)
+	buf = append(buf, c.head...)
+	buf = binary.AppendUvarint(buf, uint64(len(bs)))
+	var prev []byte
+	for _, x := range bs {
+		key := arenaKey(st.chunks[x.slot>>chunkShift].arena, x.off)
+		b := st.peek(x.slot)
+		shared := commonPrefix(prev, key)
+		buf = binary.AppendUvarint(buf, uint64(shared))
+		buf = binary.AppendUvarint(buf, uint64(len(key)-shared))
+		buf = append(buf, key[shared:]...)
+		buf = binary.AppendUvarint(buf, uint64(b.lvl))
+		buf = binary.AppendUvarint(buf, b.tokens.get())
+		buf = binary.AppendUvarint(buf, uint64(c.clock-Time(b.last.get()))) // last <= clock
+		prev = key
+	}
+	buf = append(buf, c.tail...)
+	if c.format == snapshotFormat3 {
+		buf = binary.AppendUvarint(buf, c.debitSeq)
 		for _, x := range bs {
-			buf = binary.AppendUvarint(buf, st.rec(x.slot).debit.get())
+			buf = binary.AppendUvarint(buf, st.peek(x.slot).debit.get())
 		}
 	}
-	return buf, nil
+	return buf
 }
 
 func appendString(buf []byte, s string) []byte {
@@ -243,8 +325,7 @@ type sortedKey struct {
 // sortedBuckets returns the stored buckets sorted by key. Keys share long prefixes (domain,
 // descriptor keys), so it sorts by integers holding 7 key bytes at a time, going deeper only
 // within runs that tie: few comparisons ever read the keys.
-func (e *Engine) sortedBuckets() []sortedKey {
-	st := &e.buckets
+func (st *bucketStore) sortedBuckets() []sortedKey {
 	bs := make([]sortedKey, 0, st.live)
 	st.eachLive(func(s uint32, b *bucketRec) { bs = append(bs, sortedKey{slot: s, off: b.key}) })
 	st.sortKeys(bs, 0)

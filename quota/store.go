@@ -5,6 +5,7 @@ import (
 	"hash/maphash"
 	"math"
 	"math/bits"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -92,6 +93,22 @@ type bucketChunk struct {
 	live   int // live records
 	dead   int // arena bytes of freed keys
 	queued bool
+	// shared is the generation of the last Capture that holds recs (0: none): until that
+	// capture is released, recs must be copied before a record changes (own).
+	shared uint64
+}
+
+// own makes c's records safe to change: if a capture that has not been released holds them,
+// they are copied first. Keys need nothing: arenas are append-only, and a capture reads only
+// the bytes it saw.
+func (st *bucketStore) own(c *bucketChunk) {
+	if c.shared == 0 {
+		return
+	}
+	if c.shared > st.released.Load() {
+		c.recs = append(make([]bucketRec, 0, cap(c.recs)), c.recs...)
+	}
+	c.shared = 0
 }
 
 // bucketStore holds the stored buckets: records, keys, the key index and the full-at heap.
@@ -112,11 +129,30 @@ type bucketStore struct {
 	base     Time     // heap due times count from here
 	compactQ []uint32 // chunks with many dead key bytes, compacted by settle
 	seed     maphash.Seed
+
+	// Captures (Engine.Capture) share the chunks' record arrays copy-on-write: captured is the
+	// generation of the last capture, released that of the last one released (set by
+	// Capture.Release, possibly from another goroutine).
+	captured uint64
+	released *atomic.Uint64
 }
 
-func newBucketStore() bucketStore { return bucketStore{seed: maphash.MakeSeed()} }
+func newBucketStore() bucketStore {
+	return bucketStore{seed: maphash.MakeSeed(), released: new(atomic.Uint64)}
+}
 
+// rec returns the record of slot s, to change it. Paths that only read use peek: a read-only
+// method may run concurrently with others, and rec may copy the chunk (own).
 func (st *bucketStore) rec(s uint32) *bucketRec {
+	c := &st.chunks[s>>chunkShift]
+	if c.shared != 0 {
+		st.own(c)
+	}
+	return &c.recs[s&chunkMask]
+}
+
+// peek returns the record of slot s, only to read it.
+func (st *bucketStore) peek(s uint32) *bucketRec {
 	return &st.chunks[s>>chunkShift].recs[s&chunkMask]
 }
 
@@ -248,7 +284,7 @@ func (st *bucketStore) eachLive(fn func(s uint32, r *bucketRec)) {
 		}
 		for i := range c.recs {
 			if r := &c.recs[i]; r.lvl != freeLevel {
-				fn(uint32(ci)<<chunkShift|uint32(i), r)
+				fn(uint32(ci)<<chunkShift|uint32(i), r) // only to read: see rec
 			}
 		}
 	}
@@ -274,7 +310,7 @@ func (st *bucketStore) add(key []byte, h uint32, lvl uint32) uint32 {
 func (st *bucketStore) alloc() uint32 {
 	if st.free != 0 {
 		s := st.free - 1
-		st.free = st.rec(s).pos
+		st.free = st.peek(s).pos
 		return s
 	}
 	s := st.slots
@@ -287,6 +323,7 @@ func (st *bucketStore) alloc() uint32 {
 		st.chunks = append(st.chunks, c)
 	}
 	c := &st.chunks[ci]
+	st.own(c)
 	if len(c.recs) == cap(c.recs) {
 		n := min(chunkSize, max(8, 2*len(c.recs)))
 		c.recs = append(make([]bucketRec, 0, n), c.recs...)
@@ -308,6 +345,7 @@ func keySize(n int) int {
 
 // putKey appends key to c's arena as slot s's key, first making room if needed.
 func (st *bucketStore) putKey(c *bucketChunk, s uint32, key []byte) {
+	st.own(c)
 	need := keySize(len(key))
 	if len(c.arena)+need > cap(c.arena) {
 		// Room for the keys of the chunk's free slots at the average key size so far, so a
@@ -315,7 +353,7 @@ func (st *bucketStore) putKey(c *bucketChunk, s uint32, key []byte) {
 		liveBytes := len(c.arena) - c.dead
 		room := cap(c.recs) - c.live // free slots besides this one (live counts it)
 		want := liveBytes + need + (liveBytes+need)/c.live*(room)
-		c.moveArena(max(64, want+want/32))
+		st.moveArena(c, max(64, want+want/32))
 	}
 	off := len(c.arena)
 	if off+need > math.MaxUint32 {
@@ -328,7 +366,8 @@ func (st *bucketStore) putKey(c *bucketChunk, s uint32, key []byte) {
 
 // moveArena copies c's live keys into a new arena of capacity size. The old one is left as it
 // is: strings may still share it (keyString).
-func (c *bucketChunk) moveArena(size int) {
+func (st *bucketStore) moveArena(c *bucketChunk, size int) {
+	st.own(c)
 	old := c.arena
 	c.arena = make([]byte, 0, size)
 	for i := range c.recs {
@@ -352,6 +391,7 @@ func (st *bucketStore) drop(s uint32) {
 func (st *bucketStore) release(s uint32) {
 	ci := s >> chunkShift
 	c := &st.chunks[ci]
+	st.own(c)
 	r := &c.recs[s&chunkMask]
 	c.dead += keySize(len(arenaKey(c.arena, r.key)))
 	c.live--
@@ -372,7 +412,7 @@ func (st *bucketStore) release(s uint32) {
 func (st *bucketStore) settle() {
 	if st.live == 0 {
 		if st.slots > 0 {
-			*st = bucketStore{base: st.base, seed: st.seed}
+			*st = bucketStore{base: st.base, seed: st.seed, captured: st.captured, released: st.released}
 		}
 		return
 	}
@@ -380,7 +420,7 @@ func (st *bucketStore) settle() {
 		c := &st.chunks[ci]
 		c.queued = false
 		if liveBytes := len(c.arena) - c.dead; c.dead > liveBytes {
-			c.moveArena(liveBytes + liveBytes/16)
+			st.moveArena(c, liveBytes+liveBytes/16)
 		}
 	}
 	st.compactQ = st.compactQ[:0]
@@ -518,7 +558,7 @@ func (st *bucketStore) pop() {
 
 // setDue moves slot s's heap entry to due.
 func (st *bucketStore) setDue(s uint32, due uint32) {
-	p := int(st.rec(s).pos)
+	p := int(st.peek(s).pos)
 	x := st.hAt(p)
 	switch old := x.due; {
 	case due < old:

@@ -3,6 +3,7 @@ package quota
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -345,8 +346,19 @@ func TestStoreInvariantsProperty(t *testing.T) {
 		alt.Domains[0].Descriptors = alt.Domains[0].Descriptors[:1] // slow buckets go
 		var now Time
 		var admitted []Decision
+		var captures []pendingCapture
 		for i, n := 0, rapid.IntRange(1, 25).Draw(t, "n"); i < n; i++ {
-			switch rapid.IntRange(0, 9).Draw(t, "op") {
+			switch rapid.IntRange(0, 11).Draw(t, "op") {
+			case 10:
+				captures = append(captures, capture(t, e))
+			case 11:
+				if len(captures) > 0 {
+					// Released captures are no longer read; the engine may write in place.
+					j := rapid.IntRange(0, len(captures)-1).Draw(t, "release")
+					captures[j].check(t)
+					captures[j].c.Release()
+					captures = slices.Delete(captures, j, j+1)
+				}
 			case 0:
 				now += Time(rapid.Int64Range(0, int64(3*time.Second)).Draw(t, "idle"))
 				e.Tick(now)
@@ -378,6 +390,9 @@ func TestStoreInvariantsProperty(t *testing.T) {
 			}
 			checkStore(t, e)
 		}
+		for _, c := range captures {
+			c.check(t)
+		}
 		data, err := e.MarshalBinary()
 		if err != nil {
 			t.Fatal(err)
@@ -408,7 +423,7 @@ func TestSortedBucketsOrder(t *testing.T) {
 			e.Acquire(0, Request{Domain: "d", Descriptors: []Entry{{"slow", v}}})
 		}
 		var got []string
-		for _, x := range e.sortedBuckets() {
+		for _, x := range e.buckets.sortedBuckets() {
 			got = append(got, string(e.buckets.key(x.slot)))
 		}
 		for i := 1; i < len(got); i++ {
@@ -436,4 +451,88 @@ func TestMatchKeyBytesAgrees(t *testing.T) {
 			t.Fatalf("%q: matchKeyBytes %v, matchKey %v", key, got, want)
 		}
 	})
+}
+
+// pendingCapture is a Capture and what MarshalBinary returned when it was taken.
+type pendingCapture struct {
+	c    *Capture
+	want []byte
+}
+
+func capture(t fataler, e *Engine) pendingCapture {
+	want, err := e.MarshalBinary()
+	if err != nil {
+		t.Fatalf("MarshalBinary: %v", err)
+	}
+	c, err := e.Capture()
+	if err != nil {
+		t.Fatalf("Capture: %v", err)
+	}
+	return pendingCapture{c, want}
+}
+
+// check fails unless the capture still encodes the state it captured.
+func (p pendingCapture) check(t fataler) {
+	if got := p.c.AppendBinary(nil); !bytes.Equal(got, p.want) {
+		t.Fatalf("a capture encodes %d bytes that differ from the %d of the state it captured", len(got), len(p.want))
+	}
+}
+
+// A capture is encoded on another goroutine while commands change every chunk it shares (run
+// with -race: a write to a shared record array would be reported), and encodes exactly the
+// state it captured. Captures released before the next change cost no copies.
+func TestCaptureConcurrentWithCommands(t *testing.T) {
+	e := mustEngine(t, churnLimits())
+	now := Time(0)
+	const n = 4 * chunkSize
+	for i := 0; i < n; i++ {
+		now += Time(time.Microsecond)
+		e.Acquire(now, fastReq(i, i%40))
+	}
+	for round := 0; round < 3; round++ {
+		p := capture(t, e)
+		done := make(chan []byte)
+		go func() { done <- p.c.AppendBinary(nil) }()
+		// Debit every bucket, add new ones, drop most (shrink, arena compaction), change limits.
+		for i := 0; i < n; i++ {
+			now += Time(time.Microsecond)
+			e.Acquire(now, fastReq(i+round*n/2, i%40))
+		}
+		now += Time(3 * time.Second)
+		e.Tick(now)
+		alt := churnLimits()
+		alt.Domains[0].Descriptors[0].Rate.RequestsPerUnit = 3
+		if err := e.SetLimits(now, alt); err != nil {
+			t.Fatal(err)
+		}
+		if got := <-done; !bytes.Equal(got, p.want) {
+			t.Fatalf("round %d: the capture encoded a state that changed after it was taken", round)
+		}
+		p.check(t)
+		checkStore(t, e)
+		p.c.Release()
+		p.c.Release() // idempotent
+		for i := range e.buckets.chunks {
+			if e.buckets.chunks[i].shared != 0 && e.buckets.chunks[i].shared > e.buckets.released.Load() {
+				t.Fatalf("chunk %d still marked shared with capture %d after its release", i, e.buckets.chunks[i].shared)
+			}
+		}
+	}
+	// After a release, a change copies nothing: the record arrays stay where they were.
+	p := capture(t, e)
+	p.c.Release()
+	before := make([]*bucketRec, len(e.buckets.chunks))
+	for i := range e.buckets.chunks {
+		if len(e.buckets.chunks[i].recs) > 0 {
+			before[i] = &e.buckets.chunks[i].recs[0]
+		}
+	}
+	for i := 0; i < n; i++ {
+		e.Acquire(now, fastReq(i, i%40))
+	}
+	for i := range before {
+		if before[i] != nil && i < len(e.buckets.chunks) && len(e.buckets.chunks[i].recs) > 0 && &e.buckets.chunks[i].recs[0] != before[i] {
+			t.Fatalf("chunk %d was copied after its capture was released", i)
+		}
+	}
 }
