@@ -75,6 +75,7 @@ type fair struct {
 	limits      *quota.Limits
 	limitsAt    time.Time
 	usage       map[string]*shareWindow // by bucket key: who got the capacity lately
+	usageSwept  time.Time               // last pruneUsage pass
 
 	nwait atomic.Int64 // waiters queued (fast check on the hot path)
 	kick  chan struct{}
@@ -517,7 +518,7 @@ func (f *fair) wait(ctx context.Context, clientID string, adm *quotadv1.Admissio
 				f.mu.Unlock()
 				return f.denial(adm.Domain, v, blocking, time.Duration(at-now)), nil
 			}
-			q = f.newQueue(adm.Domain, v, es, blocking)
+			q = f.newQueue(adm.Domain, v, es, blocking, time.Now())
 		}
 		f.push(q, w, v, es, requeue)
 		f.mu.Unlock()
@@ -605,9 +606,7 @@ func (f *fair) decide(ctx context.Context, w *waiter) (*quotadv1.Decision, bool,
 	f.mu.Lock()
 	f.unreserve(w)
 	if d != nil && d.Admitted {
-		if u := f.usage[w.queueKey()]; u != nil {
-			u.add(w.item.Flow, w.tier, w.cost, time.Since(w.arrived))
-		}
+		f.recordAdmission(w, time.Now())
 	}
 	f.mu.Unlock()
 	f.wake()
@@ -628,11 +627,11 @@ func (f *fair) decide(ctx context.Context, w *waiter) (*quotadv1.Decision, bool,
 	return d, true, nil
 }
 
-func (w *waiter) queueKey() string {
-	if w.queue == nil {
-		return ""
+// recordAdmission counts a queued waiter's admission in its bucket's share window. f.mu held.
+func (f *fair) recordAdmission(w *waiter, now time.Time) {
+	if w.queue != nil {
+		f.usageOf(w.queue, now).add(now, w.item.Flow, w.tier, w.cost, now.Sub(w.arrived))
 	}
-	return w.queue.key
 }
 
 func (f *fair) propose(ctx context.Context, w *waiter) (*quotadv1.Decision, bool, error) {
@@ -672,23 +671,53 @@ func (f *fair) unreserve(w *waiter) {
 	}
 }
 
-func (f *fair) newQueue(domain string, v *pathView, prefix []quota.Entry, level int) *fairQueue {
+func (f *fair) newQueue(domain string, v *pathView, prefix []quota.Entry, level int, now time.Time) *fairQueue {
 	b := v.levels[level]
 	sq, err := sched.New(f.domainConfig(domain))
 	if err != nil { // limits validation should have refused such classes; schedule without them
 		sq, _ = sched.New(sched.Config{AgingAfter: fairAgingAfter, ReserveBurst: fairReserveBurst})
 	}
-	q := &fairQueue{key: b.Key, domain: domain, scope: b.Scope, level: level, q: sq, created: time.Now(),
+	q := &fairQueue{key: b.Key, domain: domain, scope: b.Scope, level: level, q: sq, created: now,
 		prefix: slices.Clone(prefix[:max(0, level)])}
 	if b.Limit > 0 {
 		q.ratePerUnit = float64(b.Window) / float64(b.Limit)
 	}
 	f.queues[b.Key] = q
-	if f.usage[b.Key] == nil {
-		f.usage[b.Key] = newShareWindow(fairShareWindow)
-	}
-	f.usage[b.Key].domain, f.usage[b.Key].scope = domain, b.Scope
+	f.usageOf(q, q.created)
 	return q
+}
+
+// usageOf returns the share window of q's bucket, made afresh if it has none. f.mu held.
+func (f *fair) usageOf(q *fairQueue, now time.Time) *shareWindow {
+	u := f.usage[q.key]
+	if u == nil {
+		f.pruneUsage(now)
+		u = newShareWindow(fairShareWindow, now)
+		f.usage[q.key] = u
+	}
+	u.domain, u.scope = q.domain, q.scope
+	return u
+}
+
+// pruneUsage forgets the share windows of buckets that have no queue and admitted nothing in
+// their current and previous windows. Bucket keys carry request values (a per-tenant bucket's
+// key has the tenant ID), so without it every bucket ever contended would stay for good.
+//
+// It changes nothing anyone sees: no scheduling decision reads f.usage (only the metrics and
+// FairView do), and an idle window reads the same as the new one usageOf makes if the bucket
+// returns (both empty, on the same grid). Run only when usageOf makes a record, and at most
+// once a window length, it costs one pass over the map per window and keeps f.usage to the
+// buckets queued on or admitted to in about the last three windows. f.mu held.
+func (f *fair) pruneUsage(now time.Time) {
+	if now.Sub(f.usageSwept) < fairShareWindow {
+		return
+	}
+	f.usageSwept = now
+	for k, u := range f.usage {
+		if f.queues[k] == nil && u.idle(now) {
+			delete(f.usage, k)
+		}
+	}
 }
 
 // push queues w on q. f.mu held.

@@ -139,7 +139,9 @@ func cut0(s string) (string, string, bool) {
 }
 
 // shareWindow tracks who got a bucket's capacity lately: two rotating windows, so a reading
-// covers between one and two window lengths.
+// covers between one and two window lengths. Windows start on multiples of length (wall
+// clock), whenever the shareWindow was made, so an idle one and a new one read the same from
+// then on: that is what lets fair.pruneUsage drop idle ones unseen.
 type shareWindow struct {
 	domain    string
 	scope     string
@@ -156,23 +158,31 @@ type flowUsage struct {
 	WaitMax time.Duration
 }
 
-func newShareWindow(length time.Duration) *shareWindow {
-	return &shareWindow{length: length, started: time.Now(), cur: map[string]*flowUsage{}, prev: map[string]*flowUsage{}}
+func newShareWindow(length time.Duration, now time.Time) *shareWindow {
+	return &shareWindow{length: length, started: now.Truncate(length), cur: map[string]*flowUsage{}, prev: map[string]*flowUsage{}}
 }
 
 func (s *shareWindow) rotate(now time.Time) {
-	for now.Sub(s.started) >= s.length {
+	n := int64(now.Sub(s.started) / s.length) // windows ended since the current one started
+	switch {
+	case n == 1:
 		s.prev, s.cur = s.cur, map[string]*flowUsage{}
-		s.started = s.started.Add(s.length)
-		if now.Sub(s.started) >= s.length { // idle for more than a window: both empty
-			s.prev = map[string]*flowUsage{}
-			s.started = now
-		}
+	case n > 1: // idle for more than a window: both empty
+		s.prev, s.cur = map[string]*flowUsage{}, map[string]*flowUsage{}
+	}
+	if n > 0 {
+		s.started = s.started.Add(time.Duration(n) * s.length)
 	}
 }
 
-func (s *shareWindow) add(flow, tier string, cost uint64, wait time.Duration) {
-	s.rotate(time.Now())
+// idle reports whether nothing was admitted in the current and previous windows.
+func (s *shareWindow) idle(now time.Time) bool {
+	s.rotate(now)
+	return len(s.cur) == 0 && len(s.prev) == 0
+}
+
+func (s *shareWindow) add(now time.Time, flow, tier string, cost uint64, wait time.Duration) {
+	s.rotate(now)
 	u := s.cur[flow]
 	if u == nil {
 		u = &flowUsage{Tier: tier}

@@ -61,13 +61,12 @@ func (s *Server) FairView(nodeID string) FairView {
 	}
 	slices.Sort(keys)
 	for _, k := range keys {
-		u := f.usage[k]
-		fl, total := u.flows(now)
-		q := f.queues[k]
-		if q == nil && total == 0 {
-			delete(f.usage, k) // nothing waited or was admitted for two windows
+		u, q := f.usage[k], f.queues[k]
+		if q == nil && u.idle(now) {
+			delete(f.usage, k) // as pruneUsage does
 			continue
 		}
+		fl, total := u.flows(now)
 		b := FairBucketView{Key: k, Domain: u.domain, Scope: u.scope, WindowS: now.Sub(u.started).Seconds() + u.length.Seconds()}
 		flows := map[string]*FairFlowView{}
 		get := func(name string) *FairFlowView {
