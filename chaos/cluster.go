@@ -156,10 +156,10 @@ func (c *Cluster) Running() []*Node {
 // DebugState is an agent's /debug/state.
 type DebugState = proccluster.State
 
-// State reads n's /debug/state.
+// State reads n's /debug/state, with the state hash.
 func (c *Cluster) State(ctx context.Context, n *Node) (DebugState, error) {
 	var st DebugState
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+n.HTTP+"/debug/state", nil)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+n.HTTP+"/debug/state?hash=1", nil)
 	resp, err := c.http.Do(req)
 	if err != nil {
 		return st, err

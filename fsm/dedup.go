@@ -456,13 +456,19 @@ func (t *dedupTable) each(fn func(client string, r *dedupRecord, decision []byte
 	}
 }
 
-func (t *dedupTable) hashInto(h hash.Hash64) {
+func (t *dedupTable) hashInto(h hash.Hash64) { t.view().hashInto(h) }
+
+func (v *dedupCapture) hashInto(h hash.Hash64) {
 	var buf []byte
-	t.each(func(client string, r *dedupRecord, dec []byte) {
-		buf = appendRecordHead(buf[:0], client, r)
-		buf = t.templates.appendExpanded(buf, dec)
-		h.Write(buf)
-	})
+	for ci := range v.chunks {
+		c := &v.chunks[ci]
+		for i := range c.recs {
+			r := &c.recs[i]
+			buf = appendRecordHead(buf[:0], v.clients[r.client&^refundedBit].id, r)
+			buf = v.templates.appendExpanded(buf, c.decisionBytes(i))
+			h.Write(buf)
+		}
+	}
 }
 
 // dedupFormat 2 added Decision.DebitSeq (refunds). Format 1 came only from development builds

@@ -376,23 +376,30 @@ func (f *FSM) Limits() *quota.Limits {
 // StateHash is a replica's state fingerprint at an applied index.
 type StateHash struct {
 	AppliedIndex uint64 `json:"applied_index"`
-	Hash         uint64 `json:"hash"`
+	Hash         uint64 `json:"hash,omitempty"` // only from /debug/state?hash=1
 	Clock        int64  `json:"clock"`
 }
 
 // Hash fingerprints the whole replicated state (engine and dedup table). Two replicas at the
 // same applied index must report the same Hash.
+//
+// The dedup table (millions of records at full load, a second or more to hash) is hashed from
+// a capture after the lock is released, so that polling Hash does not hold up applies.
 func (f *FSM) Hash() StateHash {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
+	f.mu.Lock() // capturing marks the table shared
 	h := fnv.New64a()
 	var b [8]byte
 	putU64(b[:], f.engine.Hash())
 	h.Write(b[:])
 	putU64(b[:], uint64(f.lastSweep))
 	h.Write(b[:])
-	f.dedup.hashInto(h)
-	return StateHash{AppliedIndex: f.applied, Hash: h.Sum64(), Clock: int64(f.engine.Clock())}
+	dedup := f.dedup.capture()
+	out := StateHash{AppliedIndex: f.applied, Clock: int64(f.engine.Clock())}
+	f.mu.Unlock()
+	dedup.hashInto(h)
+	dedup.release()
+	out.Hash = h.Sum64()
+	return out
 }
 
 // Stats are sizes of the replicated state, for metrics.

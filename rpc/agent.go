@@ -221,6 +221,16 @@ type DebugState struct {
 	LimitsVersion uint64 `json:"limits_version"`
 }
 
+// Status is State without the state hash: cheap enough to poll (/debug/state), where the
+// hash reads the whole state (/debug/state?hash=1: seconds with millions of dedup records).
+func (a *Agent) Status() DebugState {
+	id, _ := a.node.Leader()
+	return DebugState{
+		ID: a.cfg.Cluster.ID, Leader: id, IsLeader: a.node.IsLeader(),
+		StateHash: fsm.StateHash{AppliedIndex: a.fsm.AppliedIndex(), Clock: a.fsm.Clock()}, LimitsVersion: a.fsm.Limits().Version,
+	}
+}
+
 // State returns this agent's DebugState.
 func (a *Agent) State() DebugState {
 	id, _ := a.node.Leader()
@@ -238,9 +248,13 @@ func (a *Agent) httpHandler() http.Handler {
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	mux.HandleFunc("/debug/state", func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc("/debug/state", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(a.State())
+		if r.URL.Query().Get("hash") == "1" {
+			_ = json.NewEncoder(w).Encode(a.State())
+			return
+		}
+		_ = json.NewEncoder(w).Encode(a.Status())
 	})
 	mux.Handle("/debug/fair", a.server.fairHandler(a.cfg.Cluster.ID))
 	for path, h := range a.cfg.ExtraHTTP {

@@ -2,8 +2,10 @@ package rpc_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
+	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -345,5 +347,48 @@ func TestBoundedAdmissionAcrossLeaderKill(t *testing.T) {
 	}
 	if decided.Load() < 100 {
 		t.Fatalf("only %d decisions: the load did not run", decided.Load())
+	}
+}
+
+// /debug/state is cheap to poll: no state hash unless asked for (?hash=1), and the hash is the
+// same on every replica once they applied the same entries.
+func TestDebugStateHashOnlyWhenAsked(t *testing.T) {
+	c := rpctest.Start(t, 3, testLimits)
+	leader := c.Leader()
+	q := quotadv1.NewQuotaClient(dial(t, c.Addrs()[leader]))
+	if _, err := acquireOne(context.Background(), q, "s", admission(1, 1, "endpoint=charges")); err != nil {
+		t.Fatal(err)
+	}
+	get := func(i int, query string) map[string]any {
+		resp, err := http.Get("http://" + c.Agent(i).HTTPAddr() + "/debug/state" + query)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var m map[string]any
+		if err := json.NewDecoder(resp.Body).Decode(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	if m := get(leader, ""); m["hash"] != nil || m["applied_index"] == nil || m["is_leader"] != true {
+		t.Fatalf("/debug/state = %v, want applied_index and is_leader without a hash", m)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		a, b := get(leader, "?hash=1"), get((leader+1)%3, "?hash=1")
+		if a["hash"] == nil {
+			t.Fatalf("/debug/state?hash=1 = %v, want a hash", a)
+		}
+		if a["applied_index"] == b["applied_index"] {
+			if a["hash"] != b["hash"] {
+				t.Fatalf("replicas at applied index %v disagree: %v vs %v", a["applied_index"], a["hash"], b["hash"])
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replicas never at the same applied index: %v vs %v", a, b)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
