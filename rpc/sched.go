@@ -105,11 +105,13 @@ type waiter struct {
 	queue    *fairQueue
 	tier     string
 	class    string
-	rateKeys []string // rate-limited bucket keys on its path
-	concKeys []string // concurrency-limited keys on its path
-	arrived  time.Time
-	ready    chan struct{} // released by the pump (buffered)
-	failed   chan struct{} // closed when leadership is lost
+	// classLabel is class if the domain configures it, else "": the metrics label.
+	classLabel string
+	rateKeys   []string // rate-limited bucket keys on its path
+	concKeys   []string // concurrency-limited keys on its path
+	arrived    time.Time
+	ready      chan struct{} // released by the pump (buffered)
+	failed     chan struct{} // closed when leadership is lost
 }
 
 // pathView is the FSM's state along one descriptor path at FSM time clock, and the limits
@@ -732,6 +734,12 @@ func (f *fair) push(q *fairQueue, w *waiter, v *pathView, es []quota.Entry, requ
 		_ = q.q.Requeue(w.item)
 	}
 	w.queue, w.tier = q, tier
+	// Metrics name the class only if the domain configures it: the client's string is not
+	// trusted as a label value (each new one would be a new time series for good).
+	w.classLabel = ""
+	if q.q.HasClass(w.class) {
+		w.classLabel = w.class
+	}
 	q.cost += w.cost
 	f.waiters[w.id] = w
 	f.nwait.Add(1)

@@ -63,7 +63,7 @@ func (m *fairMetrics) admitted(w *waiter) {
 	if m == nil {
 		return
 	}
-	m.admittedCost.WithLabelValues(w.adm.Domain, w.class, w.tier).Add(float64(w.cost))
+	m.admittedCost.WithLabelValues(w.adm.Domain, w.classLabel, w.tier).Add(float64(w.cost))
 	attempt := "first"
 	if w.adm.Attempt > 1 {
 		attempt = "retry"
@@ -86,7 +86,7 @@ func (m *fairMetrics) waited(w *waiter, admitted bool, d time.Duration) {
 	if admitted {
 		a = "true"
 	}
-	m.waitTime.WithLabelValues(w.adm.Domain, w.class, w.tier, a).Observe(d.Seconds())
+	m.waitTime.WithLabelValues(w.adm.Domain, w.classLabel, w.tier, a).Observe(d.Seconds())
 }
 
 // queue sets the gauges of one contended bucket after a pump pass.

@@ -3,7 +3,10 @@ package rpc_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -210,5 +213,47 @@ func TestRetryOfDecidedAdmissionBypassesTheScheduler(t *testing.T) {
 	again, err := acquireOne(ctx, q, "n", first)
 	if err != nil || !again.Admitted || again.Remaining != d.Remaining {
 		t.Fatalf("retry of a decided admission: %+v %v, want the original %+v", again, err, d)
+	}
+}
+
+// The fair-share metrics label an admission with its work class only if the domain configures
+// it: a client's arbitrary class strings must not each create time series.
+func TestFairMetricsLabelOnlyConfiguredClasses(t *testing.T) {
+	c := rpctest.Start(t, 3, fairLimits+"work_classes:\n  - {name: interactive, reserve_percent: 20}\n")
+	leader := c.Leader()
+	q := quotadv1.NewQuotaClient(dial(t, c.Addrs()[leader]))
+	ctx := context.Background()
+	for i, class := range []string{"interactive", "junk-1", "junk-2", "interactive", "junk-3"} {
+		adm := waitingAdmission(uint64(i+1), "T", 5*time.Second)
+		adm.WorkClass = class
+		if d, err := acquireOne(ctx, q, "m", adm); err != nil || !d.Admitted {
+			t.Fatalf("admission %d (%s): %v %+v", i, class, err, d)
+		}
+	}
+	resp, err := http.Get("http://" + c.Agent(leader).HTTPAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var series []string
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, "quotad_fair_admitted_cost_total{") {
+			series = append(series, line)
+		}
+	}
+	if len(series) == 0 {
+		t.Fatal("no quotad_fair_admitted_cost_total series: the admissions were not scheduled")
+	}
+	for _, s := range series {
+		if strings.Contains(s, "junk") {
+			t.Fatalf("an unconfigured class became a label value: %s", s)
+		}
+	}
+	if !strings.Contains(strings.Join(series, "\n"), `class="interactive"`) {
+		t.Fatalf("the configured class is not labelled:\n%s", strings.Join(series, "\n"))
 	}
 }

@@ -204,6 +204,12 @@ func (q *Queue) Requeue(it Item) error {
 	return nil
 }
 
+// HasClass reports whether name is one of the configured classes (not the implicit one).
+func (q *Queue) HasClass(name string) bool {
+	_, ok := q.classes[name]
+	return ok
+}
+
 func (q *Queue) push(it Item, front bool) {
 	f := q.flows[it.Flow]
 	if f == nil {
