@@ -52,6 +52,7 @@ type Report struct {
 	RSSMB1MBuckets   []float64    `json:"rss_mb_1m_buckets,omitempty"`
 	SnapshotRestoreS float64      `json:"snapshot_restore_s_1m,omitempty"`
 	Sweep            []SweepPoint `json:"sweep,omitempty"`
+	SweepDisk        *DiskProbe   `json:"sweep_disk_fsync,omitempty"`
 	// The soak step (run only when asked for: -only soak) alternates load and idle and counts
 	// leadership changes, which must stay 0: no node was killed.
 	SoakSeconds       float64 `json:"soak_seconds,omitempty"`
@@ -87,7 +88,7 @@ func main() {
 	var (
 		runs        = flag.Int("runs", 3, "runs per concurrency (the median is reported)")
 		duration    = flag.Duration("duration", 4*time.Second, "measured time per run")
-		concs       = flag.String("concurrency", "1,64,256,1024", "concurrency sweep")
+		concs       = flag.String("concurrency", "1,64,256,512,1024", "concurrency sweep")
 		kills       = flag.Int("kills", 5, "leader kill -9 trials")
 		buckets     = flag.Int("buckets", 1_000_000, "active buckets for the memory step")
 		only        = flag.String("only", "", "comma-separated steps to run (sweep,failover,memory,snapshot,soak); empty: all but soak")
@@ -151,7 +152,18 @@ func main() {
 		rep.SoakSeconds, rep.SoakDecisions, rep.SoakLeaderChanges = soak.Seconds(), decisions, &n
 	}
 	if want("sweep") {
+		stop := make(chan struct{})
+		probed := make(chan DiskProbe, 1)
+		go func() {
+			p, err := probeDisk(dir, stop)
+			check(err)
+			probed <- p
+		}()
 		rep.Sweep = sweep(loadgen, addrs, parseInts(*concs), *runs, *duration)
+		close(stop)
+		p := <-probed
+		rep.SweepDisk = &p
+		logf("%s", p)
 		best := rep.Sweep[0]
 		for _, p := range rep.Sweep {
 			if p.DecisionsPerSec > best.DecisionsPerSec {
@@ -309,6 +321,9 @@ func printTable(r *Report) {
 			runs = append(runs, fmt.Sprintf("%.0f", x))
 		}
 		fmt.Printf("%11d  %11.0f  %9.2f %9.2f %9.2f   %s\n", p.Concurrency, p.DecisionsPerSec, p.P50Ms, p.P99Ms, p.P999Ms, strings.Join(runs, " "))
+	}
+	if r.SweepDisk != nil {
+		fmt.Println(r.SweepDisk)
 	}
 	fmt.Println()
 	fmt.Printf("decisions_per_sec      %10.0f   (target ≥ 100000, at least 50000)\n", r.DecisionsPerSec)
