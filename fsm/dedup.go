@@ -447,17 +447,8 @@ func (t *dedupTable) expire(now quota.Time) {
 	}
 }
 
-// each calls fn for every live record, oldest first, with its stored decision.
-func (t *dedupTable) each(fn func(client string, r *dedupRecord, decision []byte)) {
-	for seq := t.head; seq < t.next; seq++ {
-		c, i := t.at(seq)
-		r := &c.recs[i]
-		fn(t.clients[r.client&^refundedBit].id, r, c.decisionBytes(i))
-	}
-}
-
-func (t *dedupTable) hashInto(h hash.Hash64) { t.view().hashInto(h) }
-
+// hashInto feeds the captured records to the state hash, oldest first, each as the snapshot
+// writes it.
 func (v *dedupCapture) hashInto(h hash.Hash64) {
 	var buf []byte
 	for ci := range v.chunks {
