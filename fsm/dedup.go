@@ -8,9 +8,9 @@ import (
 	"io"
 	"math/bits"
 	"slices"
-	"sync/atomic"
 	"time"
 
+	"github.com/quotad/quotad/internal/cow"
 	"github.com/quotad/quotad/quota"
 )
 
@@ -90,7 +90,7 @@ type dedupTable struct {
 	// captured is the generation of the last capture, released that of the last one released
 	// (by dedupCapture.release, possibly from another goroutine).
 	captured uint64
-	released *atomic.Uint64
+	released *cow.Released
 }
 
 const dedupChunk = 4096
@@ -268,7 +268,7 @@ func (x *dedupIndex) remove(t *dedupTable, client uint32, id uint64) {
 }
 
 func newDedupTable() *dedupTable {
-	return &dedupTable{clientIdx: make(map[string]uint32), released: new(atomic.Uint64)}
+	return &dedupTable{clientIdx: make(map[string]uint32), released: new(cow.Released)}
 }
 
 func (t *dedupTable) len() int { return int(t.next - t.head) }
@@ -488,7 +488,7 @@ type dedupCapture struct {
 	clients   []dedupClient
 	templates decisionTemplates
 	gen       uint64
-	released  *atomic.Uint64
+	released  *cow.Released
 }
 
 // view returns the records as they are now, sharing everything: valid only until the table
@@ -525,14 +525,8 @@ func (t *dedupTable) capture() *dedupCapture {
 
 // release says the capture will not be read again. Safe from any goroutine, more than once.
 func (v *dedupCapture) release() {
-	if v.released == nil {
-		return
-	}
-	for {
-		r := v.released.Load()
-		if r >= v.gen || v.released.CompareAndSwap(r, v.gen) {
-			return
-		}
+	if v.released != nil {
+		v.released.Release(v.gen)
 	}
 }
 

@@ -6,8 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
-	"sync/atomic"
 	"time"
+
+	"github.com/quotad/quotad/internal/cow"
 )
 
 // snapshotFormat is the leading byte of MarshalBinary's output. Bump it on any layout change and
@@ -147,7 +148,7 @@ type Capture struct {
 	debitSeq uint64
 	clock    Time
 	gen      uint64
-	released *atomic.Uint64
+	released *cow.Released
 }
 
 // Capture captures the state for a later AppendBinary. It is a command in the sense that the
@@ -160,7 +161,7 @@ func (e *Engine) Capture() (*Capture, error) {
 	}
 	st := &e.buckets
 	if st.released == nil {
-		st.released = new(atomic.Uint64)
+		st.released = new(cow.Released)
 	}
 	st.captured++
 	c.gen, c.released = st.captured, st.released
@@ -173,14 +174,8 @@ func (e *Engine) Capture() (*Capture, error) {
 // Release says the capture will not be read again, so the engine may change the records it
 // shares in place. It is safe to call from any goroutine, and more than once.
 func (c *Capture) Release() {
-	if c.released == nil {
-		return
-	}
-	for {
-		r := c.released.Load()
-		if r >= c.gen || c.released.CompareAndSwap(r, c.gen) {
-			return
-		}
+	if c.released != nil {
+		c.released.Release(c.gen)
 	}
 }
 

@@ -5,8 +5,9 @@ import (
 	"hash/maphash"
 	"math"
 	"math/bits"
-	"sync/atomic"
 	"unsafe"
+
+	"github.com/quotad/quotad/internal/cow"
 )
 
 // Bucket storage.
@@ -134,11 +135,11 @@ type bucketStore struct {
 	// generation of the last capture, released that of the last one released (set by
 	// Capture.Release, possibly from another goroutine).
 	captured uint64
-	released *atomic.Uint64
+	released *cow.Released
 }
 
 func newBucketStore() bucketStore {
-	return bucketStore{seed: maphash.MakeSeed(), released: new(atomic.Uint64)}
+	return bucketStore{seed: maphash.MakeSeed(), released: new(cow.Released)}
 }
 
 // rec returns the record of slot s, to change it. Paths that only read use peek: a read-only
