@@ -282,10 +282,11 @@ func TestJoinPromoteAndDeadNodeRemoval(t *testing.T) {
 
 func TestIdleTicksAdvanceFSMClock(t *testing.T) {
 	t.Parallel()
+	const interval = 50 * time.Millisecond
 	r0 := time.Now() // a new cluster's FSM clock starts at 0 when leadership is established
 	c := clustertest.Start(t, 1, newCounterFSM, clustertest.WithConfig(func(i int, cfg *cluster.Config) {
 		cfg.MinVoters = 1
-		cfg.TickInterval = 50 * time.Millisecond
+		cfg.TickInterval = interval
 	}))
 	li := c.WaitLeader(leaderTimeout)
 	f := counter(c, li)
@@ -301,15 +302,27 @@ func TestIdleTicksAdvanceFSMClock(t *testing.T) {
 		t.Fatalf("FSM clock advanced %s in %s of real time", advanced, real)
 	}
 	// Traffic suppresses ticks: while applies keep coming faster than TickInterval, the
-	// tick count stays (almost) still.
+	// tick count stays (almost) still. A gap between applies longer than TickInterval (a disk
+	// stall on a shared machine: fsyncs of hundreds of ms were seen) rightly lets a tick in,
+	// so each such gap allows one tick per TickInterval it lasted.
 	before := f.Ticks()
-	deadline := time.Now().Add(400 * time.Millisecond)
+	last := time.Now()
+	allowed := 1
+	deadline := last.Add(400 * time.Millisecond)
 	for time.Now().Before(deadline) {
 		add(t, c.Node(li), 1)
+		now := time.Now()
+		allowed += int(now.Sub(last) / interval)
+		last = now
 		time.Sleep(5 * time.Millisecond)
 	}
-	if n := f.Ticks() - before; n > 1 {
-		t.Errorf("%d ticks while busy, want at most 1", n)
+	n := f.Ticks() - before
+	allowed += int(time.Since(last) / interval)
+	if n > int64(allowed) {
+		t.Errorf("%d ticks while busy, want at most %d (1, plus one per %v without an apply)", n, allowed, interval)
+	}
+	if allowed > 1 {
+		t.Logf("applies stalled: %d ticks allowed, %d seen", allowed, n)
 	}
 }
 
