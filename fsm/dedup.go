@@ -32,10 +32,10 @@ const refundedBit = 1 << 31
 type dedupChunkData struct {
 	recs  []dedupRecord
 	arena []byte
-	// shared is the generation of the last capture holding this chunk (0: none). Until it is
-	// released the chunk is not reused, and its records are copied before a record changes
-	// (ownRecs says they have been since that capture). Records are only ever appended past
-	// what a capture saw, and arena bytes too, so appending needs nothing.
+	// shared is the generation of the last capture that marked this chunk (0: none). While it
+	// or an older capture is open the chunk is not reused, and its records are copied before a
+	// record changes (ownRecs says they have been since that mark). Records are only ever
+	// appended past what a capture saw, and arena bytes too, so appending needs nothing.
 	shared  uint64
 	ownRecs bool
 }
@@ -87,10 +87,9 @@ type dedupTable struct {
 	// gen changes whenever a record is added or removed: a dedupSpot from before is stale.
 	gen uint64
 
-	// captured is the generation of the last capture, released that of the last one released
-	// (by dedupCapture.release, possibly from another goroutine).
-	captured uint64
-	released *cow.Released
+	// caps are the open captures (snapshots, the state hash, a growing index); dedupCapture.release
+	// closes one, possibly from another goroutine.
+	caps *cow.Captures
 }
 
 const dedupChunk = 4096
@@ -105,7 +104,25 @@ const dedupChunk = 4096
 type dedupIndex struct {
 	slots []uint64
 	n     int
+	grow  *indexGrowth // a larger index being built on another goroutine, or nil
 }
+
+// indexGrowth is the next, twice as large index, built on another goroutine from a capture of
+// the records [from, to) while the table goes on with the current one; finishGrowth swaps it
+// in. Growing a large index in place stalled the apply goroutine — about 250 ms at 8M
+// records here, longer on a machine with slow page faults — and a follower whose apply
+// goroutine stalls answers no heartbeats (see FSM.Snapshot).
+type indexGrowth struct {
+	done     chan struct{}
+	slots    []uint64 // read only after done is closed
+	from, to uint64
+	view     *dedupCapture
+}
+
+// backgroundGrowthSlots: an index at least this large grows on another goroutine; a smaller
+// one grows in place, in a few milliseconds. A variable so tests can exercise the background
+// path with small tables.
+var backgroundGrowthSlots = 1 << 20
 
 func dedupHash(client uint32, id uint64) uint32 {
 	h := id ^ uint64(client)<<32 ^ 0x9e3779b97f4a7c15
@@ -184,10 +201,7 @@ func (x *dedupIndex) place(v uint64) {
 
 // reserve makes room for n entries in all, so that inserting up to n rehashes nothing.
 func (x *dedupIndex) reserve(n int) {
-	size := max(1024, len(x.slots))
-	for n*2 > size {
-		size *= 2
-	}
+	size := indexSize(n, len(x.slots))
 	if size == len(x.slots) {
 		return
 	}
@@ -200,53 +214,114 @@ func (x *dedupIndex) reserve(n int) {
 	}
 }
 
+// indexSize is the number of slots for n entries in an index of at least size slots.
+func indexSize(n, size int) int {
+	size = max(1024, size)
+	for n*2 > size {
+		size *= 2
+	}
+	return size
+}
+
 // buildIndex indexes every record of a table whose index is empty (a restored one).
 // Inserting a million records in sequence order would write to random slots of a 16 MB
 // table, each write a cache and TLB miss (~300 ns on a VM); inserting them grouped by the
 // part of the table they hash to moves through it once, within a window of a few pages.
 func (t *dedupTable) buildIndex() {
-	x := &t.index
-	n := t.len()
-	if n == 0 {
-		return
+	if n := t.len(); n > 0 {
+		t.index.slots, t.index.n = buildSlots(t.view(), indexSize(n, len(t.index.slots))), n
 	}
-	x.reserve(n)
-	mask := uint64(len(x.slots) - 1)
+}
+
+// buildSlots returns an index of size slots holding the records of v.
+func buildSlots(v *dedupCapture, size int) []uint64 {
+	slots := make([]uint64, size)
+	mask := uint64(size - 1)
 	const groupBits = 8 // 256 groups: 64 KB of slots each with 1M records
 	shift := max(bits.Len64(mask)-groupBits, 0)
 	var start [1<<groupBits + 1]int // group g's entries go to vs[start[g]:start[g+1]]
-	t.eachChunk(func(c *dedupChunkData, from int) {
-		for i := from; i < len(c.recs); i++ {
-			r := &c.recs[i]
+	for ci := range v.chunks {
+		for _, r := range v.chunks[ci].recs {
 			start[(uint64(dedupHash(r.client&^refundedBit, r.id))&mask)>>shift+1]++
 		}
-	})
+	}
 	for g := 1; g < len(start); g++ {
 		start[g] += start[g-1]
 	}
-	vs := make([]uint64, n)
-	seq := t.head
-	t.eachChunk(func(c *dedupChunkData, from int) {
-		for i := from; i < len(c.recs); i++ {
-			r := &c.recs[i]
+	vs := make([]uint64, v.n)
+	seq := v.head
+	for ci := range v.chunks {
+		for _, r := range v.chunks[ci].recs {
 			h := uint64(dedupHash(r.client&^refundedBit, r.id))
 			g := (h & mask) >> shift
 			vs[start[g]] = h<<32 | uint64(uint32(seq))
 			start[g]++
 			seq++
 		}
-	})
+	}
+	x := dedupIndex{slots: slots}
 	for _, v := range vs {
 		x.place(v)
 	}
-	x.n += n
+	return slots
+}
+
+// growIndex starts or finishes growing the index in the background; putAt calls it before it
+// inserts. An index that reaches half full while its successor is still being built waits
+// for it (the successor was started at three eighths, so that is rare).
+func (t *dedupTable) growIndex() {
+	x := &t.index
+	if g := x.grow; g != nil {
+		if (x.n+1)*2 > len(x.slots) {
+			<-g.done
+		}
+		select {
+		case <-g.done:
+			t.finishGrowth()
+		default:
+		}
+		return
+	}
+	if len(x.slots) < backgroundGrowthSlots || x.n*8 < len(x.slots)*3 {
+		return
+	}
+	g := &indexGrowth{done: make(chan struct{}), from: t.head, to: t.next, view: t.capture()}
+	size := 2 * len(x.slots)
+	go func() {
+		g.slots = buildSlots(g.view, size)
+		close(g.done)
+	}()
+	x.grow = g
+}
+
+// finishGrowth swaps in the index built in the background, first bringing it up to date:
+// records expired since the capture come out, records added since go in.
+func (t *dedupTable) finishGrowth() {
+	g := t.index.grow
+	nx := dedupIndex{slots: g.slots, n: int(g.to - g.from)}
+	for seq := g.from; seq < min(t.head, g.to); seq++ {
+		r := g.view.rec(seq)
+		nx.removeEntry(uint64(dedupHash(r.client&^refundedBit, r.id))<<32 | uint64(uint32(seq)))
+	}
+	for seq := max(g.to, t.head); seq < t.next; seq++ {
+		r := t.recAt(seq)
+		nx.place(uint64(dedupHash(r.client&^refundedBit, r.id))<<32 | uint64(uint32(seq)))
+		nx.n++
+	}
+	t.index = nx
+	g.view.release()
+	t.gen++ // spots found in the old index are stale
 }
 
 // remove deletes the entry of the oldest live record t.head, whose key is (client, id)
 // (records expire in order), before t.head moves past it.
 func (x *dedupIndex) remove(t *dedupTable, client uint32, id uint64) {
+	x.removeEntry(uint64(dedupHash(client, id))<<32 | uint64(uint32(t.head)))
+}
+
+// removeEntry deletes the slot value want (hash and sequence number) if it is there.
+func (x *dedupIndex) removeEntry(want uint64) {
 	mask := uint64(len(x.slots) - 1)
-	want := uint64(dedupHash(client, id))<<32 | uint64(uint32(t.head))
 	i := (want >> 32) & mask
 	for x.slots[i] != want {
 		if x.slots[i] == 0 {
@@ -268,7 +343,7 @@ func (x *dedupIndex) remove(t *dedupTable, client uint32, id uint64) {
 }
 
 func newDedupTable() *dedupTable {
-	return &dedupTable{clientIdx: make(map[string]uint32), released: new(cow.Released)}
+	return &dedupTable{clientIdx: make(map[string]uint32), caps: new(cow.Captures)}
 }
 
 func (t *dedupTable) len() int { return int(t.next - t.head) }
@@ -321,7 +396,7 @@ func (t *dedupTable) refunded(seq uint64) bool {
 
 func (t *dedupTable) setRefunded(seq uint64) {
 	c, i := t.at(seq)
-	if !c.ownRecs && c.shared > t.released.Load() {
+	if !c.ownRecs && t.caps.Shared(c.shared) {
 		c.recs = append(make([]dedupRecord, 0, dedupChunk), c.recs...)
 		c.ownRecs = true
 	}
@@ -344,6 +419,7 @@ func (t *dedupTable) put(client string, id uint64, expires quota.Time, d quota.D
 // putAt remembers d for (client, id), which is not in the table. at is what find returned for
 // them; a stale or zero spot costs only the lookups it would have saved.
 func (t *dedupTable) putAt(at dedupSpot, client string, id uint64, expires quota.Time, d *quota.Decision) {
+	t.growIndex() // may swap the index: a spot found before is then stale (gen)
 	var runs decisionRuns
 	t.scratch, runs = appendDecisionRuns(t.scratch[:0], d)
 	c := t.last()
@@ -436,7 +512,7 @@ func (t *dedupTable) expire(now quota.Time) {
 		t.head++
 		t.gen++
 		if t.head-t.first == dedupChunk {
-			if c.shared <= t.released.Load() { // else a capture may still read it
+			if !t.caps.Shared(c.shared) { // else a capture may still read it
 				*c = dedupChunkData{recs: c.recs[:0], arena: c.arena[:0]}
 				t.spare = c
 			}
@@ -466,35 +542,24 @@ func (v *dedupCapture) hashInto(h hash.Hash64) {
 // before the first release; it is refused with a message rather than misread.
 const dedupFormat = 2
 
-// eachChunk calls fn for every chunk holding live records, oldest first, with the index of
-// its first live record.
-func (t *dedupTable) eachChunk(fn func(c *dedupChunkData, from int)) {
-	if t.head == t.next {
-		return
-	}
-	c, from := t.at(t.head)
-	fn(c, from)
-	for _, c := range t.chunks[1:] {
-		fn(c, 0)
-	}
-}
-
 // dedupCapture is the table's records as of one instant, for a snapshot to encode while the
 // table goes on changing: the chunks' headers (the arrays are shared: see dedupChunkData.shared)
 // and copies of the client and template lists, whose entries are reused once unreferenced.
 type dedupCapture struct {
 	chunks    []dedupChunkData // the first starts at the oldest live record
 	n         uint64
+	head      uint64 // sequence number of the first record
+	first     uint64 // of the first chunk's first slot
 	clients   []dedupClient
 	templates decisionTemplates
 	gen       uint64
-	released  *cow.Released
+	caps      *cow.Captures
 }
 
 // view returns the records as they are now, sharing everything: valid only until the table
 // changes (capture makes one that stays valid).
 func (t *dedupTable) view() *dedupCapture {
-	v := &dedupCapture{n: uint64(t.len()), clients: t.clients, templates: decisionTemplates{list: t.templates.list}}
+	v := &dedupCapture{n: uint64(t.len()), head: t.head, first: t.first, clients: t.clients, templates: decisionTemplates{list: t.templates.list}}
 	if t.head == t.next {
 		return v
 	}
@@ -515,18 +580,27 @@ func (t *dedupTable) capture() *dedupCapture {
 	v := t.view()
 	v.clients = slices.Clone(t.clients)
 	v.templates.list = slices.Clone(t.templates.list)
-	t.captured++
-	v.gen, v.released = t.captured, t.released
+	v.gen, v.caps = t.caps.Take(), t.caps
 	for _, c := range t.chunks {
-		c.shared, c.ownRecs = t.captured, false
+		c.shared, c.ownRecs = v.gen, false
 	}
 	return v
 }
 
+// rec returns captured record seq, one of [head, head+n).
+func (v *dedupCapture) rec(seq uint64) *dedupRecord {
+	i := seq - v.first
+	ci, ri := i/dedupChunk, i%dedupChunk
+	if ci == 0 {
+		ri -= v.head - v.first // the first chunk starts at head
+	}
+	return &v.chunks[ci].recs[ri]
+}
+
 // release says the capture will not be read again. Safe from any goroutine, more than once.
 func (v *dedupCapture) release() {
-	if v.released != nil {
-		v.released.Release(v.gen)
+	if v.caps != nil {
+		v.caps.Release(v.gen)
 	}
 }
 

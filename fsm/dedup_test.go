@@ -109,7 +109,17 @@ func TestEncodeMatchesProtobuf(t *testing.T) {
 // TestDedupIndexMatchesMap drives the table's open-addressing index through growth, expiry
 // across chunks and many clients, and checks every lookup against a plain map.
 func TestDedupIndexMatchesMap(t *testing.T) {
+	t.Run("grow in place", testDedupIndexMatchesMap)
+	t.Run("grow in the background", func(t *testing.T) {
+		defer func(v int) { backgroundGrowthSlots = v }(backgroundGrowthSlots)
+		backgroundGrowthSlots = 1024 // the smallest index: every growth goes to the background
+		testDedupIndexMatchesMap(t)
+	})
+}
+
+func testDedupIndexMatchesMap(t *testing.T) {
 	tb := newDedupTable()
+	backgrounds := 0
 	type key struct {
 		c  string
 		id uint64
@@ -145,6 +155,12 @@ func TestDedupIndexMatchesMap(t *testing.T) {
 				tb.putAt(at, k.c, k.id, quota.Time(i), &d)
 			}
 		}
+		if tb.index.grow != nil {
+			backgrounds++
+			if i%2 == 0 {
+				<-tb.index.grow.done // the next put swaps it in at once
+			}
+		}
 		want[k] = uint64(i)
 		order = append(order, k)
 		if i%3 == 0 { // expire roughly a third as we go
@@ -166,6 +182,12 @@ func TestDedupIndexMatchesMap(t *testing.T) {
 				}
 			}
 		}
+	}
+	if got := backgroundGrowthSlots <= 1024; got != (backgrounds > 0) {
+		t.Fatalf("puts saw a background growth %d times; expected one: %v", backgrounds, got)
+	}
+	if tb.index.n != tb.len() {
+		t.Fatalf("%d records indexed, %d live", tb.index.n, tb.len())
 	}
 	back, err := unmarshalDedup(tb.marshal())
 	if err != nil {

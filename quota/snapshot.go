@@ -148,7 +148,7 @@ type Capture struct {
 	debitSeq uint64
 	clock    Time
 	gen      uint64
-	released *cow.Released
+	caps     *cow.Captures
 }
 
 // Capture captures the state for a later AppendBinary. It is a command in the sense that the
@@ -160,13 +160,12 @@ func (e *Engine) Capture() (*Capture, error) {
 		return nil, err
 	}
 	st := &e.buckets
-	if st.released == nil {
-		st.released = new(cow.Released)
+	if st.caps == nil {
+		st.caps = new(cow.Captures)
 	}
-	st.captured++
-	c.gen, c.released = st.captured, st.released
+	c.gen, c.caps = st.caps.Take(), st.caps
 	for i := range st.chunks {
-		st.chunks[i].shared = st.captured
+		st.chunks[i].shared = c.gen
 	}
 	return c, nil
 }
@@ -174,8 +173,8 @@ func (e *Engine) Capture() (*Capture, error) {
 // Release says the capture will not be read again, so the engine may change the records it
 // shares in place. It is safe to call from any goroutine, and more than once.
 func (c *Capture) Release() {
-	if c.released != nil {
-		c.released.Release(c.gen)
+	if c.caps != nil {
+		c.caps.Release(c.gen)
 	}
 }
 

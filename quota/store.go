@@ -94,8 +94,8 @@ type bucketChunk struct {
 	live   int // live records
 	dead   int // arena bytes of freed keys
 	queued bool
-	// shared is the generation of the last Capture that holds recs (0: none): until that
-	// capture is released, recs must be copied before a record changes (own).
+	// shared is the generation of the last Capture that marked recs (0: none): while it or an
+	// older capture is open, recs must be copied before a record changes (own).
 	shared uint64
 }
 
@@ -106,7 +106,7 @@ func (st *bucketStore) own(c *bucketChunk) {
 	if c.shared == 0 {
 		return
 	}
-	if c.shared > st.released.Load() {
+	if st.caps.Shared(c.shared) {
 		c.recs = append(make([]bucketRec, 0, cap(c.recs)), c.recs...)
 	}
 	c.shared = 0
@@ -131,15 +131,13 @@ type bucketStore struct {
 	compactQ []uint32 // chunks with many dead key bytes, compacted by settle
 	seed     maphash.Seed
 
-	// Captures (Engine.Capture) share the chunks' record arrays copy-on-write: captured is the
-	// generation of the last capture, released that of the last one released (set by
-	// Capture.Release, possibly from another goroutine).
-	captured uint64
-	released *cow.Released
+	// caps are the open captures (Engine.Capture), which share the chunks' record arrays
+	// copy-on-write; Capture.Release closes one, possibly from another goroutine.
+	caps *cow.Captures
 }
 
 func newBucketStore() bucketStore {
-	return bucketStore{seed: maphash.MakeSeed(), released: new(cow.Released)}
+	return bucketStore{seed: maphash.MakeSeed(), caps: new(cow.Captures)}
 }
 
 // rec returns the record of slot s, to change it. Paths that only read use peek: a read-only
@@ -413,7 +411,7 @@ func (st *bucketStore) release(s uint32) {
 func (st *bucketStore) settle() {
 	if st.live == 0 {
 		if st.slots > 0 {
-			*st = bucketStore{base: st.base, seed: st.seed, captured: st.captured, released: st.released}
+			*st = bucketStore{base: st.base, seed: st.seed, caps: st.caps}
 		}
 		return
 	}

@@ -513,7 +513,7 @@ func TestCaptureConcurrentWithCommands(t *testing.T) {
 		p.c.Release()
 		p.c.Release() // idempotent
 		for i := range e.buckets.chunks {
-			if e.buckets.chunks[i].shared != 0 && e.buckets.chunks[i].shared > e.buckets.released.Load() {
+			if e.buckets.caps.Shared(e.buckets.chunks[i].shared) {
 				t.Fatalf("chunk %d still marked shared with capture %d after its release", i, e.buckets.chunks[i].shared)
 			}
 		}
