@@ -215,6 +215,16 @@ func TestRestoreDedupSection(t *testing.T) {
 // records refunded, the captured dedup chunks expired and new records written), and one
 // persisted while those changes are applied (go test -race), both write the captured state.
 func TestPersistLargeStateAfterChanges(t *testing.T) {
+	t.Run("index grows in place", testPersistLargeStateAfterChanges)
+	t.Run("index grows in the background", func(t *testing.T) {
+		// The growing index's capture and the snapshot's overlap and are released in either order.
+		defer func(v int) { backgroundGrowthSlots = v }(backgroundGrowthSlots)
+		backgroundGrowthSlots = 1024
+		testPersistLargeStateAfterChanges(t)
+	})
+}
+
+func testPersistLargeStateAfterChanges(t *testing.T) {
 	const n = 3*dedupChunk + 100
 	f := bucketsFSM(t, n)
 	var index uint64 = 1 << 20
