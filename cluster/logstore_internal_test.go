@@ -98,3 +98,43 @@ func TestLogStoreReopensWithoutFreelist(t *testing.T) {
 		t.Fatalf("GetLog(250) after appends: %v (data %d bytes)", err, len(l.Data))
 	}
 }
+
+// BenchmarkCompaction is raft's log compaction after a snapshot at the default settings: one
+// DeleteRange of SnapshotThreshold (16384) entries of ~6 KB (an entry of ~100 admissions),
+// keeping TrailingLogs (2048). It runs as one bolt write transaction, and appends wait for it.
+func BenchmarkCompaction(b *testing.B) {
+	s, err := raftboltdb.New(boltOptions(filepath.Join(b.TempDir(), "raft.db")))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	data := make([]byte, 6_000)
+	var index uint64
+	const threshold, trailing = 16384, 2048
+	fill := func(n int) {
+		for n > 0 {
+			logs := make([]*raft.Log, min(n, 64))
+			for i := range logs {
+				index++
+				logs[i] = &raft.Log{Index: index, Term: 1, Type: raft.LogCommand, Data: data}
+			}
+			if err := s.StoreLogs(logs); err != nil {
+				b.Fatal(err)
+			}
+			n -= len(logs)
+		}
+	}
+	fill(trailing)
+	for b.Loop() {
+		b.StopTimer()
+		fill(threshold)
+		first, err := s.FirstIndex()
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		if err := s.DeleteRange(first, index-trailing); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
