@@ -133,6 +133,12 @@ func dedupHash(client uint32, id uint64) uint32 {
 	return uint32(h^h>>31) | 1<<31
 }
 
+// hash is dedupHash of the record's key.
+func (r *dedupRecord) hash() uint32 { return dedupHash(r.client&^refundedBit, r.id) }
+
+// indexEntry is the slot value for record seq whose key hashes to h.
+func indexEntry(h uint32, seq uint64) uint64 { return uint64(h)<<32 | uint64(uint32(seq)) }
+
 // seqOf reconstructs the full sequence number of a slot.
 func (t *dedupTable) seqOf(slot uint64) uint64 { return t.head + uint64(uint32(slot)-uint32(t.head)) }
 
@@ -169,7 +175,7 @@ const noSlot = ^uint64(0)
 // insertAt adds record seq, whose key hashes to h, at slot: the empty slot that find ended
 // on, with nothing inserted or removed since. It probes again only if the index must grow.
 func (x *dedupIndex) insertAt(slot uint64, h uint32, seq uint64) {
-	v := uint64(h)<<32 | uint64(uint32(seq))
+	v := indexEntry(h, seq)
 	if slot == noSlot || (x.n+1)*2 > len(x.slots) {
 		x.reserve(max(x.n+1, len(x.slots)))
 		x.place(v)
@@ -184,9 +190,7 @@ func (x *dedupIndex) insert(t *dedupTable, seq uint64) {
 	if (x.n+1)*2 > len(x.slots) {
 		x.reserve(max(x.n+1, len(x.slots))) // doubles
 	}
-	r := t.recAt(seq)
-	h := dedupHash(r.client&^refundedBit, r.id)
-	x.place(uint64(h)<<32 | uint64(uint32(seq)))
+	x.place(indexEntry(t.recAt(seq).hash(), seq))
 	x.n++
 }
 
@@ -242,7 +246,7 @@ func buildSlots(v *dedupCapture, size int) []uint64 {
 	var start [1<<groupBits + 1]int // group g's entries go to vs[start[g]:start[g+1]]
 	for ci := range v.chunks {
 		for _, r := range v.chunks[ci].recs {
-			start[(uint64(dedupHash(r.client&^refundedBit, r.id))&mask)>>shift+1]++
+			start[(uint64(r.hash())&mask)>>shift+1]++
 		}
 	}
 	for g := 1; g < len(start); g++ {
@@ -252,9 +256,9 @@ func buildSlots(v *dedupCapture, size int) []uint64 {
 	seq := v.head
 	for ci := range v.chunks {
 		for _, r := range v.chunks[ci].recs {
-			h := uint64(dedupHash(r.client&^refundedBit, r.id))
-			g := (h & mask) >> shift
-			vs[start[g]] = h<<32 | uint64(uint32(seq))
+			h := r.hash()
+			g := (uint64(h) & mask) >> shift
+			vs[start[g]] = indexEntry(h, seq)
 			start[g]++
 			seq++
 		}
@@ -301,11 +305,10 @@ func (t *dedupTable) finishGrowth() {
 	nx := dedupIndex{slots: g.slots, n: int(g.to - g.from)}
 	for seq := g.from; seq < min(t.head, g.to); seq++ {
 		r := g.view.rec(seq)
-		nx.removeEntry(uint64(dedupHash(r.client&^refundedBit, r.id))<<32 | uint64(uint32(seq)))
+		nx.removeEntry(indexEntry(r.hash(), seq))
 	}
 	for seq := max(g.to, t.head); seq < t.next; seq++ {
-		r := t.recAt(seq)
-		nx.place(uint64(dedupHash(r.client&^refundedBit, r.id))<<32 | uint64(uint32(seq)))
+		nx.place(indexEntry(t.recAt(seq).hash(), seq))
 		nx.n++
 	}
 	t.index = nx
@@ -316,7 +319,7 @@ func (t *dedupTable) finishGrowth() {
 // remove deletes the entry of the oldest live record t.head, whose key is (client, id)
 // (records expire in order), before t.head moves past it.
 func (x *dedupIndex) remove(t *dedupTable, client uint32, id uint64) {
-	x.removeEntry(uint64(dedupHash(client, id))<<32 | uint64(uint32(t.head)))
+	x.removeEntry(indexEntry(dedupHash(client, id), t.head))
 }
 
 // removeEntry deletes the slot value want (hash and sequence number) if it is there.
