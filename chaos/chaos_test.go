@@ -78,6 +78,8 @@ func runAndReport(t *testing.T, cfg Config) {
 	start := time.Now()
 	rep := runLogged(t, cfg)
 	t.Logf("wall time %v", time.Since(start).Round(time.Second))
+	t.Logf("seed %d: %d ops; unknown outcomes created %d %v: resolved by re-send %d, left ambiguous %d (%d never re-sent on purpose); faults %v; %d anomalies",
+		rep.Seed, rep.Ops, rep.UnknownOutcomes, rep.UnknownCauses, rep.ResolvedOutcomes, rep.AmbiguousOutcomes, rep.NotResent, rep.Faults, rep.Anomalies)
 	if !rep.OK {
 		t.Errorf("seed %d: %d anomalies; history, node logs and porcupine visualizations are in %s", rep.Seed, rep.Anomalies, cfg.OutDir)
 	}

@@ -1,12 +1,19 @@
 package chaos
 
 import (
+	"context"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/quotad/quotad/chaos/faults"
 )
 
 const sec = int64(time.Second)
@@ -50,6 +57,34 @@ func TestLinearizableCatchesDoubleSpend(t *testing.T) {
 	}
 	if b, err := os.ReadFile(res.Files[0]); err != nil || !strings.Contains(string(b), "<html") {
 		t.Fatalf("visualization %s unreadable: %v", res.Files[0], err)
+	}
+}
+
+func TestLinearizableUnknownsCannotHideADoubleSpend(t *testing.T) {
+	// Ambiguous ops (never answered, never re-sent) may or may not have debited: neither way
+	// makes two sequential admissions of 6 from 10 legal. A resolved op's interval ends at
+	// the re-send's answer, so it may be ordered late — here before the denial that needs it.
+	h := &History{Ops: []Op{
+		spend(0, 0, "b1", 6, 0, 10, Admitted),
+		spend(1, 2, "b1", 3, 1, 0, Unknown),
+		spend(2, 3, "b1", 1, 2, 0, Unknown),
+		spend(3, 1, "b1", 6, 20, 30, Admitted),
+	}}
+	if res, st := CheckLinearizable(h, LinearizabilityConfig{Initial: 10, Timeout: 10 * time.Second}); res.OK || st.Unknown != 2 {
+		t.Fatalf("unknown outcomes hid a double spend: %+v %+v", res, st)
+	}
+	// A resolved op (first call lost, answer learned by a re-send at 100) may have been
+	// decided anywhere in [1, 100]: here before the denial at 20–30 that needs its debit.
+	resolved := spend(1, 2, "b1", 3, 1, 100, Admitted)
+	resolved.Resolved = true
+	h = &History{Ops: []Op{
+		spend(0, 0, "b1", 6, 0, 10, Admitted),
+		resolved,
+		spend(2, 1, "b1", 2, 20, 30, Denied), // 1 left only if the resolved op came first
+		spend(3, 1, "b1", 1, 110, 120, Admitted),
+	}}
+	if res, st := CheckLinearizable(h, LinearizabilityConfig{Initial: 10, Timeout: 10 * time.Second}); !res.OK || st.Resolved != 1 {
+		t.Fatalf("a resolved op was not placed inside its interval: %+v %+v", res, st)
 	}
 }
 
@@ -255,5 +290,40 @@ func TestThroughputFloor(t *testing.T) {
 	}
 	if res, _ := CheckThroughput(h, 500); res.OK {
 		t.Fatal("a quiet run passed the floor")
+	}
+}
+
+func TestUnknownStatsCountsCreatedResolvedAndAmbiguous(t *testing.T) {
+	h := &History{Ops: []Op{
+		{Outcome: Admitted},
+		{Outcome: Admitted, Resolved: true, Cause: CauseLostReply},
+		{Outcome: Denied, Resolved: true, Cause: CauseDeadline},
+		{Outcome: Unknown, Cause: CauseDeadline},
+		{Outcome: Unknown, Cause: CauseUnavailable, NotResent: true},
+	}}
+	st := unknownStats(h)
+	if st.Created != 4 || st.Resolved != 2 || st.Ambiguous != 2 || st.NotResent != 1 {
+		t.Fatalf("%+v: want created 4, resolved 2, ambiguous 2, not re-sent 1", st)
+	}
+	if st.Causes[CauseDeadline] != 2 || st.Causes[CauseLostReply] != 1 || st.Causes[CauseUnavailable] != 1 {
+		t.Fatalf("causes %v", st.Causes)
+	}
+}
+
+func TestCauseOfClassifiesLostRepliesAndDeadlines(t *testing.T) {
+	lost := status.Error(codes.Unavailable, faults.DroppedMessage+" (connection broken)")
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{lost, CauseLostReply},
+		{fmt.Errorf("quotad: no decision after 2 attempts (last error: %v): %w", lost, context.DeadlineExceeded), CauseLostReply},
+		{status.Error(codes.DeadlineExceeded, "deadline"), CauseDeadline},
+		{fmt.Errorf("no decision: %w", context.DeadlineExceeded), CauseDeadline},
+		{status.Error(codes.Unavailable, "no leader"), CauseUnavailable},
+	} {
+		if got := causeOf(tc.err); got != tc.want {
+			t.Errorf("causeOf(%v) = %q, want %q", tc.err, got, tc.want)
+		}
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"github.com/quotad/quotad/chaos/faults"
 	"github.com/quotad/quotad/internal/proccluster"
 )
 
@@ -218,6 +219,20 @@ func (c *Cluster) Chaos(n *Node, op string, kv ...string) error {
 		time.Sleep(200 * time.Millisecond)
 	}
 	return lastErr
+}
+
+// FaultState reads n's fault-hook settings and counters (GET /chaos/).
+func (c *Cluster) FaultState(n *Node) (faults.State, error) {
+	var st faults.State
+	resp, err := c.http.Get("http://" + n.HTTP + "/chaos/")
+	if err != nil {
+		return st, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return st, fmt.Errorf("%s GET /chaos/: %s", n.ID, resp.Status)
+	}
+	return st, json.NewDecoder(resp.Body).Decode(&st)
 }
 
 // probeHooks reports whether n serves the fault-hook API.

@@ -56,6 +56,11 @@ type Op struct {
 	// Resolved is set when the outcome was learned by re-sending the request ID after the
 	// first call gave up.
 	Resolved bool `json:"resolved,omitempty"`
+	// Cause says why the first call ended without an answer (deadline, lost-reply,
+	// unavailable); set on every op whose outcome was unknown, resolved later or not.
+	Cause string `json:"cause,omitempty"`
+	// NotResent marks an unknown spend deliberately never re-sent: it stays ambiguous.
+	NotResent bool `json:"not_resent,omitempty"`
 	// LeaseID and LeaseTTL are set for admitted lease ops.
 	LeaseID  uint64        `json:"lease_id,omitempty"`
 	LeaseTTL time.Duration `json:"lease_ttl,omitempty"`

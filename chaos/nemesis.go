@@ -11,7 +11,7 @@ import (
 )
 
 // Fault kinds, the keys of the report's "faults" counts.
-var FaultKinds = []string{"kill", "pause", "partition", "clock", "membership", "snapshot", "disk"}
+var FaultKinds = []string{"kill", "pause", "partition", "clock", "membership", "snapshot", "disk", "replies"}
 
 // NemesisConfig configures fault injection.
 type NemesisConfig struct {
@@ -50,6 +50,7 @@ var faultNames = map[string][]string{
 	"membership": {"membership"},
 	"snapshot":   {"snapshot"},
 	"disk":       {"disk"},
+	"replies":    {"drop-replies"},
 }
 
 func kindOf(name string) string {
@@ -176,7 +177,7 @@ func (nm *nemesis) inject(ctx context.Context, name string) (f Fault) {
 		return f
 	}
 	_, isolates := nm.c.B.(Isolator)
-	needHooks := f.Kind == "clock" || f.Kind == "disk" || name == "partition-ring" ||
+	needHooks := f.Kind == "clock" || f.Kind == "disk" || f.Kind == "replies" || name == "partition-ring" ||
 		(f.Kind == "partition" && !isolates)
 	if needHooks && !nm.c.Hooks {
 		f.Skipped = "the binary has no fault hooks (/chaos/ not served); build with -tags chaos once cmd/quotad wires chaos/faults"
@@ -290,6 +291,8 @@ func (nm *nemesis) inject(ctx context.Context, name string) (f Fault) {
 		}
 		sleepCtx(ctx, hold)
 		nm.healAll("disk")
+	case "drop-replies":
+		f.Nodes, f.Detail = nm.dropReplies(ctx, leader, hold)
 	case "membership":
 		f.Nodes, f.Detail, f.Skipped = nm.membership(ctx, leader)
 	case "snapshot":
@@ -399,6 +402,50 @@ func (nm *nemesis) healAll(what string) {
 	for _, n := range nm.c.Running() {
 		_ = nm.c.Chaos(n, "heal", "what", what)
 	}
+}
+
+// dropReplies makes the leader lose the replies of a fraction of the admissions it decided
+// (the chaos/faults Replies hook): the decisions committed, the callers got Unavailable or
+// nothing. A third of the time the leader is also killed half-way, so that lost replies and
+// a failover overlap, and the new leader loses replies too.
+func (nm *nemesis) dropReplies(ctx context.Context, leader *Node, hold time.Duration) (nodes []string, detail string) {
+	frac := 0.2 + 0.3*nm.rng.Float64()
+	drop := func(n *Node) { _ = nm.c.Chaos(n, "replies", "drop", fmt.Sprintf("%.2f", frac)) }
+	lost := func(n *Node) uint64 {
+		st, err := nm.c.FaultState(n)
+		if err != nil {
+			return 0
+		}
+		return st.Replies.Dropped + st.Replies.Hung
+	}
+	drop(leader)
+	nodes = []string{leader.ID}
+	detail = fmt.Sprintf("drop %.0f%%", 100*frac)
+	if nm.rng.IntN(3) != 0 {
+		before := lost(leader)
+		sleepCtx(ctx, hold)
+		detail += fmt.Sprintf("; %d replies lost", lost(leader)-before)
+		nm.healAll("replies")
+		return nodes, detail
+	}
+	sleepCtx(ctx, hold/2)
+	_ = leader.Kill()
+	next, err := nm.c.Leader(ctx, 20*time.Second)
+	if err == nil {
+		drop(next)
+		nodes = append(nodes, next.ID)
+	}
+	restart := nm.c.Start(leader)
+	sleepCtx(ctx, hold/2)
+	detail += fmt.Sprintf("; killed leader %s half-way", leader.ID)
+	if next != nil {
+		detail += fmt.Sprintf(", new leader %s lost %d replies", next.ID, lost(next))
+	}
+	if restart != nil {
+		detail += "; restart: " + restart.Error()
+	}
+	nm.healAll("replies")
+	return nodes, detail
 }
 
 // membership adds a new node and removes a follower under load. With a fourth node present it

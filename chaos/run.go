@@ -1,12 +1,15 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -60,16 +63,60 @@ type Report struct {
 	Anomalies int            `json:"anomalies"`
 	Faults    map[string]int `json:"faults"`
 	// Missing lists fault kinds never injected (a CI run must inject every kind).
-	Missing         []string             `json:"missing_faults,omitempty"`
-	Throughput      float64              `json:"throughput_before_fault"`
-	Porcupine       LinearizabilityStats `json:"porcupine"`
-	Checkers        []Result             `json:"checkers"`
-	ReclaimBound    string               `json:"reclaim_bound"`
-	OK              bool                 `json:"ok"`
-	UnknownOutcomes int                  `json:"unknown_outcomes"`
+	Missing      []string             `json:"missing_faults,omitempty"`
+	Throughput   float64              `json:"throughput_before_fault"`
+	Porcupine    LinearizabilityStats `json:"porcupine"`
+	Checkers     []Result             `json:"checkers"`
+	ReclaimBound string               `json:"reclaim_bound"`
+	OK           bool                 `json:"ok"`
+	// UnknownOutcomes counts the ops whose call ended without an answer (every kind), of
+	// which ResolvedOutcomes were learned later by re-sending the request ID and
+	// AmbiguousOutcomes stayed unknown to the end (NotResent of them on purpose, see
+	// WorkloadConfig.LeaveAmbiguous). UnknownCauses splits UnknownOutcomes by Op.Cause.
+	UnknownOutcomes   int            `json:"unknown_outcomes"`
+	ResolvedOutcomes  int            `json:"resolved_outcomes"`
+	AmbiguousOutcomes int            `json:"ambiguous_outcomes"`
+	NotResent         int            `json:"not_resent"`
+	UnknownCauses     map[string]int `json:"unknown_causes,omitempty"`
 	// Strays counts nodes found down outside any fault (see Notes).
-	Strays           int `json:"strays"`
-	ResolvedOutcomes int `json:"resolved_outcomes"`
+	Strays int `json:"strays"`
+}
+
+// UnknownStats counts a history's unknown outcomes (see Report.UnknownOutcomes).
+type UnknownStats struct {
+	Created, Resolved, Ambiguous, NotResent int
+	Causes                                  map[string]int
+}
+
+func unknownStats(h *History) UnknownStats {
+	st := UnknownStats{Causes: map[string]int{}}
+	for _, op := range h.Ops {
+		if op.Outcome != Unknown && !op.Resolved {
+			continue
+		}
+		st.Created++
+		st.Causes[cmp.Or(op.Cause, "unrecorded")]++
+		switch {
+		case op.Resolved:
+			st.Resolved++
+		case op.NotResent:
+			st.Ambiguous++
+			st.NotResent++
+		default:
+			st.Ambiguous++
+		}
+	}
+	return st
+}
+
+// String is the one-line summary of the test log.
+func (s UnknownStats) String() string {
+	var causes []string
+	for _, c := range slices.Sorted(maps.Keys(s.Causes)) {
+		causes = append(causes, fmt.Sprintf("%s %d", c, s.Causes[c]))
+	}
+	return fmt.Sprintf("unknown outcomes created %d (%s): resolved by re-send %d, left ambiguous %d (%d never re-sent on purpose)",
+		s.Created, strings.Join(causes, ", "), s.Resolved, s.Ambiguous, s.NotResent)
 }
 
 // Run performs a whole chaos run and returns its report (also written to OutDir).
@@ -241,14 +288,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep.Strays = len(h.Strays)
 	rep.Notes = append(rep.Notes, h.Strays...)
 	rep.Duration = time.Duration(rec.now()).Round(time.Second).String()
-	for _, op := range h.Ops {
-		if op.Outcome == Unknown {
-			rep.UnknownOutcomes++
-		}
-		if op.Resolved {
-			rep.ResolvedOutcomes++
-		}
-	}
+	us := unknownStats(h)
+	rep.UnknownOutcomes, rep.ResolvedOutcomes, rep.AmbiguousOutcomes, rep.NotResent, rep.UnknownCauses =
+		us.Created, us.Resolved, us.Ambiguous, us.NotResent, us.Causes
+	logf("chaos: %v", us)
 	for _, k := range FaultKinds {
 		rep.Faults[k] = 0
 	}
@@ -396,7 +439,9 @@ func PrintSummary(w io.Writer, r *Report) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "seed\t%d\n", r.Seed)
 	fmt.Fprintf(tw, "binary\t%s\n", r.Binary)
-	fmt.Fprintf(tw, "ops\t%d (unknown %d, resolved by re-send %d)\n", r.Ops, r.UnknownOutcomes, r.ResolvedOutcomes)
+	fmt.Fprintf(tw, "ops\t%d\n", r.Ops)
+	fmt.Fprintf(tw, "unknown outcomes\t%d created %v: %d resolved by re-send, %d left ambiguous (%d never re-sent on purpose)\n",
+		r.UnknownOutcomes, r.UnknownCauses, r.ResolvedOutcomes, r.AmbiguousOutcomes, r.NotResent)
 	fmt.Fprintf(tw, "throughput before first fault\t%.0f decisions/s\n", r.Throughput)
 	fmt.Fprintf(tw, "porcupine\t%d buckets, %d ops, %v\n", r.Porcupine.Buckets, r.Porcupine.Ops, r.Porcupine.Elapsed.Round(time.Millisecond))
 	var fk []string

@@ -5,11 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"github.com/quotad/quotad/chaos/faults"
 	"github.com/quotad/quotad/client"
 )
 
@@ -131,6 +136,19 @@ type WorkloadConfig struct {
 	// node instead of through the client (which follows the leader): the planted
 	// "follower decides" bug is only reachable that way.
 	RawToAnyNode bool
+	// ImpatientWorkers spend on the same budget buckets as the budget workers, each call with
+	// a deadline drawn in [ImpatientMin, ImpatientMax] — shorter than a failover — so calls
+	// that overlap a leader change, a pause or a lost reply end without an answer: unknown
+	// outcomes, which porcupine must place. Every other call goes through a client whose
+	// attempts are that short too (it retries the request ID while the deadline lasts);
+	// the others are one raw Acquire to a random node, so a reply lost after the commit is
+	// unknown at once.
+	ImpatientWorkers           int
+	ImpatientMin, ImpatientMax time.Duration
+	// LeaveAmbiguous is the fraction of the impatient workers' unknown outcomes that are never
+	// re-sent: they stay ambiguous to the end (porcupine ends them at infinity, admitted or
+	// not). The rest, and every other unknown spend, are re-sent to learn the outcome.
+	LeaveAmbiguous float64
 }
 
 // DefaultWorkload is sized for a 2-core CI machine.
@@ -139,6 +157,8 @@ func DefaultWorkload() WorkloadConfig {
 		BudgetWorkers: 16, RateWorkers: 8, LeaseWorkers: 6, Clients: 4,
 		CallTimeout: 8 * time.Second, ResolveWithin: 60 * time.Second,
 		BudgetGeneration: 4 * time.Second, CrashRate: 0.2,
+		ImpatientWorkers: 4, ImpatientMin: 50 * time.Millisecond, ImpatientMax: 300 * time.Millisecond,
+		LeaveAmbiguous: 0.3,
 	}
 }
 
@@ -151,9 +171,11 @@ type workload struct {
 	addr []string
 
 	clients []*client.Client
-	rawSeq  atomic.Uint64 // request IDs of raw admissions (own client ID namespace is shared, so start high)
-	wg      sync.WaitGroup
-	resolve sync.WaitGroup
+	// impatient is the client of the impatient workers: attempts as short as their calls.
+	impatient *client.Client
+	rawSeq    atomic.Uint64 // request IDs of raw admissions (own client ID namespace is shared, so start high)
+	wg        sync.WaitGroup
+	resolve   sync.WaitGroup
 }
 
 func newWorkload(cfg WorkloadConfig, c *Cluster, rec *recorder, seed int64) (*workload, error) {
@@ -177,6 +199,17 @@ func newWorkload(cfg WorkloadConfig, c *Cluster, rec *recorder, seed int64) (*wo
 		}
 		w.clients = append(w.clients, cl)
 	}
+	if cfg.ImpatientWorkers > 0 {
+		icfg := client.DefaultConfig(w.addr...)
+		icfg.AttemptTimeout = max(cfg.ImpatientMin, 10*time.Millisecond)
+		icfg.Backoff.Initial, icfg.Backoff.Max = 5*time.Millisecond, 50*time.Millisecond
+		cl, err := client.New(icfg)
+		if err != nil {
+			w.close()
+			return nil, err
+		}
+		w.impatient = cl
+	}
 	return w, nil
 }
 
@@ -197,6 +230,10 @@ func (w *workload) start(ctx context.Context) {
 		id++
 		w.wg.Go(func() { w.leaseWorker(ctx, id, leaseClient, w.rng()) })
 	}
+	for range w.cfg.ImpatientWorkers {
+		id++
+		w.wg.Go(func() { w.impatientWorker(ctx, id, w.rng()) })
+	}
 	w.wg.Go(func() { w.replayer(ctx, w.rng()) })
 	w.wg.Go(func() { w.statusSampler(ctx, leaseClient) })
 }
@@ -204,6 +241,9 @@ func (w *workload) start(ctx context.Context) {
 func (w *workload) close() {
 	for _, cl := range w.clients {
 		_ = cl.Close()
+	}
+	if w.impatient != nil {
+		_ = w.impatient.Close()
 	}
 }
 
@@ -221,10 +261,37 @@ func outcomeOf(err error) string {
 	}
 }
 
+// Causes of unknown outcomes (Op.Cause).
+const (
+	CauseDeadline    = "deadline"    // the caller's deadline passed without an answer
+	CauseLostReply   = "lost-reply"  // a node lost the reply after the commit (the chaos hook said so)
+	CauseUnavailable = "unavailable" // no node answered (no leader, node down, connection broken)
+)
+
+// causeOf classifies the error of a call whose outcome is unknown.
+func causeOf(err error) string {
+	switch {
+	case err == nil:
+		return ""
+	case strings.Contains(err.Error(), faults.DroppedMessage):
+		return CauseLostReply
+	case errors.Is(err, context.DeadlineExceeded), status.Code(err) == codes.DeadlineExceeded:
+		return CauseDeadline
+	default:
+		return CauseUnavailable
+	}
+}
+
 // admit runs one Allow and records it as an Op; unknown outcomes are resolved in the
 // background by re-sending the request ID.
 func (w *workload) admit(ctx context.Context, worker int, cl *client.Client, kind string, req client.Request) (Op, client.Decision, error) {
-	cctx, cancel := context.WithTimeout(ctx, w.cfg.CallTimeout)
+	return w.admitWithin(ctx, worker, cl, kind, req, w.cfg.CallTimeout, true)
+}
+
+// admitWithin is admit with a deadline for the call, and resolve saying whether an unknown
+// spend is re-sent.
+func (w *workload) admitWithin(ctx context.Context, worker int, cl *client.Client, kind string, req client.Request, timeout time.Duration, resolve bool) (Op, client.Decision, error) {
+	cctx, cancel := context.WithTimeout(ctx, timeout)
 	call := w.rec.now()
 	d, err := cl.Allow(cctx, req)
 	ret := w.rec.now()
@@ -236,8 +303,12 @@ func (w *workload) admit(ctx context.Context, worker int, cl *client.Client, kin
 	if op.Outcome == Failed {
 		op.Reason = err.Error()
 	}
+	if op.Outcome == Unknown {
+		op.Cause = causeOf(err)
+		op.NotResent = !resolve && kind == KindSpend
+	}
 	op.Index = w.rec.addOp(op)
-	if op.Outcome == Unknown && d.RequestID != 0 && kind == KindSpend {
+	if op.Outcome == Unknown && d.RequestID != 0 && kind == KindSpend && resolve {
 		w.resolve.Go(func() { w.resolveUnknown(op.Index, req) })
 	}
 	return op, d, err
@@ -245,14 +316,37 @@ func (w *workload) admit(ctx context.Context, worker int, cl *client.Client, kin
 
 func (w *workload) budgetWorker(ctx context.Context, id int, cl *client.Client, rng *rand.Rand) {
 	for ctx.Err() == nil {
-		gen := time.Since(w.rec.start) / w.cfg.BudgetGeneration
-		bucket := fmt.Sprintf("g%d-%d", gen, rng.IntN(2))
-		req := client.Request{Domain: BudgetDomain, Descriptors: client.Descriptors("b", bucket), Cost: uint64(1 + rng.IntN(4))}
+		req := w.budgetRequest(rng)
 		if w.cfg.RawToAnyNode {
-			w.rawAdmit(id, cl.ClientID(), req, rng)
+			w.rawAdmit(id, cl.ClientID(), req, rng, 2*time.Second, true)
 			continue
 		}
 		w.admit(ctx, id, cl, KindSpend, req)
+	}
+}
+
+// budgetRequest draws a spend on one of the current generation's budget buckets.
+func (w *workload) budgetRequest(rng *rand.Rand) client.Request {
+	gen := time.Since(w.rec.start) / w.cfg.BudgetGeneration
+	bucket := fmt.Sprintf("g%d-%d", gen, rng.IntN(2))
+	return client.Request{Domain: BudgetDomain, Descriptors: client.Descriptors("b", bucket), Cost: uint64(1 + rng.IntN(4))}
+}
+
+// impatientWorker spends on the budget buckets with deadlines shorter than a failover (see
+// WorkloadConfig.ImpatientWorkers).
+func (w *workload) impatientWorker(ctx context.Context, id int, rng *rand.Rand) {
+	span := int64(max(w.cfg.ImpatientMax-w.cfg.ImpatientMin, 0))
+	for ctx.Err() == nil {
+		req := w.budgetRequest(rng)
+		timeout := w.cfg.ImpatientMin + time.Duration(rng.Int64N(span+1))
+		resolve := rng.Float64() >= w.cfg.LeaveAmbiguous
+		if rng.IntN(2) == 0 {
+			w.rawAdmit(id, w.impatient.ClientID(), req, rng, timeout, resolve)
+		} else {
+			w.admitWithin(ctx, id, w.impatient, KindSpend, req, timeout, resolve)
+		}
+		// A little slower than the others: most of their calls are answered in a few ms.
+		sleepCtx(ctx, time.Duration(rng.IntN(20))*time.Millisecond)
 	}
 }
 
@@ -294,8 +388,9 @@ func (w *workload) leaseWorker(ctx context.Context, id int, cl *client.Client, r
 	}
 }
 
-// rawAdmit sends one spend straight to a random node (no leader following) and records it.
-func (w *workload) rawAdmit(worker int, clientID string, req client.Request, rng *rand.Rand) {
+// rawAdmit sends one spend straight to a random node (no leader following, no retry) with a
+// deadline and records it; resolve says whether an unknown outcome is re-sent.
+func (w *workload) rawAdmit(worker int, clientID string, req client.Request, rng *rand.Rand, timeout time.Duration, resolve bool) {
 	op := Op{Worker: worker, Kind: KindSpend, Domain: req.Domain, Bucket: req.Descriptors[0].Value, Cost: max(req.Cost, 1),
 		ClientID: clientID, RequestID: w.rawSeq.Add(1), ReleaseCall: -1, ReleaseReturn: -1}
 	adm := admissionOf(op, req)
@@ -304,16 +399,21 @@ func (w *workload) rawAdmit(worker int, clientID string, req client.Request, rng
 		return
 	}
 	op.Call = w.rec.now()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	resp, err := quotadv1.NewQuotaClient(cc).Acquire(ctx, &quotadv1.AcquireRequest{ClientId: clientID, Admissions: []*quotadv1.Admission{adm}})
 	cancel()
 	op.Return, op.Outcome = w.rec.now(), Unknown
 	if err == nil && len(resp.GetDecisions()) == 1 {
 		d := resp.GetDecisions()[0]
 		op.Outcome, op.Reason, op.Remaining = decisionOutcome(d), d.GetReason(), d.GetRemaining()
+	} else if err == nil {
+		err = fmt.Errorf("%d decisions for one admission", len(resp.GetDecisions()))
+	}
+	if op.Outcome == Unknown {
+		op.Cause, op.NotResent = causeOf(err), !resolve
 	}
 	op.Index = w.rec.addOp(op)
-	if op.Outcome == Unknown {
+	if op.Outcome == Unknown && resolve {
 		w.resolve.Go(func() { w.resolveUnknown(op.Index, req) })
 	}
 }

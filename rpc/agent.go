@@ -43,6 +43,9 @@ type AgentConfig struct {
 	AdminToken string
 	// ExtraHTTP handlers are mounted on the HTTP port (the chaos build adds its fault controls).
 	ExtraHTTP map[string]http.Handler
+	// UnaryInterceptors are chained innermost on the gRPC server, after authentication (the
+	// chaos build adds one that loses replies of committed admissions).
+	UnaryInterceptors []grpc.UnaryServerInterceptor
 }
 
 // Agent is one running quotad server. Start it with StartAgent; Stop it once.
@@ -112,6 +115,9 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 		return nil, err
 	}
 	grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(adminAuth(cfg.AdminToken)))
+	if len(cfg.UnaryInterceptors) > 0 {
+		grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(cfg.UnaryInterceptors...))
+	}
 	a.server = NewServer(a.node, a.fsm, cfg.Proposer, forwardCreds, a.metrics)
 	a.registerGauges()
 

@@ -1,6 +1,7 @@
 package faults
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -12,6 +13,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 func TestWallOffsetSupported(t *testing.T) {
@@ -175,15 +179,18 @@ func TestHandler(t *testing.T) {
 	if code, st := post("/chaos/disk?delay=20ms"); code != 200 || st.Disk.Delay != "20ms" {
 		t.Fatalf("disk: %d %+v", code, st.Disk)
 	}
-	for _, bad := range []string{"/chaos/clock?rate=-1", "/chaos/clock?offset=3", "/chaos/partition?block=nohost", "/chaos/disk?delay=x", "/chaos/heal?what=moon"} {
+	if code, st := post("/chaos/replies?drop=0.25"); code != 200 || st.Replies.Drop != 0.25 {
+		t.Fatalf("replies: %d %+v", code, st.Replies)
+	}
+	for _, bad := range []string{"/chaos/clock?rate=-1", "/chaos/clock?offset=3", "/chaos/partition?block=nohost", "/chaos/disk?delay=x", "/chaos/heal?what=moon", "/chaos/replies?drop=2", "/chaos/replies"} {
 		if code, _ := post(bad); code != 400 {
 			t.Errorf("POST %s = %d, want 400", bad, code)
 		}
 	}
-	if st := f.State(); st.Clock.Rate != 1.5 || len(st.Network.Blocked) != 2 {
+	if st := f.State(); st.Clock.Rate != 1.5 || len(st.Network.Blocked) != 2 || st.Replies.Drop != 0.25 {
 		t.Fatalf("a bad request changed state: %+v", st)
 	}
-	if code, st := post("/chaos/heal"); code != 200 || st.Clock.Rate != 1 || len(st.Network.Blocked) != 0 || st.Disk.Delay != "0s" {
+	if code, st := post("/chaos/heal"); code != 200 || st.Clock.Rate != 1 || len(st.Network.Blocked) != 0 || st.Disk.Delay != "0s" || st.Replies.Drop != 0 {
 		t.Fatalf("heal: %d %+v", code, st)
 	}
 	resp, err := http.Get(srv.URL + "/chaos/")
@@ -194,5 +201,48 @@ func TestHandler(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 || !strings.Contains(string(body), `"wall_offset_supported":true`) {
 		t.Fatalf("GET /chaos/ = %d %s", resp.StatusCode, body)
+	}
+}
+
+func TestRepliesLosesOnlyDecidedAcquireReplies(t *testing.T) {
+	var r Replies
+	decided := 0
+	handler := func(ctx context.Context, req any) (any, error) { decided++; return "decision", nil }
+	failing := func(ctx context.Context, req any) (any, error) { decided++; return nil, errors.New("not committed") }
+	acquire := &grpc.UnaryServerInfo{FullMethod: AcquireMethod}
+	call := func(info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		defer cancel()
+		return r.UnaryInterceptor(ctx, nil, info, h)
+	}
+	if resp, err := call(acquire, handler); err != nil || resp != "decision" {
+		t.Fatalf("drop 0: %v %v", resp, err)
+	}
+	r.SetDrop(1)
+	for range 20 {
+		resp, err := call(acquire, handler)
+		if resp != nil || err == nil || !strings.Contains(err.Error(), DroppedMessage) {
+			t.Fatalf("drop 1: got %v %v, want the dropped-reply error", resp, err)
+		}
+		if c := status.Code(err); c != codes.Unavailable && c != codes.DeadlineExceeded {
+			t.Fatalf("dropped reply has code %v, want Unavailable or DeadlineExceeded (retryable)", c)
+		}
+	}
+	if decided != 21 {
+		t.Fatalf("handler ran %d times, want 21: the decision must be made before the reply is lost", decided)
+	}
+	if st := r.State(); st.Dropped+st.Hung != 20 || st.Dropped == 0 || st.Hung == 0 {
+		t.Fatalf("state %+v: want 20 lost replies of both kinds", st)
+	}
+	// Failed calls and other methods pass untouched.
+	if _, err := call(acquire, failing); err == nil || strings.Contains(err.Error(), DroppedMessage) {
+		t.Fatalf("a failed call must keep its own error, got %v", err)
+	}
+	if resp, err := call(&grpc.UnaryServerInfo{FullMethod: "/quotad.v1.Quota/Status"}, handler); err != nil || resp != "decision" {
+		t.Fatalf("other method: %v %v", resp, err)
+	}
+	r.SetDrop(0.5)
+	if d := r.Drop(); d != 0.5 {
+		t.Fatalf("Drop() = %v after SetDrop(0.5)", d)
 	}
 }

@@ -17,6 +17,7 @@ func (f *Faults) Handler() http.Handler {
 	mux.HandleFunc("POST "+HTTPPrefix+"clock", f.handleClock)
 	mux.HandleFunc("POST "+HTTPPrefix+"partition", f.handlePartition)
 	mux.HandleFunc("POST "+HTTPPrefix+"disk", f.handleDisk)
+	mux.HandleFunc("POST "+HTTPPrefix+"replies", f.handleReplies)
 	mux.HandleFunc("POST "+HTTPPrefix+"heal", f.handleHeal)
 	return mux
 }
@@ -117,6 +118,17 @@ func (f *Faults) handleDisk(w http.ResponseWriter, r *http.Request) {
 	f.reply(w)
 }
 
+func (f *Faults) handleReplies(w http.ResponseWriter, r *http.Request) {
+	v := r.URL.Query().Get("drop")
+	x, err := strconv.ParseFloat(v, 64)
+	if err != nil || x < 0 || x > 1 {
+		badRequest(w, "drop=%q: want the fraction of decided Acquire replies to lose, in [0, 1], e.g. 0.3", v)
+		return
+	}
+	f.Replies.SetDrop(x)
+	f.reply(w)
+}
+
 func (f *Faults) handleHeal(w http.ResponseWriter, r *http.Request) {
 	what := r.URL.Query().Get("what")
 	switch what {
@@ -124,14 +136,17 @@ func (f *Faults) handleHeal(w http.ResponseWriter, r *http.Request) {
 		f.Network.Heal()
 		f.Clock.Reset()
 		f.Disk.SetDelay(0)
+		f.Replies.SetDrop(0)
 	case "net":
 		f.Network.Heal()
 	case "clock":
 		f.Clock.Reset()
 	case "disk":
 		f.Disk.SetDelay(0)
+	case "replies":
+		f.Replies.SetDrop(0)
 	default:
-		badRequest(w, "what=%q: want net, clock, disk or all", what)
+		badRequest(w, "what=%q: want net, clock, disk, replies or all", what)
 		return
 	}
 	f.reply(w)

@@ -11,7 +11,8 @@ import (
 )
 
 // The chaos build links the fault hooks (chaos/faults) into the node: a skewable clock, a
-// partitionable Raft stream layer, a slowable log store and their HTTP controls at /chaos/.
+// partitionable Raft stream layer, a slowable log store, a gRPC interceptor that loses replies
+// of committed admissions, and their HTTP controls at /chaos/.
 var hooks = faults.Hooks()
 
 func nodeClock() cluster.Clock { return hooks.Clock }
@@ -20,4 +21,5 @@ func chaosHooks(c *rpc.AgentConfig) {
 	c.Cluster.WrapStreamLayer = hooks.WrapStreamLayer
 	c.Cluster.WrapLogStore = hooks.WrapLogStore
 	c.ExtraHTTP = map[string]http.Handler{faults.HTTPPrefix: hooks.Handler}
+	c.UnaryInterceptors = append(c.UnaryInterceptors, hooks.UnaryInterceptor)
 }
