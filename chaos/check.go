@@ -339,7 +339,10 @@ func CheckReclaim(h *History, bound time.Duration) Result {
 // Durable, idempotent decisions.
 
 // CheckReplays checks invariants 1 and 5 through re-sent request IDs: a re-send (during the
-// run, or after every node was killed and restarted) must get the original decision back.
+// run, or after every node was killed and restarted) must get the original decision back —
+// for a budget spend down to its remaining balance, so an old request ID charged a second
+// time (its dedup record lost, e.g. with a wiped majority) shows even when it is admitted
+// again.
 func CheckReplays(h *History) Result {
 	return timed("replay-same-decision", func(r *Result) {
 		byIndex := make(map[int]*Op, len(h.Ops))
@@ -364,6 +367,11 @@ func CheckReplays(h *History) Result {
 			if rp.Outcome != op.Outcome || rp.LeaseID != op.LeaseID {
 				r.anomaly("%s re-send of %s/%s request %s:%d at %s got %s (lease %d), the original at %s was %s (lease %d)",
 					rp.Phase, op.Domain, op.Bucket, op.ClientID, op.RequestID, ms(rp.At), rp.Outcome, rp.LeaseID, ms(op.Return), op.Outcome, op.LeaseID)
+			} else if op.Kind == KindSpend && rp.Remaining != op.Remaining {
+				// The same outcome with another balance: decided again (charged twice), not
+				// answered from the dedup record, which stores the original decision whole.
+				r.anomaly("%s re-send of %s/%s request %s:%d at %s got %s with %d remaining, the original at %s had %d: the request ID was decided again",
+					rp.Phase, op.Domain, op.Bucket, op.ClientID, op.RequestID, ms(rp.At), rp.Outcome, rp.Remaining, ms(op.Return), op.Remaining)
 			}
 		}
 		r.note("re-sends checked: %v", phases)

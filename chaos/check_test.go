@@ -239,7 +239,12 @@ func TestReplaysCatchLostAck(t *testing.T) {
 	if res := CheckReplays(lost); res.OK {
 		t.Fatal("an acknowledged admission answered differently after restart was not reported")
 	}
-	none := &History{Ops: ops, Replays: []Replay{{Op: 0, Phase: "live", Outcome: Admitted}}}
+	ops[0].Remaining = 7
+	again := &History{Ops: ops, Replays: []Replay{{Op: 0, Phase: "restart", Outcome: Admitted, Remaining: 6}}}
+	if res := CheckReplays(again); res.OK || !strings.Contains(res.Details[0], "decided again") {
+		t.Fatalf("an old request ID admitted a second time (another balance) was not reported: %+v", res)
+	}
+	none := &History{Ops: ops, Replays: []Replay{{Op: 0, Phase: "live", Outcome: Admitted, Remaining: 7}}}
 	if res := CheckReplays(none); res.OK {
 		t.Fatal("a run without a restart replay passed")
 	}

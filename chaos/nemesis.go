@@ -11,7 +11,7 @@ import (
 )
 
 // Fault kinds, the keys of the report's "faults" counts.
-var FaultKinds = []string{"kill", "pause", "partition", "clock", "membership", "snapshot", "disk", "replies"}
+var FaultKinds = []string{"kill", "pause", "partition", "clock", "membership", "snapshot", "disk", "replies", "wipe"}
 
 // NemesisConfig configures fault injection.
 type NemesisConfig struct {
@@ -51,6 +51,7 @@ var faultNames = map[string][]string{
 	"snapshot":   {"snapshot"},
 	"disk":       {"disk"},
 	"replies":    {"drop-replies"},
+	"wipe":       {"wipe-follower", "wipe-leader", "wipe-paused"},
 }
 
 func kindOf(name string) string {
@@ -81,7 +82,7 @@ func (nm *nemesis) run(ctx context.Context) {
 			name, deck = deck[0], deck[1:]
 		} else {
 			k := FaultKinds[nm.rng.IntN(len(FaultKinds))]
-			if k == "membership" || k == "snapshot" { // slow ones: rarer
+			if k == "membership" || k == "snapshot" || k == "wipe" { // slow ones: rarer
 				k = FaultKinds[nm.rng.IntN(len(FaultKinds))]
 			}
 			name = faultNames[k][nm.rng.IntN(len(faultNames[k]))]
@@ -291,6 +292,17 @@ func (nm *nemesis) inject(ctx context.Context, name string) (f Fault) {
 		}
 		sleepCtx(ctx, hold)
 		nm.healAll("disk")
+	case "wipe-follower", "wipe-leader":
+		victim := leader
+		if name == "wipe-follower" {
+			if victim = follower(); victim == nil {
+				f.Skipped = "no follower running"
+				return f
+			}
+		}
+		f.Nodes, f.Detail, f.Skipped = nm.wipe(ctx, victim, hold)
+	case "wipe-paused":
+		f.Nodes, f.Detail, f.Skipped = nm.wipePaused(ctx, leader, hold)
 	case "drop-replies":
 		f.Nodes, f.Detail = nm.dropReplies(ctx, leader, hold)
 	case "membership":
@@ -402,6 +414,133 @@ func (nm *nemesis) healAll(what string) {
 	for _, n := range nm.c.Running() {
 		_ = nm.c.Chaos(n, "heal", "what", what)
 	}
+}
+
+// wipe kills victim, deletes its data dir and restarts it with the same ID and addresses,
+// empty: a disk replaced under a node the cluster still counts as a voter. Then it waits
+// for the node to catch up (see caughtUp).
+func (nm *nemesis) wipe(ctx context.Context, victim *Node, hold time.Duration) (nodes []string, detail, skipped string) {
+	_ = victim.Kill()
+	if err := victim.wipe(); err != nil {
+		return []string{victim.ID}, "", "wiping the data dir: " + err.Error()
+	}
+	sleepCtx(ctx, hold/2)
+	if err := nm.c.Start(victim); err != nil {
+		return []string{victim.ID}, "", "restarting: " + err.Error()
+	}
+	return []string{victim.ID}, "wiped, restarted empty; " + nm.caughtUp(ctx, victim), ""
+}
+
+// wipePaused is the dangerous sequence: a stale follower and an empty one together are a
+// majority that lacks entries the cluster committed. It pauses k = n - majority followers
+// while the leader and the others commit, then either
+//
+//   - wipes one more follower and restarts it empty, resumes the paused ones and kills the
+//     leader at once: the survivors are the stale followers, the empty one and (n ≥ 5) some
+//     up-to-date ones; or
+//   - kills the leader, wipes it, and restarts it empty as the paused followers resume.
+//
+// If the empty node votes before it has caught up, a stale follower can win an election
+// with its vote and overwrite acknowledged admissions (linearizable-spends and
+// replay-same-decision see it).
+func (nm *nemesis) wipePaused(ctx context.Context, leader *Node, hold time.Duration) (nodes []string, detail, skipped string) {
+	var live []*Node
+	for _, n := range nm.others(leader) {
+		if !n.Paused() {
+			live = append(live, n)
+		}
+	}
+	n := len(live) + 1
+	k := n - (n/2 + 1)
+	if k < 1 || len(live) < k+1 {
+		return nil, "", fmt.Sprintf("%d nodes running: too few to pause %d and wipe one more", n, k)
+	}
+	nm.rng.Shuffle(len(live), func(i, j int) { live[i], live[j] = live[j], live[i] })
+	paused, wiped := live[:k], live[k]
+	lag := time.Second + time.Duration(nm.rng.Int64N(int64(2*time.Second)))
+	for _, p := range paused {
+		_ = p.Pause()
+	}
+	sleepCtx(ctx, lag) // the leader and the others commit entries the paused ones lack
+	resume := func() {
+		for _, p := range paused {
+			_ = p.Resume()
+		}
+	}
+	var restartErr error
+	if nm.rng.IntN(2) == 0 {
+		_ = wiped.Kill()
+		if err := wiped.wipe(); err != nil {
+			resume()
+			return ids(append(paused, wiped)), "", "wiping the data dir: " + err.Error()
+		}
+		restartErr = nm.c.Start(wiped)
+		resume()
+		_ = leader.Kill()
+		detail = fmt.Sprintf("paused %v for %v; wiped follower %s; resumed; killed leader %s", ids(paused), lag.Round(time.Millisecond), wiped.ID, leader.ID)
+		nodes = append(ids(paused), wiped.ID, leader.ID)
+		sleepCtx(ctx, hold/2)
+		if err := nm.c.Start(leader); err != nil {
+			restartErr = err
+		}
+	} else {
+		wiped = leader
+		_ = leader.Kill()
+		if err := leader.wipe(); err != nil {
+			resume()
+			return ids(append(paused, leader)), "", "wiping the data dir: " + err.Error()
+		}
+		sleepCtx(ctx, time.Duration(200+nm.rng.IntN(800))*time.Millisecond)
+		restartErr = nm.c.Start(leader)
+		resume()
+		detail = fmt.Sprintf("paused %v for %v; wiped leader %s; restarted it empty as they resumed", ids(paused), lag.Round(time.Millisecond), leader.ID)
+		nodes = append(ids(paused), leader.ID)
+	}
+	if restartErr != nil {
+		detail += "; restart: " + restartErr.Error()
+	}
+	return nodes, detail + "; " + nm.caughtUp(ctx, wiped), ""
+}
+
+// caughtUp waits (at most 40 s) until n is a voter again and has applied what the leader
+// had applied when n was seen a voter, and says how long that took or what it saw.
+func (nm *nemesis) caughtUp(ctx context.Context, n *Node) string {
+	start := time.Now()
+	deadline := start.Add(40 * time.Second)
+	var target uint64
+	var last string
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		time.Sleep(250 * time.Millisecond)
+		if target == 0 {
+			v, err := nm.c.Voters(ctx)
+			if err != nil || !slices.Contains(v, n.ID) {
+				last = fmt.Sprintf("voters %v", v)
+				continue
+			}
+			l, err := nm.c.Leader(ctx, 5*time.Second)
+			if err != nil {
+				last = "no leader"
+				continue
+			}
+			sctx, cancel := context.WithTimeout(ctx, time.Second)
+			st, err := nm.c.State(sctx, l)
+			cancel()
+			if err != nil {
+				continue
+			}
+			target = st.AppliedIndex
+		}
+		sctx, cancel := context.WithTimeout(ctx, time.Second)
+		st, err := nm.c.State(sctx, n)
+		cancel()
+		if err == nil && st.AppliedIndex >= target {
+			return fmt.Sprintf("voter and caught up to index %d after %v", target, time.Since(start).Round(100*time.Millisecond))
+		}
+		if err == nil {
+			last = fmt.Sprintf("applied %d of %d", st.AppliedIndex, target)
+		}
+	}
+	return fmt.Sprintf("not caught up within %v (%s)", time.Since(start).Round(time.Second), last)
 }
 
 // dropReplies makes the leader lose the replies of a fraction of the admissions it decided
