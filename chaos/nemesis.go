@@ -534,7 +534,7 @@ func (nm *nemesis) caughtUp(ctx context.Context, n *Node) string {
 		st, err := nm.c.State(sctx, n)
 		cancel()
 		if err == nil && st.AppliedIndex >= target {
-			return fmt.Sprintf("voter and caught up to index %d after %v", target, time.Since(start).Round(100*time.Millisecond))
+			return fmt.Sprintf("voter and caught up to index %d after %v (leader %s)", target, time.Since(start).Round(100*time.Millisecond), st.Leader)
 		}
 		if err == nil {
 			last = fmt.Sprintf("applied %d of %d", st.AppliedIndex, target)
