@@ -332,3 +332,32 @@ func TestCauseOfClassifiesLostRepliesAndDeadlines(t *testing.T) {
 		}
 	}
 }
+
+func TestForgeriesCatchAcceptedTrafficAndLeaderChange(t *testing.T) {
+	clean := Forgery{Start: sec, End: 5 * sec, Leaders: []string{"node1"},
+		VotersBefore: []string{"node1", "node2", "node3"}, VotersAfter: []string{"node1", "node2", "node3"},
+		Vectors: map[string]ForgeVector{"raft-plain": {Attempts: 50, Refused: 50}, "gossip-nokey": {Attempts: 20, Refused: 20}}}
+	if res := CheckForgeries(&History{Forgeries: []Forgery{clean}}); !res.OK || res.Checked != 70 {
+		t.Fatalf("a refused attack was reported: %+v", res)
+	}
+	if res := CheckForgeries(&History{}); !res.OK {
+		t.Fatalf("a run without a forge fault failed: %+v", res)
+	}
+	bad := func(f func(*Forgery)) Forgery {
+		fg := clean
+		fg.Vectors = map[string]ForgeVector{"raft-plain": {Attempts: 50, Refused: 50}}
+		f(&fg)
+		return fg
+	}
+	for name, fg := range map[string]Forgery{
+		"accepted":       bad(func(fg *Forgery) { fg.Vectors["raft-tls-client"] = ForgeVector{Attempts: 9, Accepted: 3} }),
+		"leader changed": bad(func(fg *Forgery) { fg.Leaders = []string{"node1", "node3"} }),
+		"forged voter":   bad(func(fg *Forgery) { fg.VotersAfter = []string{"forged-nokey-1", "node1", "node2", "node3"} }),
+		"crashed":        bad(func(fg *Forgery) { fg.Error = "forger: signal: killed" }),
+		"no attempt":     bad(func(fg *Forgery) { fg.Vectors = map[string]ForgeVector{"raft-plain": {Skipped: "x"}} }),
+	} {
+		if res := CheckForgeries(&History{Forgeries: []Forgery{fg}}); res.OK {
+			t.Errorf("%s: not reported: %+v", name, res)
+		}
+	}
+}

@@ -100,7 +100,7 @@ type StateSample struct {
 
 // Fault is one injected fault, from injection to heal.
 type Fault struct {
-	Kind   string   `json:"kind"` // kill, pause, partition, clock, membership, snapshot, disk
+	Kind   string   `json:"kind"` // one of FaultKinds
 	Name   string   `json:"name"` // e.g. "kill-leader", "partition-ring"
 	Nodes  []string `json:"nodes,omitempty"`
 	Start  int64    `json:"start"`
@@ -139,6 +139,8 @@ type History struct {
 	LoadStart int64 `json:"load_start"`
 	// Strays lists nodes found down outside any fault (crashed, or stopped from outside).
 	Strays []string `json:"strays,omitempty"`
+	// Forgeries are the forge faults' records.
+	Forgeries []Forgery `json:"forgeries,omitempty"`
 }
 
 // Write saves h as JSON.

@@ -11,7 +11,7 @@ import (
 )
 
 // Fault kinds, the keys of the report's "faults" counts.
-var FaultKinds = []string{"kill", "pause", "partition", "clock", "membership", "snapshot", "disk", "replies", "wipe"}
+var FaultKinds = []string{"kill", "pause", "partition", "clock", "membership", "snapshot", "disk", "replies", "wipe", "forge"}
 
 // NemesisConfig configures fault injection.
 type NemesisConfig struct {
@@ -38,6 +38,8 @@ type nemesis struct {
 	// bootstrap is the number of nodes that formed the cluster; later slots were added by
 	// the membership fault.
 	bootstrap int
+	// forger is the chaos/forger binary ("" if it did not build).
+	forger string
 }
 
 // faultNames by kind; the first round injects one of every kind in random order, so a short
@@ -52,6 +54,7 @@ var faultNames = map[string][]string{
 	"disk":       {"disk"},
 	"replies":    {"drop-replies"},
 	"wipe":       {"wipe-follower", "wipe-leader", "wipe-paused"},
+	"forge":      {"forge"},
 }
 
 func kindOf(name string) string {
@@ -305,6 +308,8 @@ func (nm *nemesis) inject(ctx context.Context, name string) (f Fault) {
 		f.Nodes, f.Detail, f.Skipped = nm.wipePaused(ctx, leader, hold)
 	case "drop-replies":
 		f.Nodes, f.Detail = nm.dropReplies(ctx, leader, hold)
+	case "forge":
+		f.Nodes, f.Detail, f.Skipped = nm.forge(ctx, leader, 2*hold)
 	case "membership":
 		f.Nodes, f.Detail, f.Skipped = nm.membership(ctx, leader)
 	case "snapshot":

@@ -170,6 +170,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := os.WriteFile(limitsFile, []byte(LimitsYAML), 0o644); err != nil {
 		return nil, err
 	}
+	forger := ""
+	if root, err := proccluster.ModuleRoot(); err == nil {
+		if forger, err = buildForger(root, work); err != nil {
+			rep.Notes = append(rep.Notes, "forge fault skipped: "+firstLine(err.Error()))
+		}
+	}
 	var b Backend
 	if cfg.Docker {
 		b, err = startContainers(ctx, bin, work, logDir, limitsFile, cfg.Nodes, extra, logf)
@@ -210,7 +216,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	nemCtx, stopNem := context.WithTimeout(ctx, cfg.Duration)
 	nm := &nemesis{cfg: cfg.Nemesis, c: c, rec: rec, log: logf, snapshotFlags: snapshotFlags, trailingLogs: trailing,
-		rng: newRand(cfg.Seed), bootstrap: cfg.Nodes}
+		rng: newRand(cfg.Seed), bootstrap: cfg.Nodes, forger: forger}
 	nm.run(nemCtx)
 	stopNem()
 
@@ -282,6 +288,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		CheckReplays(h),
 		CheckReplicaHashes(h),
 		CheckLogs(logDir),
+		CheckForgeries(h),
 		thr,
 	}
 	rep.Throughput, rep.Porcupine, rep.Ops = rate, st, len(h.Ops)

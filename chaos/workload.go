@@ -112,6 +112,7 @@ func (r *recorder) snapshot() *History {
 	h.States = append([]StateSample(nil), r.h.States...)
 	h.Faults = append([]Fault(nil), r.h.Faults...)
 	h.Reclaim = append([]Reclaim(nil), r.h.Reclaim...)
+	h.Forgeries = append([]Forgery(nil), r.h.Forgeries...)
 	return &h
 }
 
