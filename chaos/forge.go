@@ -28,7 +28,9 @@ type SecureBackend interface {
 type ForgeVector struct {
 	Attempts  int    `json:"attempts"`
 	Accepted  int    `json:"accepted"`
+	Succeeded int    `json:"succeeded,omitempty"`
 	Refused   int    `json:"refused"`
+	Answered  int    `json:"answered,omitempty"`
 	LastError string `json:"last_error,omitempty"`
 	Skipped   string `json:"skipped,omitempty"`
 }
@@ -158,7 +160,7 @@ func CheckForgeries(h *History) Result {
 				attempts += v.Attempts
 				r.Checked += v.Attempts
 				if v.Accepted > 0 {
-					r.anomaly("forge at %s: %s: %d of %d forged attempts accepted (last: %s)", at, name, v.Accepted, v.Attempts, v.LastError)
+					r.anomaly("forge at %s: %s: %d of %d forged attempts accepted, %d with success (last: %s)", at, name, v.Accepted, v.Attempts, v.Succeeded, v.LastError)
 				}
 			}
 			if attempts == 0 {

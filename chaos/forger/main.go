@@ -16,8 +16,8 @@
 // The Raft RPCs are built by raft.NewNetworkTransport on the forger's own stream layer: an
 // AppendEntries carrying a SetLimits command (the --limits file, with a clock 57 years
 // ahead) and a garbage entry, at a huge term and at the --term/--index hints; a RequestVote
-// at a huge term; a TimeoutNow. An RPC that gets any answer, a gossip join that contacts a
-// node, or garbage that gets bytes back counts as accepted: against a secure cluster every
+// at a huge term; a TimeoutNow. An RPC that gets any answer or a gossip join that contacts a
+// node counts as accepted; against a secure cluster every
 // accepted count must be 0.
 package main
 
@@ -45,9 +45,16 @@ import (
 
 // Vector is what one attack achieved.
 type Vector struct {
-	Attempts  int    `json:"attempts"`
-	Accepted  int    `json:"accepted"`
-	Refused   int    `json:"refused"`
+	Attempts int `json:"attempts"`
+	// Accepted counts forged RPCs a node read and answered, and gossip joins let in.
+	Accepted int `json:"accepted"`
+	// Succeeded counts accepted RPCs answered with success: AppendEntries applied, a vote
+	// granted.
+	Succeeded int `json:"succeeded,omitempty"`
+	Refused   int `json:"refused"`
+	// Answered counts garbage that got bytes back (an error reply, e.g. memberlist's):
+	// not a breach — garbage is there to crash a parser, which node-logs would show.
+	Answered  int    `json:"answered,omitempty"`
 	LastError string `json:"last_error,omitempty"`
 	// Skipped says why the vector did not run (e.g. no client certificate given).
 	Skipped string `json:"skipped,omitempty"`
@@ -157,23 +164,35 @@ func (f *forger) vector(name string) *Vector {
 	return v
 }
 
-// record counts one attempt: accepted, or refused with err.
-func (f *forger) record(name string, accepted bool, err error) {
+// outcome of one attempt.
+type outcome int
+
+const (
+	refused   outcome = iota
+	answered          // garbage got bytes back
+	accepted          // a forged RPC was read and answered, a join let in
+	succeeded         // ... and answered with success
+)
+
+// record counts one attempt.
+func (f *forger) record(name string, o outcome, err error) {
 	v := f.vector(name)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	v.Attempts++
-	switch {
+	switch o {
+	case refused:
+		v.Refused++
+	case answered:
+		v.Answered++
+	case succeeded:
+		v.Succeeded++
+		v.Accepted++
 	case accepted:
 		v.Accepted++
-		if err != nil {
-			v.LastError = err.Error()
-		}
-	default:
-		v.Refused++
-		if err != nil {
-			v.LastError = err.Error()
-		}
+	}
+	if err != nil {
+		v.LastError = err.Error()
 	}
 }
 
@@ -259,21 +278,32 @@ func (f *forger) raftVector(name string, st *stream, loop func(string, func())) 
 		kind := i / len(f.raft) % 3
 		i++
 		var err error
+		ok := false
 		switch kind {
 		case 0:
 			var resp raft.AppendEntriesResponse
 			err = tr.AppendEntries("forged", target, f.appendEntries(tr, i), &resp)
+			ok = resp.Success
 		case 1:
 			var resp raft.RequestVoteResponse
 			err = tr.RequestVote("forged", target, &raft.RequestVoteRequest{
 				RPCHeader: header(tr), Term: 1 << 40, LastLogIndex: 1 << 40, LastLogTerm: 1 << 40,
 			}, &resp)
+			ok = resp.Granted
 		case 2:
 			var resp raft.TimeoutNowResponse
 			err = tr.TimeoutNow("forged", target, &raft.TimeoutNowRequest{RPCHeader: header(tr)}, &resp)
+			ok = true // the node starts an election
 		}
 		// Any decoded answer means the node read and handled a forged RPC.
-		f.record(name, err == nil, err)
+		switch {
+		case err != nil:
+			f.record(name, refused, err)
+		case ok:
+			f.record(name, succeeded, nil)
+		default:
+			f.record(name, accepted, nil)
+		}
 	})
 }
 
@@ -306,12 +336,12 @@ func (f *forger) appendEntries(tr *raft.NetworkTransport, i int) *raft.AppendEnt
 	}
 }
 
-// garbageTCP writes random bytes to one of addrs and counts an answer as accepted.
+// garbageTCP writes random bytes to one of addrs (an answer is counted, not a breach).
 func (f *forger) garbageTCP(name string, addrs []string) {
 	addr := addrs[randIntN(len(addrs))]
 	c, err := net.DialTimeout("tcp", addr, time.Second)
 	if err != nil {
-		f.record(name, false, err)
+		f.record(name, refused, err)
 		return
 	}
 	defer c.Close()
@@ -319,11 +349,14 @@ func (f *forger) garbageTCP(name string, addrs []string) {
 	_, _ = rand.Read(b)
 	_ = c.SetDeadline(time.Now().Add(300 * time.Millisecond))
 	if _, err := c.Write(b); err != nil {
-		f.record(name, false, err)
+		f.record(name, refused, err)
 		return
 	}
-	n, err := c.Read(make([]byte, 512))
-	f.record(name, n > 0, err)
+	if n, err := c.Read(make([]byte, 512)); n > 0 {
+		f.record(name, answered, err)
+	} else {
+		f.record(name, refused, err)
+	}
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -390,7 +423,11 @@ func (f *forger) gossipJoin(name string, key []byte, deadline time.Time) {
 		if n > 0 || others > 0 {
 			err = fmt.Errorf("joined: contacted %d, sees %d members", n, others)
 		}
-		f.record(name, n > 0 || others > 0, err)
+		o := refused
+		if n > 0 || others > 0 {
+			o = accepted
+		}
+		f.record(name, o, err)
 		time.Sleep(250 * time.Millisecond)
 	}
 }
