@@ -143,6 +143,9 @@ func TestPlantedBugs(t *testing.T) {
 			}
 			cfg.Nemesis.Only = bug.faults
 			cfg.Workload.RawToAnyNode = bug.raw
+			// No impatient workers: their ambiguous ops make porcupine's search of a broken
+			// history longer (it already takes minutes), and these runs are about the bugs.
+			cfg.Workload.ImpatientWorkers = 0
 			cfg.OutDir = filepath.Join(cfg.OutDir, "bug-"+bug.tag)
 			rep := runLogged(t, cfg)
 			if !strings.Contains(rep.Binary, bug.tag) {
