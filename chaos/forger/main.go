@@ -70,8 +70,13 @@ type forger struct {
 	raft, gossip []string
 	clientCert   *tls.Certificate
 	limitsJSON   []byte
-	term, index  uint64
 	pace         time.Duration
+
+	// hintMu guards the term and last index: from the flags, then learned from every answer
+	// a node gives (a node that answers at all tells its term and last log index), so that a
+	// forged AppendEntries can line up with its log and be appended and committed.
+	hintMu      sync.Mutex
+	term, index uint64
 
 	mu  sync.Mutex
 	rep Report
@@ -85,8 +90,8 @@ func main() {
 		certFile    = flag.String("client-cert", "", "PEM client certificate from the cluster's CA (vector raft-tls-client)")
 		keyFile     = flag.String("client-key", "", "PEM key of --client-cert")
 		limitsFile  = flag.String("limits", "", "limits YAML to forge into a SetLimits entry (default: a huge budget)")
-		term        = flag.Uint64("term", 0, "a Raft term hint (the forged AppendEntries also uses term+1)")
-		index       = flag.Uint64("index", 0, "a Raft index hint (prev log index of one forged AppendEntries)")
+		term        = flag.Uint64("term", 0, "a Raft term hint (learned from answers too)")
+		index       = flag.Uint64("index", 0, "a Raft last-index hint: prev log index of every other forged AppendEntries (learned from answers too)")
 		pace        = flag.Duration("pace", 20*time.Millisecond, "pause between two attempts of one vector")
 	)
 	flag.Parse()
@@ -284,12 +289,18 @@ func (f *forger) raftVector(name string, st *stream, loop func(string, func())) 
 			var resp raft.AppendEntriesResponse
 			err = tr.AppendEntries("forged", target, f.appendEntries(tr, i), &resp)
 			ok = resp.Success
+			if err == nil {
+				f.learn(resp.Term, resp.LastLog)
+			}
 		case 1:
 			var resp raft.RequestVoteResponse
 			err = tr.RequestVote("forged", target, &raft.RequestVoteRequest{
 				RPCHeader: header(tr), Term: 1 << 40, LastLogIndex: 1 << 40, LastLogTerm: 1 << 40,
 			}, &resp)
 			ok = resp.Granted
+			if err == nil {
+				f.learn(resp.Term, 0)
+			}
 		case 2:
 			var resp raft.TimeoutNowResponse
 			err = tr.TimeoutNow("forged", target, &raft.TimeoutNowRequest{RPCHeader: header(tr)}, &resp)
@@ -311,9 +322,22 @@ func header(tr *raft.NetworkTransport) raft.RPCHeader {
 	return raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte("forged"), Addr: []byte(tr.LocalAddr())}
 }
 
+// learn keeps the latest term and last log index a node answered with.
+func (f *forger) learn(term, lastLog uint64) {
+	f.hintMu.Lock()
+	defer f.hintMu.Unlock()
+	if term > 0 { // possibly the huge term our own RPCs pushed it to: it is its term now
+		f.term = term
+	}
+	if lastLog > 0 {
+		f.index = lastLog
+	}
+}
+
 // appendEntries builds the i-th forged AppendEntries: a SetLimits command stamped 57 years
-// ahead and a garbage entry, alternately at a huge term with no previous entry and at the
-// hints.
+// ahead and a garbage entry, alternately at a huge term with no previous entry, and right
+// after the node's last entry in its current term (the hints, learned from its answers): a
+// node that takes it appends both entries and, told they are committed, applies them.
 func (f *forger) appendEntries(tr *raft.NetworkTransport, i int) *raft.AppendEntriesRequest {
 	future := time.Now().Add(57 * 365 * 24 * time.Hour).UnixNano()
 	cmd, err := fsm.Encode(&fsmv1.Command{Ts: future, Ops: []*fsmv1.Op{{Op: &fsmv1.Op_SetLimits{SetLimits: &fsmv1.SetLimits{LimitsJson: f.limitsJSON}}}}})
@@ -323,9 +347,11 @@ func (f *forger) appendEntries(tr *raft.NetworkTransport, i int) *raft.AppendEnt
 	garbage := make([]byte, 64)
 	_, _ = rand.Read(garbage)
 	term, prev, prevTerm := uint64(1<<40), uint64(0), uint64(0)
+	f.hintMu.Lock()
 	if i%2 == 1 && f.index > 0 {
-		term, prev, prevTerm = f.term+1, f.index, f.term
+		term, prev, prevTerm = max(f.term, 1), f.index, f.term
 	}
+	f.hintMu.Unlock()
 	return &raft.AppendEntriesRequest{
 		RPCHeader: header(tr), Term: term, PrevLogEntry: prev, PrevLogTerm: prevTerm,
 		Entries: []*raft.Log{
