@@ -46,6 +46,10 @@ func New(cfg Config) (*Client, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
+	creds, err := cfg.DialCredentials()
+	if err != nil {
+		return nil, err
+	}
 	id := cfg.ClientID
 	seq := uint64(time.Now().UnixNano())
 	if id == "" {
@@ -62,7 +66,7 @@ func New(cfg Config) (*Client, error) {
 	c := &Client{
 		cfg:     cfg,
 		id:      id,
-		nodes:   newNodes(cfg.Addrs, cfg),
+		nodes:   newNodes(cfg.Addrs, cfg, creds),
 		baseCtx: ctx,
 		cancel:  cancel,
 		closing: make(chan struct{}),

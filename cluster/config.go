@@ -143,6 +143,10 @@ type Config struct {
 	// the same key.
 	GossipSecretKey []byte
 
+	// Insecure allows plaintext Raft and gossip without a key (a throwaway cluster on a
+	// trusted network; `quotad agent --insecure`).
+	Insecure bool
+
 	// RaftTLS, if set, secures the Raft transport (both directions: set Certificates, RootCAs,
 	// ClientCAs and ClientAuth for mutual TLS between nodes).
 	RaftTLS *tls.Config

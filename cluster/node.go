@@ -58,6 +58,7 @@ type Node struct {
 	raft       *raft.Raft
 	trans      *raft.NetworkTransport
 	bolt       *raftboltdb.BoltStore
+	logs       *watchedLogStore
 	ml         *memberlist.Memberlist
 	raftAddr   string
 	gossipAddr string
@@ -171,6 +172,8 @@ func (n *Node) openRaft() error {
 	if cfg.WrapLogStore != nil {
 		logs = cfg.WrapLogStore(logs)
 	}
+	n.logs = &watchedLogStore{LogStore: logs}
+	logs = n.logs
 	cache, err := raft.NewLogCache(cfg.LogCacheSize, logs)
 	if err != nil {
 		return fmt.Errorf("cluster: log cache: %w", err)

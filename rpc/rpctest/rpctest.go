@@ -49,7 +49,8 @@ func Start(t testing.TB, n int, limitsYAML string, opts ...Option) *Cluster {
 		cc.BootstrapExpect = n
 		cc.GRPCAddr = "127.0.0.1:0"
 		cc.HTTPAddr = "127.0.0.1:0"
-		cfg := rpc.AgentConfig{Cluster: cc, LimitsFile: limitsFile}
+		// Plaintext and debug endpoints on: the API tests; a test of security turns them off.
+		cfg := rpc.AgentConfig{Cluster: cc, LimitsFile: limitsFile, Insecure: true, EnableDebug: true}
 		for _, o := range opts {
 			o(i, &cfg)
 		}
