@@ -91,7 +91,7 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 	if cfg.ClusterName == "" {
 		cfg.ClusterName = DefaultClusterName
 	}
-	if err := cfg.checkSecurity(); err != nil {
+	if err := cfg.CheckSecurity(); err != nil {
 		return nil, err
 	}
 	if cfg.Insecure {

@@ -34,8 +34,9 @@ then start each node with
   --tls-cert <node-id>.pem --tls-key <node-id>-key.pem --tls-ca quotad-ca.pem --gossip-key-file gossip.key [--bootstrap-token-file bootstrap.token]
 or, for a throwaway cluster on a trusted network only, --insecure (` + "`quotad dev`" + ` does all of this for a local cluster)`
 
-// checkSecurity reports what a secure agent lacks, with how to make it.
-func (c AgentConfig) checkSecurity() error {
+// CheckSecurity reports what a secure agent lacks (TLS files, gossip key), with how to make
+// it; nil with Insecure. StartAgent calls it first.
+func (c AgentConfig) CheckSecurity() error {
 	if c.Insecure {
 		return nil
 	}
