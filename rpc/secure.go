@@ -28,8 +28,8 @@ const howToSecure = `make them once per cluster and node:
   quotad tls ca create                                  # quotad-ca.pem, quotad-ca-key.pem (keep the key off the nodes)
   quotad tls cert create --server --name <node-id> [--dns <host>] [--ip <addr>]
                                                         # <node-id>.pem, <node-id>-key.pem (one per node)
-  quotad keygen > gossip.key                            # the same gossip key on every node
-  quotad keygen --token > bootstrap.token               # optional: a bootstrap admin token
+  quotad keygen --out gossip.key                        # the same gossip key on every node
+  quotad keygen --token --out bootstrap.token           # optional: a bootstrap admin token
 then start each node with
   --tls-cert <node-id>.pem --tls-key <node-id>-key.pem --tls-ca quotad-ca.pem --gossip-key-file gossip.key [--bootstrap-token-file bootstrap.token]
 or, for a throwaway cluster on a trusted network only, --insecure (` + "`quotad dev`" + ` does all of this for a local cluster)`

@@ -14,8 +14,8 @@ import (
 
 	"github.com/quotad/quotad/auth"
 	"github.com/quotad/quotad/cluster"
-	"github.com/quotad/quotad/internal/pkifiles"
 	"github.com/quotad/quotad/internal/gctune"
+	"github.com/quotad/quotad/internal/pkifiles"
 	"github.com/quotad/quotad/rpc"
 )
 
@@ -26,12 +26,14 @@ func agentCmd() *cobra.Command {
 		limits     string
 		logLevel   string
 		logFormat  string
-		gossipKeyFile string
-		acfg          rpc.AgentConfig
 		gcPercent  int
 		memLimit   string
 		gcHeadroom string
 		proposer   = rpc.DefaultProposerConfig()
+	)
+	var (
+		acfg          rpc.AgentConfig // security settings; the rest is filled in at run
+		gossipKeyFile string
 	)
 	cmd := &cobra.Command{
 		Use:   "agent",

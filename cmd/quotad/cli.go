@@ -85,10 +85,18 @@ func call(ctx context.Context, addrs string, fn func(ctx context.Context, conn *
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("no node answered in time: %w", last)
+			return fmt.Errorf("no node answered in time: %w%s", last, plaintextHint())
 		case <-time.After(time.Duration(100*(attempt+1)) * time.Millisecond):
 		}
 	}
+}
+
+// plaintextHint explains the likely cause of unanswered plaintext calls: a secure cluster.
+func plaintextHint() string {
+	if tlsCfg, err := connConfig("").TLSConfig(); err == nil && tlsCfg == nil {
+		return "\n(no TLS configured: a secure cluster needs the CA that signed its certificates, --cacert or $QUOTAD_CACERT; for `quotad dev`, source DATA_DIR/dev.env)"
+	}
+	return ""
 }
 
 // decisionView prints a client.Decision in the API's millisecond units (rounded up, so a
@@ -136,6 +144,9 @@ func acquireCmd() *cobra.Command {
 			defer cancel()
 			dec, err := c.Allow(ctx, req)
 			if err != nil && !errors.Is(err, client.ErrDenied) {
+				if errors.Is(err, client.ErrUnavailable) {
+					return fmt.Errorf("%w%s", err, plaintextHint())
+				}
 				return err
 			}
 			err = nil // a denial is an answer: printed below, exit code 3

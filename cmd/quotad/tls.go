@@ -118,13 +118,16 @@ func certCreateCmd() *cobra.Command {
 }
 
 func keygenCmd() *cobra.Command {
-	var token bool
+	var (
+		token bool
+		out   string
+	)
 	cmd := &cobra.Command{
 		Use:   "keygen",
 		Short: "Print a new base64 gossip encryption key (or, with --token, a bootstrap admin token)",
 		Long: `Print a new random base64 32-byte gossip encryption key for --gossip-key-file
-(quotad keygen > gossip.key; the same key on every node). With --token print a new bootstrap
-admin token for --bootstrap-token-file instead.`,
+(quotad keygen --out gossip.key; the same key on every node). With --token make a new
+bootstrap admin token for --bootstrap-token-file instead.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var s string
@@ -137,10 +140,18 @@ admin token for --bootstrap-token-file instead.`,
 			if err != nil {
 				return err
 			}
+			if out != "" {
+				if err := auth.WriteSecretFile(out, []byte(s+"\n")); err != nil {
+					return err
+				}
+				fmt.Printf("wrote %s\n", out)
+				return nil
+			}
 			fmt.Println(s)
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&token, "token", false, "print a bootstrap admin token instead of a gossip key")
+	cmd.Flags().BoolVar(&token, "token", false, "a bootstrap admin token instead of a gossip key")
+	cmd.Flags().StringVarP(&out, "out", "o", "", "write it to this new file (mode 0600) instead of printing it")
 	return cmd
 }
