@@ -171,7 +171,7 @@ func newWorkload(cfg WorkloadConfig, c *Cluster, rec *recorder, seed int64) (*wo
 	}
 	w.rawSeq.Store(1 << 62)
 	for range max(cfg.Clients, 1) + 2 {
-		cl, err := client.New(client.DefaultConfig(w.addr...))
+		cl, err := client.New(c.ClientConfig(w.addr...))
 		if err != nil {
 			return nil, err
 		}

@@ -14,7 +14,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -139,6 +138,11 @@ func main() {
 		check(err)
 		leader, err := c.WaitLeader(20 * time.Second)
 		check(err)
+		// The loadgen processes connect with the cluster's admin credentials (client.LoadEnv).
+		for _, kv := range c.ClientEnv() {
+			k, v, _ := strings.Cut(kv, "=")
+			check(os.Setenv(k, v))
+		}
 		logf("cluster %s up: leader %s, nodes %v", name, c.Nodes[leader].ID, c.GRPCAddrs())
 	}
 	startCluster("cluster1")
@@ -272,7 +276,7 @@ func memory(c *proccluster.Cluster, loadgen, addrs string, n int) []float64 {
 	}
 	var mbs []float64
 	for i, nd := range c.Nodes {
-		rss, err := scrapeRSS(nd.HTTPAddr)
+		rss, err := scrapeRSS(c, i)
 		check(err)
 		st, _ := c.State(context.Background(), i)
 		mb := rss / (1 << 20)
@@ -291,13 +295,14 @@ func populate(loadgen, addrs string, n int) {
 	logf("populate: %d decisions in %.1fs (%.0f/s), %d RPCs, errors %d %s", res.Decisions, res.Seconds, res.PerSec, res.RPCs, res.Errors, res.FirstError)
 }
 
-func scrapeRSS(httpAddr string) (float64, error) {
-	return scrapeMetric(httpAddr, "process_resident_memory_bytes")
+func scrapeRSS(c *proccluster.Cluster, i int) (float64, error) {
+	return scrapeMetric(c, i, "process_resident_memory_bytes")
 }
 
-// scrapeMetric reads one unlabelled sample from a node's /metrics.
-func scrapeMetric(httpAddr, name string) (float64, error) {
-	resp, err := http.Get("http://" + httpAddr + "/metrics")
+// scrapeMetric reads one unlabelled sample from node i's /metrics.
+func scrapeMetric(c *proccluster.Cluster, i int, name string) (float64, error) {
+	httpAddr := c.Nodes[i].HTTPAddr
+	resp, err := c.HTTPClient().Get(c.URL(i, "/metrics"))
 	if err != nil {
 		return 0, err
 	}
