@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"strings"
@@ -175,3 +176,34 @@ func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]strin
 // RequireTransportSecurity: gRPC refuses to send the token over a plaintext connection
 // unless the caller said Insecure.
 func (b bearer) RequireTransportSecurity() bool { return !b.plaintextOK }
+
+// Flags registers the connection flags of a quotad tool on fs — -addrs, -cacert,
+// -client-cert, -client-key, -token-file — and returns a function that, once fs is parsed,
+// returns DefaultConfig with them, the environment filling what the flags left empty
+// (LoadEnv), and defaultAddrs if neither names a node. The examples use it:
+//
+//	conn := client.Flags(flag.CommandLine, "127.0.0.1:7101")
+//	flag.Parse()
+//	qc, err := client.New(conn())
+func Flags(fs *flag.FlagSet, defaultAddrs string) func() Config {
+	addrs := fs.String("addrs", "", "comma-separated quotad gRPC addresses (or $"+EnvAddr+"; default "+defaultAddrs+")")
+	var files TLSFiles
+	fs.StringVar(&files.CAFile, "cacert", "", "PEM CA that signed the nodes' certificates (or $"+EnvCACert+")")
+	fs.StringVar(&files.CertFile, "client-cert", "", "PEM client certificate (or $"+EnvClientCert+")")
+	fs.StringVar(&files.KeyFile, "client-key", "", "PEM key of -client-cert (or $"+EnvClientKey+")")
+	tokenFile := fs.String("token-file", "", "file holding a bearer token (or the token in $"+EnvToken+")")
+	return func() Config {
+		cfg := DefaultConfig()
+		for _, a := range strings.Split(*addrs, ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				cfg.Addrs = append(cfg.Addrs, a)
+			}
+		}
+		cfg.TLSFiles, cfg.TokenFile = files, *tokenFile
+		cfg.LoadEnv()
+		if len(cfg.Addrs) == 0 {
+			cfg.Addrs = strings.Split(defaultAddrs, ",")
+		}
+		return cfg
+	}
+}

@@ -36,24 +36,7 @@ func secureCluster(t *testing.T, n int, debug bool) (*rpctest.Cluster, *pkifiles
 	if err != nil {
 		t.Fatal(err)
 	}
-	keyB64, err := pkifiles.ReadSecret(creds.GossipKeyFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := auth.DecodeGossipKey(keyB64)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := rpctest.Start(t, n, testLimits, func(i int, cfg *rpc.AgentConfig) {
-		cert, certKey, err := creds.ServerCert(fmt.Sprintf("node%d", i))
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.Insecure, cfg.EnableDebug = false, debug
-		cfg.TLS = rpc.TLSFiles{CertFile: cert, KeyFile: certKey, CAFile: creds.CAFile}
-		cfg.Cluster.GossipSecretKey = key
-		cfg.BootstrapTokenFile = creds.TokenFile
-	})
+	c := rpctest.Start(t, n, testLimits, rpctest.Secure(t, creds), func(_ int, cfg *rpc.AgentConfig) { cfg.EnableDebug = debug })
 	return c, creds
 }
 
