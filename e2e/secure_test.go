@@ -124,3 +124,89 @@ func mustTLS(t *testing.T, c *proccluster.Cluster) *tls.Config {
 	}
 	return cfg
 }
+
+// TestProductionSetupWithTheCLI follows the README: make a CA, a node certificate, a gossip
+// key, a bootstrap token and an admin and a worker certificate with the CLI, start an agent
+// with them, and use it with --cacert/--client-cert/--client-key/--token-file.
+func TestProductionSetupWithTheCLI(t *testing.T) {
+	dir := t.TempDir()
+	run := func(env []string, args ...string) (string, error) {
+		cmd := exec.Command(binary, args...)
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), env...)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	must := func(args ...string) {
+		t.Helper()
+		if out, err := run(nil, args...); err != nil {
+			t.Fatalf("quotad %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	must("tls", "ca", "create")
+	must("tls", "cert", "create", "--server", "--name", "n1")
+	must("tls", "cert", "create", "--client", "--name", "ops", "--role", "admin")
+	must("tls", "cert", "create", "--client", "--name", "alice", "--role", "worker", "--domain", "provider")
+	must("keygen", "--out", "gossip.key")
+	must("keygen", "--token", "--out", "bootstrap.token")
+	if out, err := run(nil, "tls", "ca", "create"); err == nil || !strings.Contains(out, "refusing to overwrite") {
+		t.Fatalf("a second CA over the first: %v %s", err, out)
+	}
+	ports, err := proccluster.FreePorts(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := func(i int) string { return "127.0.0.1:" + strconv.Itoa(ports[i]) }
+	agent := exec.Command(binary, "agent", "--id", "n1", "--data-dir", filepath.Join(dir, "data"),
+		"--grpc-addr", a(0), "--raft-addr", a(1), "--gossip-addr", a(2), "--http-addr", a(3), "--bootstrap-expect", "1",
+		"--limits", filepath.Join(dir, "limits.yaml"),
+		"--tls-cert", "n1.pem", "--tls-key", "n1-key.pem", "--tls-ca", "quotad-ca.pem",
+		"--gossip-key-file", "gossip.key", "--bootstrap-token-file", "bootstrap.token")
+	agent.Dir = dir
+	if err := os.WriteFile(filepath.Join(dir, "limits.yaml"), []byte(limits), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	logf, _ := os.Create(filepath.Join(dir, "agent.log"))
+	agent.Stdout, agent.Stderr = logf, logf
+	if err := agent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		agent.Process.Kill()
+		agent.Wait()
+		if t.Failed() {
+			b, _ := os.ReadFile(filepath.Join(dir, "agent.log"))
+			t.Logf("agent log:\n%s", tail(string(b), 30))
+		}
+	}()
+	admin := []string{"--addr", a(0), "--cacert", "quotad-ca.pem", "--client-cert", "ops.pem", "--client-key", "ops-key.pem"}
+	waitFor(t, 15*time.Second, "the agent to lead", func() bool {
+		out, err := run(nil, append([]string{"status"}, admin...)...)
+		return err == nil && strings.Contains(out, "leader: n1")
+	})
+	worker := []string{"--addr", a(0), "--cacert", "quotad-ca.pem", "--client-cert", "alice.pem", "--client-key", "alice-key.pem"}
+	if out, err := run(nil, append([]string{"acquire", "--domain", "provider", "--descriptor", "endpoint=search"}, worker...)...); err != nil || !strings.HasPrefix(out, "admitted") {
+		t.Fatalf("acquire with a worker certificate: %v %s", err, out)
+	}
+	// The bootstrap token from a file or the environment makes admin calls.
+	get := append([]string{"limits", "get"}, admin...)
+	if out, err := run(nil, get...); err != nil || !strings.Contains(out, "domain: provider") {
+		t.Fatalf("limits get: %v %s", err, out)
+	}
+	os.WriteFile(filepath.Join(dir, "l.yaml"), []byte(limits), 0o644)
+	apply := []string{"limits", "apply", "-f", "l.yaml", "--addr", a(0), "--cacert", "quotad-ca.pem"}
+	if out, err := run(nil, append(apply, "--token-file", "bootstrap.token")...); err != nil || !strings.Contains(out, "applied limits version 2") {
+		t.Fatalf("limits apply --token-file: %v %s", err, out)
+	}
+	tok, _ := pkifiles.ReadSecret(filepath.Join(dir, "bootstrap.token"))
+	if out, err := run([]string{"QUOTAD_TOKEN=" + tok}, apply...); err != nil || !strings.Contains(out, "applied limits version 3") {
+		t.Fatalf("limits apply with $QUOTAD_TOKEN: %v %s", err, out)
+	}
+	if out, err := run([]string{"QUOTAD_TOKEN="}, apply...); err == nil || !strings.Contains(out, "Unauthenticated") {
+		t.Fatalf("limits apply without a token: %v %s", err, out)
+	}
+	// Plaintext gets a hint instead of a bare timeout.
+	if out, err := run([]string{"QUOTAD_CACERT="}, "status", "--addr", a(0)); err == nil || !strings.Contains(out, "no TLS configured") {
+		t.Fatalf("plaintext status: %v %s", err, out)
+	}
+}
