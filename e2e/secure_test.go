@@ -180,19 +180,19 @@ func TestProductionSetupWithTheCLI(t *testing.T) {
 		}
 	}()
 	admin := []string{"--addr", a(0), "--cacert", "quotad-ca.pem", "--client-cert", "ops.pem", "--client-key", "ops-key.pem"}
-	waitFor(t, 15*time.Second, "the agent to lead", func() bool {
+	waitFor(t, 15*time.Second, "the agent to lead with the limits applied", func() bool {
 		out, err := run(nil, append([]string{"status"}, admin...)...)
-		return err == nil && strings.Contains(out, "leader: n1")
+		if err != nil || !strings.Contains(out, "leader: n1") {
+			return false
+		}
+		out, err = run(nil, append([]string{"limits", "get"}, admin...)...)
+		return err == nil && strings.Contains(out, "domain: provider")
 	})
 	worker := []string{"--addr", a(0), "--cacert", "quotad-ca.pem", "--client-cert", "alice.pem", "--client-key", "alice-key.pem"}
 	if out, err := run(nil, append([]string{"acquire", "--domain", "provider", "--descriptor", "endpoint=search"}, worker...)...); err != nil || !strings.HasPrefix(out, "admitted") {
 		t.Fatalf("acquire with a worker certificate: %v %s", err, out)
 	}
 	// The bootstrap token from a file or the environment makes admin calls.
-	get := append([]string{"limits", "get"}, admin...)
-	if out, err := run(nil, get...); err != nil || !strings.Contains(out, "domain: provider") {
-		t.Fatalf("limits get: %v %s", err, out)
-	}
 	os.WriteFile(filepath.Join(dir, "l.yaml"), []byte(limits), 0o644)
 	apply := []string{"limits", "apply", "-f", "l.yaml", "--addr", a(0), "--cacert", "quotad-ca.pem"}
 	if out, err := run(nil, append(apply, "--token-file", "bootstrap.token")...); err != nil || !strings.Contains(out, "applied limits version 2") {

@@ -41,4 +41,3 @@ func TestAdminTokenGuardsChangesEvenWhenForwarded(t *testing.T) {
 		t.Fatalf("get limits: %v", err)
 	}
 }
-
