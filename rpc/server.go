@@ -1,5 +1,5 @@
 // Package rpc serves quotad's gRPC API (quotad.v1 Quota and Admin, grpc.health.v1) and its HTTP
-// endpoints (/metrics, /debug/pprof, /debug/state) on top of one cluster node.
+// endpoints (/metrics, /healthz, and with EnableDebug /debug/pprof, /debug/state) on top of one cluster node.
 //
 // It owns leader routing (a follower forwards to the leader and names it in the
 // "x-quotad-leader" response header), group commit (concurrent calls share log entries) and

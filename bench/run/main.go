@@ -211,7 +211,7 @@ func main() {
 	check(os.WriteFile(*out, append(data, '\n'), 0o644))
 	logf("wrote %s", *out)
 	if *keep {
-		logf("cluster kept running (HTTP %s); interrupt to stop", c.Nodes[0].HTTPAddr)
+		logf("cluster kept running (HTTPS %s, admin credentials in %s); interrupt to stop", c.Nodes[0].HTTPAddr, c.Credentials().Dir)
 		select {}
 	}
 }
