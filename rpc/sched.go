@@ -185,7 +185,7 @@ func (f *fair) acquire(ctx context.Context, req *quotadv1.AcquireRequest) (*quot
 		}
 		// A retry of a request the FSM already decided must get that decision back from the
 		// log, never the scheduler's fresh opinion: no gate, no queue.
-		known := s.fsm.Remembers(req.ClientId, adm.RequestId)
+		known := s.fsm.Remembers("", req.ClientId, adm.RequestId)
 		if adm.MaxWaitMs > 0 && !known {
 			wg.Go(func() { resp.Decisions[i], errs[i] = f.wait(ctx, req.ClientId, adm) })
 			continue
