@@ -95,14 +95,24 @@ func Authorize(id Identity, fullMethod string) error {
 		return nil
 	}
 	if id.IsZero() {
-		return fmt.Errorf("%w: %s needs a credential: send metadata \"authorization: Bearer <token>\" (quotad --token-file or $QUOTAD_TOKEN) or a client certificate signed by the cluster's CA",
-			ErrUnauthenticated, MethodName(fullMethod))
+		return &denial{ErrUnauthenticated, fmt.Sprintf("%s needs a credential: send metadata \"authorization: Bearer <token>\" (quotad --token-file or $QUOTAD_TOKEN) or a client certificate signed by the cluster's CA",
+			MethodName(fullMethod))}
 	}
 	if id.Role == RoleAdmin || slices.Contains(a.Roles, id.Role) {
 		return nil
 	}
-	return fmt.Errorf("%w: %s needs the %s role; the caller is %s", ErrPermissionDenied, MethodName(fullMethod), a.need(), id)
+	return &denial{ErrPermissionDenied, fmt.Sprintf("%s needs the %s role; the caller is %s", MethodName(fullMethod), a.need(), id)}
 }
+
+// denial is an Authorize error: its message says what is missing, without the kind's name
+// (rpc turns the kind into a gRPC code, which already says it).
+type denial struct {
+	kind error
+	msg  string
+}
+
+func (d *denial) Error() string { return d.msg }
+func (d *denial) Unwrap() error { return d.kind }
 
 // need names the roles that may call a method, for error messages.
 func (a Access) need() string {

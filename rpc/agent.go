@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/quotad/quotad/auth"
 	"github.com/quotad/quotad/cluster"
 	"github.com/quotad/quotad/config"
 	"github.com/quotad/quotad/fsm"
@@ -38,11 +40,49 @@ type AgentConfig struct {
 	// TLS, if set, serves gRPC over TLS (mutual TLS with a CA) and secures forwarding and,
 	// unless Cluster.RaftTLS is set, the Raft transport with the same identity.
 	TLS TLSFiles
-	// AdminToken, if set, is required (as "authorization: Bearer <token>") by the admin calls
-	// that change the cluster: ApplyLimits and TransferLeadership.
+	// AdminToken is the bootstrap admin token itself (deprecated: prefer BootstrapTokenFile,
+	// which keeps the secret off command lines). Only its hash is kept.
 	AdminToken string
+	// Insecure: a call with no credential gets the identity "insecure" with the admin role —
+	// no authorization at all. For tests and throwaway clusters only.
+	Insecure bool
+	// ClusterName names the cluster in certificates (the server SAN and client role URIs);
+	// "" means DefaultClusterName.
+	ClusterName string
+	// BootstrapTokenFile holds the bootstrap admin token (every node of a cluster should have
+	// the same one). The node reads it at start and keeps only its hash. Admins create every
+	// other token with it (quotad token create).
+	BootstrapTokenFile string
 	// ExtraHTTP handlers are mounted on the HTTP port (the chaos build adds its fault controls).
 	ExtraHTTP map[string]http.Handler
+}
+
+// DefaultClusterName is the cluster name when AgentConfig.ClusterName is empty.
+const DefaultClusterName = "quotad"
+
+// newAuthenticator builds the caller authentication of cfg over f's token table.
+func newAuthenticator(cfg AgentConfig, f *fsm.FSM) (*authenticator, error) {
+	a := &authenticator{insecure: cfg.Insecure, cluster: cfg.ClusterName, token: func(h [32]byte) (auth.Identity, bool) {
+		t, ok := f.TokenByHash(h)
+		return t.Identity(), ok
+	}}
+	if a.cluster == "" {
+		a.cluster = DefaultClusterName
+	}
+	switch {
+	case cfg.BootstrapTokenFile != "" && cfg.AdminToken != "":
+		return nil, errors.New("both a bootstrap token file and an admin token are set; keep the file (--bootstrap-token-file) only")
+	case cfg.BootstrapTokenFile != "":
+		h, err := LoadBootstrapToken(cfg.BootstrapTokenFile)
+		if err != nil {
+			return nil, err
+		}
+		a.bootstrap = &h
+	case cfg.AdminToken != "":
+		h := auth.HashToken(cfg.AdminToken)
+		a.bootstrap = &h
+	}
+	return a, nil
 }
 
 // Agent is one running quotad server. Start it with StartAgent; Stop it once.
@@ -79,6 +119,10 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 		}
 		limits = l
 	}
+	authn, err := newAuthenticator(cfg, a.fsm)
+	if err != nil {
+		return nil, err
+	}
 	var grpcOpts []grpc.ServerOption
 	var forwardCreds credentials.TransportCredentials
 	if cfg.TLS.Enabled() {
@@ -92,10 +136,13 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 			// The same identity secures Raft: each node is both server and client there.
 			raftTLS := serverTLS.Clone()
 			raftTLS.RootCAs = clientTLS.RootCAs
+			if raftTLS.ClientCAs != nil {
+				// gRPC takes token callers without a certificate; Raft never does.
+				raftTLS.ClientAuth = tls.RequireAndVerifyClientCert
+			}
 			cfg.Cluster.RaftTLS = raftTLS
 		}
 	}
-	var err error
 	if a.grpcLn, err = net.Listen("tcp", cfg.Cluster.GRPCAddr); err != nil {
 		return nil, fmt.Errorf("grpc address %q: %w", cfg.Cluster.GRPCAddr, err)
 	}
@@ -111,7 +158,7 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 		a.closeListeners()
 		return nil, err
 	}
-	grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(adminAuth(cfg.AdminToken)))
+	grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(authn.unary), grpc.ChainStreamInterceptor(authn.stream))
 	a.server = NewServer(a.node, a.fsm, cfg.Proposer, forwardCreds, a.metrics)
 	a.registerGauges()
 

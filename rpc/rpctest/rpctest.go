@@ -49,7 +49,9 @@ func Start(t testing.TB, n int, limitsYAML string, opts ...Option) *Cluster {
 		cc.BootstrapExpect = n
 		cc.GRPCAddr = "127.0.0.1:0"
 		cc.HTTPAddr = "127.0.0.1:0"
-		cfg := rpc.AgentConfig{Cluster: cc, LimitsFile: limitsFile}
+		// Insecure: calls without credentials act as admin, as most tests want; tests of
+		// authentication turn it off with an Option.
+		cfg := rpc.AgentConfig{Cluster: cc, LimitsFile: limitsFile, Insecure: true}
 		for _, o := range opts {
 			o(i, &cfg)
 		}
