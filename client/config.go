@@ -48,6 +48,11 @@ type Config struct {
 	// Certificates). Nil means plaintext, which is only for loopback and tests.
 	TLS *tls.Config
 
+	// Token, if set, is a bearer token (quotad token create) sent with every call as
+	// "authorization: Bearer <token>"; the cluster maps it to the caller's identity, which
+	// owns the leases and request IDs this client takes. Without TLS it travels in plaintext.
+	Token string
+
 	// Batch configures the coalescing of concurrent admissions into one RPC.
 	Batch BatchConfig
 

@@ -52,6 +52,9 @@ func newNodes(addrs []string, cfg Config) *nodes {
 			MinConnectTimeout: time.Second,
 		}),
 	}
+	if cfg.Token != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(bearer{token: cfg.Token, tls: cfg.TLS != nil}))
+	}
 	opts = append(opts, cfg.DialOptions...)
 	n := &nodes{dialOpts: opts, byAddr: make(map[string]*node)}
 	seen := map[string]bool{}
@@ -254,3 +257,17 @@ func sleep(ctx context.Context, d time.Duration) bool {
 		return false
 	}
 }
+
+// bearer sends Config.Token as "authorization: Bearer <token>" with every call.
+type bearer struct {
+	token string
+	tls   bool
+}
+
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + b.token}, nil
+}
+
+// RequireTransportSecurity is true with TLS configured, so the token never goes out in
+// plaintext by accident; without TLS (loopback, --insecure clusters) it is sent as is.
+func (b bearer) RequireTransportSecurity() bool { return b.tls }

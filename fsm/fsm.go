@@ -279,7 +279,7 @@ func (f *FSM) applyOp(now quota.Time, op *fsmv1.Op) OpResult {
 		}
 		return other(OtherResult{Scope: res.Scope, PausedFor: res.PausedFor, Feedback: res})
 	case *fsmv1.Op_CreateToken:
-		return other(OtherResult{Err: f.applyCreateToken(now, o.CreateToken)})
+		return other(OtherResult{Err: f.applyCreateToken(o.CreateToken)})
 	case *fsmv1.Op_RevokeToken:
 		return other(OtherResult{Err: f.applyRevokeToken(o.RevokeToken)})
 	case *fsmv1.Op_LiftPause:

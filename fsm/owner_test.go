@@ -92,7 +92,7 @@ func TestOwnedAcquireEncoding(t *testing.T) {
 
 func createToken(accessor string, secret string, role string, domains ...string) *fsmv1.Op {
 	h := auth.HashToken(secret)
-	return &fsmv1.Op{Op: &fsmv1.Op_CreateToken{CreateToken: &fsmv1.CreateToken{Accessor: accessor, Hash: h[:], Role: role, Domains: domains}}}
+	return &fsmv1.Op{Op: &fsmv1.Op_CreateToken{CreateToken: &fsmv1.CreateToken{Accessor: accessor, Hash: h[:], Role: role, Domains: domains, CreatedUnixMs: 1234}}}
 }
 
 // TestTokens: create, look up by hash, refuse invalid and duplicate tokens without a change,
@@ -113,7 +113,7 @@ func TestTokens(t *testing.T) {
 		}
 	}
 	tok, ok := l.f.TokenByHash(auth.HashToken("secret1"))
-	if !ok || tok.Accessor != "acc1" || tok.Role != auth.RoleWorker || tok.Created != int64(time.Second) {
+	if !ok || tok.Accessor != "acc1" || tok.Role != auth.RoleWorker || tok.Created != 1234 {
 		t.Fatalf("lookup: %+v %v", tok, ok)
 	}
 	if id := tok.Identity(); id.Name != "token:acc1" || !id.MayUseDomain("provider") || id.MayUseDomain("other") {

@@ -10,7 +10,6 @@ import (
 
 	fsmv1 "github.com/quotad/quotad/api/quotad/fsm/v1"
 	"github.com/quotad/quotad/auth"
-	"github.com/quotad/quotad/quota"
 )
 
 // The token table: bearer tokens an admin created, stored as their SHA-256 only (the secret
@@ -38,7 +37,8 @@ type Token struct {
 	Domains     []string
 	Tenant      string
 	Description string
-	// Created is the FSM time the token was created at (ns).
+	// Created is the leader's wall clock at creation, in Unix milliseconds (carried in the op:
+	// the FSM reads no clock).
 	Created int64
 }
 
@@ -107,12 +107,12 @@ func (f *FSM) Tokens() []Token {
 }
 
 // applyCreateToken validates and stores a token. Invalid input changes nothing.
-func (f *FSM) applyCreateToken(now quota.Time, o *fsmv1.CreateToken) error {
+func (f *FSM) applyCreateToken(o *fsmv1.CreateToken) error {
 	t, err := tokenFromOp(o)
 	if err != nil {
 		return err
 	}
-	t.Created = int64(now)
+	t.Created = o.CreatedUnixMs
 	cur := f.tokens.Load()
 	if _, dup := cur.byAccessor[t.Accessor]; dup {
 		return fmt.Errorf("%w: accessor %q", ErrTokenExists, t.Accessor)

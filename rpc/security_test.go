@@ -28,6 +28,7 @@ import (
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 	"github.com/quotad/quotad/auth"
+	"github.com/quotad/quotad/client"
 	"github.com/quotad/quotad/cluster/clustertest"
 	"github.com/quotad/quotad/rpc"
 	"github.com/quotad/quotad/rpc/rpctest"
@@ -270,6 +271,21 @@ func TestTokens(t *testing.T) {
 	wantCode(t, err, codes.PermissionDenied, "admin role", "token:"+wacc)
 	if _, err := q.Status(as(reader), &quotadv1.StatusRequest{Domain: "provider"}); err != nil {
 		t.Fatalf("reader status: %v", err)
+	}
+
+	// The Go client sends its Config.Token.
+	cfg := client.DefaultConfig(c.Addrs()...)
+	cfg.TLS, cfg.Token = &tls.Config{RootCAs: p.pool}, acme
+	cl, err := client.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if d, err := cl.Allow(ctx, client.Request{Domain: "provider", Descriptors: []client.Entry{{Key: "tenant", Value: "acme"}}}); err != nil || !d.Admitted {
+		t.Fatalf("client with a token: %+v %v", d, err)
+	}
+	if _, err := cl.Allow(ctx, client.Request{Domain: "provider", Descriptors: []client.Entry{{Key: "tenant", Value: "globex"}}}); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("client acting for another tenant: %v", err)
 	}
 
 	// Ownership: leases and refunds (through the follower).

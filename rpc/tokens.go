@@ -53,7 +53,8 @@ func (s *Server) CreateToken(ctx context.Context, req *quotadv1.CreateTokenReque
 	}
 	h := auth.HashToken(token)
 	r, err := s.prop.propose(ctx, &fsmv1.Op{Op: &fsmv1.Op_CreateToken{CreateToken: &fsmv1.CreateToken{
-		Accessor: accessor, Hash: h[:], Role: string(role), Domains: req.Domains, Tenant: req.Tenant, Description: req.Description}}})
+		Accessor: accessor, Hash: h[:], Role: string(role), Domains: req.Domains, Tenant: req.Tenant, Description: req.Description,
+		CreatedUnixMs: time.Now().UnixMilli()}}})
 	if err != nil {
 		// Unknown outcome: the token may exist, but nobody has its secret; list and revoke it.
 		return nil, status.Errorf(codes.Unavailable, "creating token %s: %v — it may exist without anyone holding it: check quotad token list and revoke it", accessor, s.applyError(err))
@@ -79,7 +80,7 @@ func (s *Server) ListTokens(ctx context.Context, req *quotadv1.ListTokensRequest
 	resp := &quotadv1.ListTokensResponse{}
 	for _, t := range s.fsm.Tokens() {
 		resp.Tokens = append(resp.Tokens, &quotadv1.TokenInfo{Accessor: t.Accessor, Role: string(t.Role), Domains: t.Domains,
-			Tenant: t.Tenant, Description: t.Description, CreatedUnixMs: t.Created / 1e6})
+			Tenant: t.Tenant, Description: t.Description, CreatedUnixMs: t.Created})
 	}
 	return resp, nil
 }

@@ -28,6 +28,7 @@ import (
 var (
 	cliTLS        rpc.TLSFiles
 	cliAdminToken string
+	cliTokenFile  string
 )
 
 // tlsConfig builds the client commands' TLS settings from the flags; nil means plaintext.
@@ -74,18 +75,40 @@ func newClient(addrs string) (*client.Client, error) {
 		return nil, err
 	}
 	cfg.TLS = tlsCfg
+	if cfg.Token, err = cliToken(); err != nil {
+		return nil, err
+	}
 	return client.New(cfg)
 }
 
-func withToken(ctx context.Context) context.Context {
-	token := cliAdminToken
-	if token == "" {
-		token = os.Getenv("QUOTAD_ADMIN_TOKEN")
+// cliToken is the client commands' bearer token: --token-file, else --token, else
+// $QUOTAD_TOKEN, else $QUOTAD_ADMIN_TOKEN (older name); "" for none.
+func cliToken() (string, error) {
+	if cliTokenFile != "" {
+		b, err := os.ReadFile(cliTokenFile)
+		if err != nil {
+			return "", fmt.Errorf("--token-file: %w", err)
+		}
+		tok := strings.TrimSpace(string(b))
+		if tok == "" {
+			return "", fmt.Errorf("--token-file %q is empty; it should hold one token (quotad token create prints one)", cliTokenFile)
+		}
+		return tok, nil
 	}
-	if token == "" {
-		return ctx
+	for _, t := range []string{cliAdminToken, os.Getenv("QUOTAD_TOKEN"), os.Getenv("QUOTAD_ADMIN_TOKEN")} {
+		if t = strings.TrimSpace(t); t != "" {
+			return t, nil
+		}
 	}
-	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
+	return "", nil
+}
+
+func withToken(ctx context.Context) (context.Context, error) {
+	token, err := cliToken()
+	if err != nil || token == "" {
+		return ctx, err
+	}
+	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token), nil
 }
 
 // call runs fn against each address in turn until one gives an answer that is not
@@ -99,6 +122,10 @@ func call(ctx context.Context, addrs string, fn func(ctx context.Context, conn *
 	if err != nil {
 		return err
 	}
+	ctx, err = withToken(ctx)
+	if err != nil {
+		return err
+	}
 	var last error
 	for attempt := 0; ; attempt++ {
 		for _, a := range list {
@@ -106,7 +133,7 @@ func call(ctx context.Context, addrs string, fn func(ctx context.Context, conn *
 			if err != nil {
 				return fmt.Errorf("--addr %q: %w", a, err)
 			}
-			cctx, cancel := context.WithTimeout(withToken(ctx), 2*time.Second)
+			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			err = fn(cctx, conn)
 			cancel()
 			conn.Close()

@@ -28,8 +28,9 @@ func main() {
 	pf.StringVar(&cliTLS.CAFile, "ca", "", "client commands: PEM CA to verify nodes (enables TLS)")
 	pf.StringVar(&cliTLS.CertFile, "cert", "", "client commands: PEM client certificate (mutual TLS)")
 	pf.StringVar(&cliTLS.KeyFile, "key", "", "client commands: PEM key for --cert")
-	pf.StringVar(&cliAdminToken, "token", "", "client commands: admin token (or $QUOTAD_ADMIN_TOKEN)")
-	root.AddCommand(agentCmd(), devCmd(), acquireCmd(), releaseCmd(), limitsCmd(), statusCmd(), topCmd())
+	pf.StringVar(&cliAdminToken, "token", "", "client commands: bearer token (visible in the process list: prefer --token-file or $QUOTAD_TOKEN)")
+	pf.StringVar(&cliTokenFile, "token-file", "", "client commands: file holding the bearer token (default: $QUOTAD_TOKEN)")
+	root.AddCommand(agentCmd(), devCmd(), acquireCmd(), releaseCmd(), limitsCmd(), statusCmd(), topCmd(), tokenCmd(), pauseCmd())
 	if err := root.Execute(); err != nil {
 		var ee exitError
 		if errors.As(err, &ee) {

@@ -1736,7 +1736,7 @@ type TokenInfo struct {
 	Domains     []string               `protobuf:"bytes,3,rep,name=domains,proto3" json:"domains,omitempty"`
 	Tenant      string                 `protobuf:"bytes,4,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	Description string                 `protobuf:"bytes,5,opt,name=description,proto3" json:"description,omitempty"`
-	// created_unix_ms is the cluster (FSM) time of creation.
+	// created_unix_ms is the leader's wall clock when the token was created.
 	CreatedUnixMs int64 `protobuf:"varint,6,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

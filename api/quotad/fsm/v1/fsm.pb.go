@@ -732,8 +732,10 @@ type CreateToken struct {
 	// domains a worker may use ("*": all).
 	Domains []string `protobuf:"bytes,4,rep,name=domains,proto3" json:"domains,omitempty"`
 	// tenant, if set, is the only tenant descriptor value a worker may send.
-	Tenant        string `protobuf:"bytes,5,opt,name=tenant,proto3" json:"tenant,omitempty"`
-	Description   string `protobuf:"bytes,6,opt,name=description,proto3" json:"description,omitempty"`
+	Tenant      string `protobuf:"bytes,5,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Description string `protobuf:"bytes,6,opt,name=description,proto3" json:"description,omitempty"`
+	// created_unix_ms is the leader's wall clock when it proposed the token (for listings only).
+	CreatedUnixMs int64 `protobuf:"varint,7,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -808,6 +810,13 @@ func (x *CreateToken) GetDescription() string {
 		return x.Description
 	}
 	return ""
+}
+
+func (x *CreateToken) GetCreatedUnixMs() int64 {
+	if x != nil {
+		return x.CreatedUnixMs
+	}
+	return 0
 }
 
 // RevokeToken deletes a token; calls carrying it are refused once the entry is applied.
@@ -962,14 +971,15 @@ const file_quotad_fsm_v1_fsm_proto_rawDesc = "" +
 	"\vstatus_code\x18\x03 \x01(\rR\n" +
 	"statusCode\x12$\n" +
 	"\x0eretry_after_ns\x18\x04 \x01(\x03R\fretryAfterNs\x12\x16\n" +
-	"\x06reason\x18\x05 \x01(\tR\x06reason\"\xa5\x01\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\"\xcd\x01\n" +
 	"\vCreateToken\x12\x1a\n" +
 	"\baccessor\x18\x01 \x01(\tR\baccessor\x12\x12\n" +
 	"\x04hash\x18\x02 \x01(\fR\x04hash\x12\x12\n" +
 	"\x04role\x18\x03 \x01(\tR\x04role\x12\x18\n" +
 	"\adomains\x18\x04 \x03(\tR\adomains\x12\x16\n" +
 	"\x06tenant\x18\x05 \x01(\tR\x06tenant\x12 \n" +
-	"\vdescription\x18\x06 \x01(\tR\vdescription\")\n" +
+	"\vdescription\x18\x06 \x01(\tR\vdescription\x12&\n" +
+	"\x0fcreated_unix_ms\x18\a \x01(\x03R\rcreatedUnixMs\")\n" +
 	"\vRevokeToken\x12\x1a\n" +
 	"\baccessor\x18\x01 \x01(\tR\baccessor\"M\n" +
 	"\tLiftPause\x12\x16\n" +
