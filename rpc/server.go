@@ -141,6 +141,9 @@ func (s *Server) Acquire(ctx context.Context, req *quotadv1.AcquireRequest) (*qu
 	}
 	id := IdentityFrom(ctx)
 	for i, adm := range req.Admissions {
+		if adm.GetDomain() == "" {
+			continue // answered as invalid below
+		}
 		if msg := scopeProblem(id, adm.GetDomain(), adm.GetDescriptors(), true); msg != "" {
 			return nil, permissionDenied("admissions[%d]: %s", i, msg)
 		}
