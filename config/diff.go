@@ -65,6 +65,7 @@ func Diff(old, new *quota.Limits) []string {
 				{"retry_budget", describeRetryBudget(o.RetryBudget), describeRetryBudget(n.RetryBudget)},
 				{"work_classes", describeWorkClasses(o.WorkClasses), describeWorkClasses(n.WorkClasses)},
 				{"resume_jitter", describeJitter(o.ResumeJitter), describeJitter(n.ResumeJitter)},
+				{"max_pause", describeJitter(o.MaxPause), describeJitter(n.MaxPause)},
 			} {
 				if c.a != c.b {
 					out = append(out, fmt.Sprintf("~ %s: %s %s -> %s", name, c.what, c.a, c.b))

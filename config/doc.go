@@ -11,6 +11,7 @@
 //	retry_budget: {ratio_percent: 10, min_per_second: 1}           # quotad: retries (attempt > 1)
 //	work_classes: [{name: interactive, reserve_percent: 10}, {name: backfill}]   # quotad
 //	resume_jitter: 1s                     # quotad: spread of resumption after a provider pause
+//	max_pause: 5m                         # quotad: longest pause one provider feedback may set
 //	descriptors:
 //	  - key: endpoint
 //	    value: charges                    # optional; absent: every value gets its own buckets

@@ -20,6 +20,9 @@ var (
 	ErrInvalidRequest = errors.New("quota: invalid request")
 	// ErrBadSnapshot wraps every UnmarshalBinary error.
 	ErrBadSnapshot = errors.New("quota: bad snapshot")
+	// ErrNotOwner: a Release or Renew by an owner other than the one that took the lease.
+	// Nothing changed.
+	ErrNotOwner = errors.New("quota: the lease belongs to another caller")
 )
 
 // Engine is the replicated quota state: token buckets, concurrency leases and pauses, enforced
@@ -407,14 +410,14 @@ func (e *Engine) Acquire(now Time, req Request) Decision {
 		rateView(&d, s.lv, s.r, s.tokens-costMicro, s.last, now)
 	}
 	if nConc > 0 {
-		e.grantLease(&d, steps, string(kb[:concEnd]), now, req.LeaseTTL, nConc, tight < 0)
+		e.grantLease(&d, steps, string(kb[:concEnd]), req.Owner, now, req.LeaseTTL, nConc, tight < 0)
 	}
 	return d
 }
 
 // grantLease takes one permit at every non-skipped concurrency level under one new lease; the
 // levels' keys are prefixes of path.
-func (e *Engine) grantLease(d *Decision, steps []step, path string, now Time, ttl time.Duration, n int, report bool) {
+func (e *Engine) grantLease(d *Decision, steps []step, path, owner string, now Time, ttl time.Duration, n int, report bool) {
 	keys := make([]string, 0, n)
 	configured := time.Duration(0)
 	tight, tightRem := -1, uint64(0)
@@ -437,7 +440,7 @@ func (e *Engine) grantLease(d *Decision, steps []step, path string, now Time, tt
 		ttl = configured
 	}
 	e.leaseSeq++
-	e.addLease(&lease{id: e.leaseSeq, expiry: addSat(now, ttl), ttl: ttl, keys: keys})
+	e.addLease(&lease{id: e.leaseSeq, expiry: addSat(now, ttl), ttl: ttl, keys: keys, owner: owner})
 	d.LeaseID, d.LeaseTTL = e.leaseSeq, ttl
 	if report {
 		d.Scope, d.Limit, d.Remaining = steps[tight].lv.scope, steps[tight].lv.conc.MaxInFlight, tightRem
@@ -546,19 +549,35 @@ func (e *Engine) Refund(now Time, charges []string, cost uint64, debitSeq uint64
 // Release ends a lease and returns its permits. It reports false if the lease is unknown or has
 // already expired (its permits are then already back).
 func (e *Engine) Release(now Time, leaseID uint64) bool {
+	ok, _ := e.ReleaseBy(now, leaseID, "")
+	return ok
+}
+
+// ReleaseBy is Release on behalf of owner: a lease taken by another owner is left alone and
+// the answer is ErrNotOwner. An empty owner (an admin) may release any lease, and a lease
+// taken without an owner may be released by anyone.
+func (e *Engine) ReleaseBy(now Time, leaseID uint64, owner string) (bool, error) {
 	now = e.advance(now)
 	e.expireLeases(now)
 	l := e.leases[leaseID]
 	if l == nil {
-		return false
+		return false, nil
+	}
+	if !l.ownedBy(owner) {
+		return false, fmt.Errorf("release lease %d: %w", leaseID, ErrNotOwner)
 	}
 	e.endLease(l)
-	return true
+	return true, nil
 }
 
 // Renew extends a live lease to now+ttl (ttl 0: the TTL it was granted with) and returns the TTL
 // applied. A lease at or past its expiry is gone: ErrLeaseNotFound.
 func (e *Engine) Renew(now Time, leaseID uint64, ttl time.Duration) (time.Duration, error) {
+	return e.RenewBy(now, leaseID, ttl, "")
+}
+
+// RenewBy is Renew on behalf of owner, with ReleaseBy's ownership rule.
+func (e *Engine) RenewBy(now Time, leaseID uint64, ttl time.Duration, owner string) (time.Duration, error) {
 	now = e.advance(now)
 	e.expireLeases(now)
 	if ttl < 0 {
@@ -567,6 +586,9 @@ func (e *Engine) Renew(now Time, leaseID uint64, ttl time.Duration) (time.Durati
 	l := e.leases[leaseID]
 	if l == nil {
 		return 0, fmt.Errorf("renew lease %d: %w", leaseID, ErrLeaseNotFound)
+	}
+	if !l.ownedBy(owner) {
+		return 0, fmt.Errorf("renew lease %d: %w", leaseID, ErrNotOwner)
 	}
 	if ttl == 0 {
 		ttl = l.ttl

@@ -237,6 +237,7 @@ func cloneLimits(l *Limits) *Limits {
 			RetryBudget:  clonePtr(d.RetryBudget),
 			Adaptive:     clonePtr(d.Adaptive),
 			ResumeJitter: d.ResumeJitter,
+			MaxPause:     d.MaxPause,
 		}
 	}
 	return cp

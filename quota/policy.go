@@ -236,6 +236,9 @@ func (root *level) setPolicy(where string, d *Domain) error {
 	default:
 		root.jitter = d.ResumeJitter
 	}
+	if d.MaxPause < 0 || d.MaxPause > MaxMaxPause {
+		return fmt.Errorf("%w: %s: max_pause must be between 0 (default %v) and %v (got %v)", ErrInvalidLimits, where, DefaultMaxPause, MaxMaxPause, d.MaxPause)
+	}
 	return nil
 }
 

@@ -69,10 +69,33 @@ type Domain struct {
 	// Request.Spread), so workers that did not wait do not all return at once. 0 means
 	// DefaultResumeJitter.
 	ResumeJitter time.Duration `json:"resume_jitter,omitempty"`
+	// MaxPause caps how long one provider feedback may pause a scope of the domain: a longer
+	// Retry-After is clamped to it (by the leader, before the feedback enters the log). 0
+	// means DefaultMaxPause.
+	MaxPause time.Duration `json:"max_pause,omitempty"`
 }
 
 // DefaultResumeJitter is the resume jitter window of a domain that does not set one.
 const DefaultResumeJitter = time.Second
+
+// DefaultMaxPause is the pause cap of a domain that does not set max_pause; MaxMaxPause is the
+// largest max_pause a domain may set.
+const (
+	DefaultMaxPause = 5 * time.Minute
+	MaxMaxPause     = 24 * time.Hour
+)
+
+// MaxPauseOf returns the pause cap of domain (DefaultMaxPause if it sets none or is unknown).
+func (l *Limits) MaxPauseOf(domain string) time.Duration {
+	if l != nil {
+		for i := range l.Domains {
+			if d := &l.Domains[i]; d.Name == domain && d.MaxPause > 0 {
+				return d.MaxPause
+			}
+		}
+	}
+	return DefaultMaxPause
+}
 
 // WorkClass is one class of work with a reserved share of contended capacity.
 type WorkClass struct {
@@ -186,6 +209,9 @@ type Request struct {
 	// IDs) that places the request within its domain's resume jitter window when it is refused
 	// as paused. Requests with different Spread values come back at different times.
 	Spread uint64
+	// Owner is the authenticated caller (its identity name). A lease the request takes
+	// belongs to it: ReleaseBy and RenewBy by another owner are refused. "" owns nothing.
+	Owner string
 }
 
 // Decision is the outcome of one Request.

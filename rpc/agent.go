@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/quotad/quotad/auth"
 	"github.com/quotad/quotad/cluster"
 	"github.com/quotad/quotad/config"
 	"github.com/quotad/quotad/fsm"
@@ -60,9 +61,27 @@ type AgentConfig struct {
 	ExtraHTTP map[string]http.Handler
 }
 
+// newAuthenticator builds the caller authentication of cfg over f's token table, with the
+// bootstrap admin token (already loaded; "" for none).
+func newAuthenticator(cfg AgentConfig, f *fsm.FSM, bootstrapToken string) *authenticator {
+	a := &authenticator{insecure: cfg.Insecure, cluster: cfg.ClusterName, token: func(h [32]byte) (auth.Identity, bool) {
+		t, ok := f.TokenByHash(h)
+		return t.Identity(), ok
+	}}
+	if a.cluster == "" {
+		a.cluster = DefaultClusterName
+	}
+	if bootstrapToken != "" {
+		h := auth.HashToken(bootstrapToken)
+		a.bootstrap = &h
+	}
+	return a
+}
+
 // Agent is one running quotad server. Start it with StartAgent; Stop it once.
 type Agent struct {
 	cfg     AgentConfig
+	authn   *authenticator
 	log     *slog.Logger
 	fsm     *fsm.FSM
 	node    *cluster.Node
@@ -111,6 +130,8 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 		}
 		limits = l
 	}
+	authn := newAuthenticator(cfg, a.fsm, bootstrapToken)
+	a.authn = authn
 	var grpcOpts []grpc.ServerOption
 	var forwardCreds credentials.TransportCredentials
 	var httpTLS *tls.Config
@@ -150,7 +171,7 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 		a.closeListeners()
 		return nil, err
 	}
-	grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(adminAuth(bootstrapToken)))
+	grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(authn.unary), grpc.ChainStreamInterceptor(authn.stream))
 	a.server = NewServer(a.node, a.fsm, cfg.Proposer, forwardCreds, a.metrics)
 	a.registerGauges()
 

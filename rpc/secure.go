@@ -79,7 +79,7 @@ func (c AgentConfig) loadBootstrapToken() (string, error) {
 }
 
 // errNeedAdmin: an operator endpoint was called without the admin credential.
-var errNeedAdmin = errors.New("this endpoint needs the admin credential: send \"Authorization: Bearer <bootstrap token>\" or present an admin client certificate")
+var errNeedAdmin = errors.New("this endpoint needs the admin credential: send \"Authorization: Bearer <admin token>\" or present an admin client certificate")
 
 // httpAdmin decides whether r carries the admin credential: the bootstrap token as a bearer
 // token, or a client certificate (verified against the cluster's CA by the TLS handshake)
@@ -92,7 +92,13 @@ func (a *Agent) httpAdmin(r *http.Request) (int, error) {
 		if ok && a.bootstrapToken != "" && subtle.ConstantTimeCompare([]byte(tok), []byte(a.bootstrapToken)) == 1 {
 			return 0, nil
 		}
-		return http.StatusUnauthorized, errors.New("the bearer token is not the bootstrap admin token")
+		if id, known := a.authn.token(auth.HashToken(tok)); ok && known {
+			if id.Role != auth.RoleAdmin {
+				return http.StatusForbidden, fmt.Errorf("%s may not use this endpoint: it needs the admin role", id)
+			}
+			return 0, nil
+		}
+		return http.StatusUnauthorized, errors.New("the bearer token is neither the bootstrap token nor a token of this cluster")
 	}
 	if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 {
 		leaf := r.TLS.VerifiedChains[0][0]

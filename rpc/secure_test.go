@@ -17,8 +17,10 @@ import (
 
 	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 	"github.com/quotad/quotad/auth"
@@ -79,10 +81,11 @@ func TestSecureAgentTLSForGRPCAndForwarding(t *testing.T) {
 	if err != nil || !d.Admitted {
 		t.Fatalf("mTLS acquire through a follower: %+v %v", d, err)
 	}
-	// No client certificate: the TLS handshake succeeds (a token may authenticate the call).
+	// No client certificate: the TLS handshake succeeds (a token may authenticate the call),
+	// but a call with no credential at all is Unauthenticated.
 	noCert := tlsConn(t, follower, &tls.Config{RootCAs: pool})
-	if _, err := quotadv1.NewAdminClient(noCert).GetLimits(ctx, &quotadv1.GetLimitsRequest{}); err != nil {
-		t.Fatalf("server-authenticated TLS without a client certificate: %v", err)
+	if _, err := quotadv1.NewAdminClient(noCert).GetLimits(ctx, &quotadv1.GetLimitsRequest{}); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("server-authenticated TLS without a client certificate or token: %v, want Unauthenticated", err)
 	}
 	// A certificate of another CA is refused in the handshake.
 	other, err := pkifiles.EnsureLocal(filepath.Join(t.TempDir(), "other"), rpc.DefaultClusterName)
