@@ -283,6 +283,7 @@ func (d *dockerBackend) Prepare() (int, error) {
 		"--grpc-addr", c.addr.GRPC, "--raft-addr", c.addr.Raft, "--gossip-addr", c.addr.Gossip, "--http-addr", c.addr.HTTP,
 		"--bootstrap-expect", fmt.Sprint(bootstrap), "--join", strings.Join(join, ","), "--log-format", "json"}
 	args = append(args, d.extra...)
+	args = proccluster.InsecureUnlessTLS(args)
 	if _, err := docker(args...); err != nil {
 		return -1, err
 	}

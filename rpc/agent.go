@@ -1,6 +1,7 @@
 package rpc
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/quotad/quotad/auth"
 	"github.com/quotad/quotad/cluster"
 	"github.com/quotad/quotad/config"
 	"github.com/quotad/quotad/fsm"
@@ -36,8 +38,14 @@ type AgentConfig struct {
 	Proposer   ProposerConfig
 	FSM        fsm.Options
 	// TLS, if set, serves gRPC over TLS (mutual TLS with a CA) and secures forwarding and,
-	// unless Cluster.RaftTLS is set, the Raft transport with the same identity.
+	// unless Cluster.PeerTLS is set, the Raft transport with the same identity
+	// (auth.PeerTLSConfig: the certificate must carry the server SAN of ClusterName).
 	TLS TLSFiles
+	// ClusterName names the cluster in certificates (server SAN server.<name>.quotad);
+	// "" means "quotad".
+	ClusterName string
+	// Insecure allows plaintext Raft and gossip without a key (sets Cluster.Insecure).
+	Insecure bool
 	// AdminToken, if set, is required (as "authorization: Bearer <token>") by the admin calls
 	// that change the cluster: ApplyLimits and TransferLeadership.
 	AdminToken string
@@ -88,12 +96,17 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 		}
 		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(serverTLS)))
 		forwardCreds = credentials.NewTLS(clientTLS)
-		if cfg.Cluster.RaftTLS == nil {
+		if cfg.Cluster.PeerTLS == nil && cfg.TLS.CAFile != "" {
 			// The same identity secures Raft: each node is both server and client there.
-			raftTLS := serverTLS.Clone()
-			raftTLS.RootCAs = clientTLS.RootCAs
-			cfg.Cluster.RaftTLS = raftTLS
+			peerTLS, err := auth.PeerTLSConfig(cfg.TLS.CertFile, cfg.TLS.KeyFile, cfg.TLS.CAFile, cmp.Or(cfg.ClusterName, "quotad"))
+			if err != nil {
+				return nil, err
+			}
+			cfg.Cluster.PeerTLS = peerTLS
 		}
+	}
+	if cfg.Insecure {
+		cfg.Cluster.Insecure = true
 	}
 	var err error
 	if a.grpcLn, err = net.Listen("tcp", cfg.Cluster.GRPCAddr); err != nil {

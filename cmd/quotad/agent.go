@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/quotad/quotad/auth"
 	"github.com/quotad/quotad/cluster"
 	"github.com/quotad/quotad/internal/gctune"
 	"github.com/quotad/quotad/rpc"
@@ -26,6 +27,9 @@ func agentCmd() *cobra.Command {
 		logLevel   string
 		logFormat  string
 		gossipKey  string
+		gossipFile string
+		cluster    string
+		insecure   bool
 		adminToken string
 		tlsFiles   rpc.TLSFiles
 		gcPercent  int
@@ -52,15 +56,37 @@ promoted once caught up. A node restarted with its --data-dir resumes where it s
 			cc.Logger = slog.New(h).With("node", cc.ID)
 			cc.Join = splitList(join)
 			cc.Clock = nodeClock()
-			if gossipKey != "" {
-				key, err := base64.StdEncoding.DecodeString(gossipKey)
+			if gossipKey == "" && gossipFile == "" {
+				gossipKey = os.Getenv("QUOTAD_GOSSIP_KEY")
+			}
+			if gossipFile != "" {
+				b, err := os.ReadFile(gossipFile)
 				if err != nil {
-					return fmt.Errorf("--gossip-key: not base64 (%v); generate one with: head -c 32 /dev/urandom | base64", err)
+					return fmt.Errorf("--gossip-key-file: %v; make a key with: quotad keygen > FILE", err)
+				}
+				key, err := base64.StdEncoding.DecodeString(strings.TrimSpace(string(b)))
+				if err != nil {
+					return fmt.Errorf("--gossip-key-file %q: not base64 (%v); make a key with: quotad keygen > FILE", gossipFile, err)
+				}
+				cc.GossipSecretKey = key
+			} else if gossipKey != "" {
+				key, err := base64.StdEncoding.DecodeString(strings.TrimSpace(gossipKey))
+				if err != nil {
+					return fmt.Errorf("--gossip-key / $QUOTAD_GOSSIP_KEY: not base64 (%v); generate one with: head -c 32 /dev/urandom | base64", err)
 				}
 				cc.GossipSecretKey = key
 			}
+			cc.Insecure = insecure
 			if adminToken == "" {
 				adminToken = os.Getenv("QUOTAD_ADMIN_TOKEN")
+			}
+			if !insecure && tlsFiles.CAFile != "" && tlsFiles.CertFile != "" {
+				// Validate needs the peer TLS config; StartAgent builds it the same way.
+				peerTLS, err := auth.PeerTLSConfig(tlsFiles.CertFile, tlsFiles.KeyFile, tlsFiles.CAFile, cluster)
+				if err != nil {
+					return err
+				}
+				cc.PeerTLS = peerTLS
 			}
 			if err := cc.Validate(); err != nil {
 				return err
@@ -71,7 +97,8 @@ promoted once caught up. A node restarted with its --data-dir resumes where it s
 			if err := setGC(gcPercent, memLimit, gcHeadroom); err != nil {
 				return err
 			}
-			acfg := rpc.AgentConfig{Cluster: cc, LimitsFile: limits, TLS: tlsFiles, AdminToken: adminToken, Proposer: proposer}
+			acfg := rpc.AgentConfig{Cluster: cc, LimitsFile: limits, TLS: tlsFiles, AdminToken: adminToken, Proposer: proposer,
+				ClusterName: cluster, Insecure: insecure}
 			chaosHooks(&acfg)
 			agent, err := rpc.StartAgent(acfg)
 			if err != nil {
@@ -107,6 +134,9 @@ promoted once caught up. A node restarted with its --data-dir resumes where it s
 	f.IntVar(&proposer.MaxInflight, "max-entries-in-flight", proposer.MaxInflight, "group commit: log entries the leader lets commit at once (more queue and ride in the next entry)")
 	f.IntVar(&proposer.MaxBatch, "max-entry-ops", proposer.MaxBatch, "group commit: most operations in one log entry")
 	f.StringVar(&gossipKey, "gossip-key", "", "base64 AES key (16, 24 or 32 bytes) encrypting gossip; the same on every node")
+	f.StringVar(&gossipFile, "gossip-key-file", "", "file holding the base64 gossip key (make one with quotad keygen); or $QUOTAD_GOSSIP_KEY")
+	f.StringVar(&cluster, "cluster-name", "quotad", "cluster name; server certificates carry the SAN server.<name>.quotad")
+	f.BoolVar(&insecure, "insecure", false, "run without peer TLS and gossip key: anyone who reaches the Raft or gossip port can write the log or join (tests only)")
 	f.StringVar(&adminToken, "admin-token", "", "token required by limits apply and leadership transfer (or $QUOTAD_ADMIN_TOKEN)")
 	f.StringVar(&tlsFiles.CertFile, "tls-cert", "", "PEM certificate for the gRPC API")
 	f.StringVar(&tlsFiles.KeyFile, "tls-key", "", "PEM key for --tls-cert")

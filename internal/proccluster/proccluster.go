@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -294,6 +295,7 @@ func (c *Cluster) startWith(i, bootstrapExpect int) error {
 	if c.cfg.NodeArgs != nil {
 		args = append(args, c.cfg.NodeArgs(n)...)
 	}
+	args = InsecureUnlessTLS(args)
 	if c.cfg.NodeEnv != nil {
 		env = append(env, c.cfg.NodeEnv(n)...)
 	}
@@ -324,6 +326,15 @@ func (c *Cluster) startWith(i, bootstrapExpect int) error {
 	n.cmd, n.exited, n.stopped = cmd, exited, false
 	n.mu.Unlock()
 	return nil
+}
+
+// InsecureUnlessTLS appends --insecure to agent arguments that configure no TLS: an agent
+// refuses to start without peer TLS and a gossip key otherwise.
+func InsecureUnlessTLS(args []string) []string {
+	if slices.Contains(args, "--tls-cert") || slices.Contains(args, "--insecure") {
+		return args
+	}
+	return append(args, "--insecure")
 }
 
 // Paused reports whether node i is alive and stopped by Pause.
