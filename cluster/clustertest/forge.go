@@ -75,4 +75,3 @@ func (s *forgeStream) Dial(addr raft.ServerAddress, timeout time.Duration) (net.
 	}
 	return tls.DialWithDialer(d, "tcp", string(addr), s.tls)
 }
-
