@@ -88,6 +88,14 @@ func startSecureCluster(t *testing.T) *secureCluster {
 	if _, err := c.WaitLeader(20 * time.Second); err != nil {
 		t.Fatal(err)
 	}
+	waitFor(t, 20*time.Second, "every node to have the limits", func() bool {
+		for i := range c.Nodes {
+			if s, err := c.State(context.Background(), i); err != nil || s.LimitsVersion == 0 {
+				return false
+			}
+		}
+		return true
+	})
 	return &secureCluster{Cluster: c, ca: ca, gossipKey: key, dir: dir}
 }
 
@@ -120,9 +128,10 @@ func (c *secureCluster) view(t *testing.T) clusterView {
 
 func (c *secureCluster) requireUnharmed(t *testing.T, before clusterView) {
 	t.Helper()
-	for i := range c.Nodes {
+	for i, n := range c.Nodes {
 		if !c.Running(i) {
-			t.Fatalf("%s exited", c.Nodes[i].ID)
+			b, _ := os.ReadFile(n.LogPath)
+			t.Fatalf("%s exited:\n%s", n.ID, tail(string(b), 60))
 		}
 	}
 	after := c.view(t)
