@@ -3,9 +3,13 @@ package cluster_test
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -179,4 +183,30 @@ func TestInsecureClusterForms(t *testing.T) {
 	li := c.WaitLeader(leaderTimeout)
 	add(t, c.Node(li), 3)
 	waitCount(t, c, 3)
+}
+
+// TestClusterIDRecordedAndLearned: the bootstrapping nodes record the same cluster ID in
+// their data dirs; a node that joins later learns it from its leader.
+func TestClusterIDRecordedAndLearned(t *testing.T) {
+	t.Parallel()
+	c := clustertest.Start(t, 3, newCounterFSM)
+	li := c.WaitLeader(leaderTimeout)
+	add(t, c.Node(li), 1)
+	readID := func(i int) string {
+		b, _ := os.ReadFile(filepath.Join(c.Config(i).DataDir, "cluster-id"))
+		return strings.TrimSpace(string(b))
+	}
+	clustertest.Eventually(t, 5*time.Second, func() error {
+		if id := readID(0); id == "" || readID(1) != id || readID(2) != id {
+			return fmt.Errorf("cluster IDs %q %q %q", readID(0), readID(1), readID(2))
+		}
+		return nil
+	})
+	j := c.AddNode()
+	clustertest.Eventually(t, 15*time.Second, func() error {
+		if got, want := readID(j), readID(0); got != want {
+			return fmt.Errorf("node%d cluster ID %q, want %q", j, got, want)
+		}
+		return nil
+	})
 }
