@@ -11,6 +11,8 @@ package cluster
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -57,6 +59,9 @@ type Node struct {
 
 	raft       *raft.Raft
 	trans      *raft.NetworkTransport
+	peers      *peerTransport // wraps trans: replication observed as leader, votes while recovering
+	stream     *tcpStream
+	rec        *recovery
 	bolt       *raftboltdb.BoltStore
 	logs       *watchedLogStore
 	ml         *memberlist.Memberlist
@@ -81,6 +86,11 @@ type Node struct {
 	// removedAt: when this node, as leader, removed a server (only the reconcile loop uses it).
 	removedAt   map[string]time.Time
 	bootstrapCh chan struct{}
+
+	cidMu       sync.Mutex
+	cid         string // cluster ID (datadir.go)
+	cidMismatch bool   // logged once; only metaLoop touches it
+	nonce       string // advertised before bootstrap (bootstrapClusterID)
 }
 
 // leaderClock is the leader's FSM-time source for one term.
@@ -135,6 +145,7 @@ func NewNode(cfg Config, f FSM) (*Node, error) {
 	n.goLoop(n.observeLoop)
 	n.goLoop(n.metaLoop)
 	n.goLoop(n.reconcileLoop)
+	n.goLoop(n.recoveryLoop)
 	if join := n.joinAddrs(); len(join) > 0 {
 		n.goLoop(func() { n.joinLoop(join) })
 	}
@@ -142,7 +153,12 @@ func NewNode(cfg Config, f FSM) (*Node, error) {
 		n.goLoop(n.bootstrapLoop)
 	}
 	n.log.Info("node started", "raft_addr", n.raftAddr, "gossip_addr", n.gossipAddr,
-		"existing_state", n.raft.LastIndex() > 0)
+		"existing_state", n.raft.LastIndex() > 0, "recovering", n.rec.active.Load(),
+		"peer_tls", n.cfg.PeerTLS != nil, "gossip_encrypted", len(n.cfg.GossipSecretKey) > 0)
+	if n.cfg.PeerTLS == nil || len(n.cfg.GossipSecretKey) == 0 {
+		n.log.Warn("INSECURE: Raft and/or gossip are not authenticated; anyone who can reach their ports can write the replicated log or join the cluster (run with TLS and a gossip key in production)",
+			"peer_tls", n.cfg.PeerTLS != nil, "gossip_encrypted", len(n.cfg.GossipSecretKey) > 0)
+	}
 	return n, nil
 }
 
@@ -162,6 +178,14 @@ func (n *Node) openRaft() error {
 	if err := claimDataDir(cfg.DataDir, cfg.ID); err != nil {
 		return err
 	}
+	cid, err := readClusterID(cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	n.cid = cid
+	var nonce [8]byte
+	_, _ = rand.Read(nonce[:])
+	n.nonce = hex.EncodeToString(nonce[:])
 	bolt, err := raftboltdb.New(boltOptions(filepath.Join(cfg.DataDir, "raft.db")))
 	if err != nil {
 		return fmt.Errorf("cluster: open %s: %w (is another node using this data dir?)",
@@ -183,10 +207,18 @@ func (n *Node) openRaft() error {
 	if err != nil {
 		return fmt.Errorf("cluster: snapshot store in %q: %w", cfg.DataDir, err)
 	}
-	stream, err := newTCPStream(cfg.RaftAddr, cfg.RaftTLS)
+	hasState, err := raft.HasExistingState(cache, bolt, snaps)
+	if err != nil {
+		return fmt.Errorf("cluster: read Raft state in %q: %w", cfg.DataDir, err)
+	}
+	if n.rec, err = startRecovery(cfg.ID, cfg.DataDir, hasState, n.log); err != nil {
+		return err
+	}
+	stream, err := newTCPStream(cfg.RaftAddr, cfg.PeerTLS, cfg.PeerHandshakeTimeout, n.log)
 	if err != nil {
 		return fmt.Errorf("cluster: raft transport on %q: %w", cfg.RaftAddr, err)
 	}
+	n.stream = stream
 	var layer raft.StreamLayer = stream
 	if cfg.WrapStreamLayer != nil {
 		layer = cfg.WrapStreamLayer(layer)
@@ -205,6 +237,7 @@ func (n *Node) openRaft() error {
 		Logger:          hl.Named("transport"),
 	})
 	n.trans = trans
+	n.peers = newPeerTransport(trans, n.clock, n.rec, n.triggerReconcile)
 	n.raftAddr = string(trans.LocalAddr())
 
 	rc := raft.DefaultConfig()
@@ -225,11 +258,12 @@ func (n *Node) openRaft() error {
 	if err := raft.ValidateConfig(rc); err != nil {
 		return fmt.Errorf("cluster: raft config: %w", err)
 	}
-	r, err := raft.NewRaft(rc, n.fsm, cache, bolt, snaps, trans)
+	r, err := raft.NewRaft(rc, n.fsm, cache, bolt, snaps, n.peers)
 	if err != nil {
 		return fmt.Errorf("cluster: start raft: %w", err)
 	}
 	n.raft = r
+	n.rec.setLastIndex(r.LastIndex)
 	return nil
 }
 
@@ -254,7 +288,9 @@ func boltOptions(path string) raftboltdb.Options {
 }
 
 func (n *Node) closeStores() {
-	if n.trans != nil {
+	if n.peers != nil {
+		_ = n.peers.Close()
+	} else if n.trans != nil {
 		_ = n.trans.Close()
 	}
 	if n.bolt != nil {
@@ -272,6 +308,10 @@ func (n *Node) RaftAddr() string { return n.raftAddr }
 // GossipAddr returns the address memberlist listens on (the actual port if
 // Config.GossipAddr had port 0).
 func (n *Node) GossipAddr() string { return n.gossipAddr }
+
+// RefusedPeerConns returns how many incoming Raft connections this node refused because they
+// did not complete a TLS handshake with a server certificate of the cluster.
+func (n *Node) RefusedPeerConns() uint64 { return n.stream.refusals.Refused() }
 
 // Raft returns the underlying raft instance, for metrics and tests. Entries applied through
 // it directly bypass the leader clock; use Node.Apply.
@@ -518,7 +558,7 @@ func (n *Node) stop(graceful bool) error {
 		if err := n.raft.Shutdown().Error(); err != nil {
 			errs = append(errs, fmt.Errorf("raft: %w", err))
 		}
-		if err := n.trans.Close(); err != nil {
+		if err := n.peers.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("raft transport: %w", err))
 		}
 		n.wg.Wait()

@@ -325,6 +325,46 @@ func decodeOtherOp(b []byte) (*fsmv1.Op, error) {
 	return op, nil
 }
 
+// malformed is the message of the panic that stops a replica at a committed entry it cannot
+// decode. Only an authenticated leader appends entries (peers need a server certificate), so
+// such an entry means a corrupt log or a buggy or incompatible leader; every replica reaches
+// the same entry, and skipping it on some but not others would make them diverge silently.
+// docs/architecture.md ("Fail-stop on undecodable entries") says what an operator does.
 func malformed(index uint64, err error) string {
-	return fmt.Sprintf("fsm: log entry %d is not a Command: %v", index, err)
+	return fmt.Sprintf("fsm: committed log entry %d is not a Command (%v): the log is corrupt or was written by a buggy or incompatible leader; stopping this replica rather than diverging from the others", index, err)
+}
+
+// CheckCommand decodes a whole log entry as Apply would, without applying it: nil if Apply
+// can read it (every op of a kind this build knows), else why not. It never panics, whatever
+// the bytes.
+func CheckCommand(data []byte) error {
+	var c rawCommand
+	if err := decodeCommand(data, &c); err != nil {
+		return err
+	}
+	if c.version == 0 || c.version > CommandVersion {
+		return fmt.Errorf("command version %d; this build applies versions 1..%d", c.version, CommandVersion)
+	}
+	var a acquireOp
+	var intern internTable
+	for i, b := range c.ops {
+		acq, isAcquire, err := splitOp(b)
+		if err != nil {
+			return fmt.Errorf("op %d: %w", i, err)
+		}
+		if isAcquire {
+			if err := decodeAcquire(acq, &a, intern.get); err != nil {
+				return fmt.Errorf("op %d (acquire): %w", i, err)
+			}
+			continue
+		}
+		op, err := decodeOtherOp(b)
+		if err != nil {
+			return fmt.Errorf("op %d: %w", i, err)
+		}
+		if op.Op == nil {
+			return fmt.Errorf("op %d: an operation of a kind this build does not know", i)
+		}
+	}
+	return nil
 }

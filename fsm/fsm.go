@@ -188,7 +188,7 @@ func (f *FSM) applyLocked(l *raft.Log) any {
 		panic(malformed(l.Index, err))
 	}
 	if cmd.version == 0 || cmd.version > CommandVersion {
-		panic(fmt.Sprintf("fsm: log entry %d has command version %d; this build applies versions 1..%d — upgrade this node", l.Index, cmd.version, CommandVersion))
+		panic(fmt.Sprintf("fsm: committed log entry %d has command version %d; this build applies versions 1..%d — upgrade this node", l.Index, cmd.version, CommandVersion))
 	}
 	now := quota.Time(cmd.ts)
 	if c := f.engine.Clock(); now < c {
@@ -217,6 +217,11 @@ func (f *FSM) applyLocked(l *raft.Log) any {
 		op, err := decodeOtherOp(b)
 		if err != nil {
 			panic(malformed(l.Index, err))
+		}
+		if op.Op == nil {
+			// A kind this build does not know (a newer leader's) or a corrupt entry: skipping it
+			// would let this replica diverge silently from the ones that apply it.
+			panic(fmt.Sprintf("fsm: committed log entry %d holds an operation this build does not know (written by a newer leader, or corrupt); upgrade this node", l.Index))
 		}
 		res.Ops[i] = f.applyOp(now, op)
 	}

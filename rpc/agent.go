@@ -45,7 +45,7 @@ type AgentConfig struct {
 	// auth.ServerName(ClusterName), client certificates a role URI for it (default
 	// DefaultClusterName).
 	ClusterName string
-	// TLS is the node's one identity for gRPC, HTTP, forwarding and, unless Cluster.RaftTLS is
+	// TLS is the node's one identity for gRPC, HTTP, forwarding and, unless Cluster.PeerTLS is
 	// set, Raft. Clients may present a certificate of the CA (verified) or none (a token).
 	TLS TLSFiles
 	// BootstrapTokenFile names a file holding the bootstrap admin token, which every node
@@ -143,14 +143,14 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(serverTLS)))
 		forwardCreds = credentials.NewTLS(clientTLS)
 		httpTLS = serverTLS
-		if cfg.Cluster.RaftTLS == nil {
+		if cfg.Cluster.PeerTLS == nil {
 			// The same identity secures Raft: each node is both server and client there, and
-			// a peer must present a certificate of the CA.
-			raftTLS := serverTLS.Clone()
-			raftTLS.ClientAuth = tls.RequireAndVerifyClientCert
-			raftTLS.RootCAs = clientTLS.RootCAs
-			raftTLS.ServerName = clientTLS.ServerName
-			cfg.Cluster.RaftTLS = raftTLS
+			// a peer must present a certificate carrying the server SAN.
+			peerTLS, err := auth.PeerTLSConfig(cfg.TLS.CertFile, cfg.TLS.KeyFile, cfg.TLS.CAFile, cfg.ClusterName)
+			if err != nil {
+				return nil, err
+			}
+			cfg.Cluster.PeerTLS = peerTLS
 		}
 	}
 	if a.grpcLn, err = net.Listen("tcp", cfg.Cluster.GRPCAddr); err != nil {
