@@ -84,6 +84,9 @@ func domainNode(d *quota.Domain) *yaml.Node {
 	if d.ResumeJitter != 0 {
 		add(m, "resume_jitter", scalar("!!str", formatDuration(d.ResumeJitter)))
 	}
+	if d.MaxKeys != 0 {
+		add(m, "max_keys", uintNode(d.MaxKeys))
+	}
 	if len(d.Descriptors) > 0 {
 		add(m, "descriptors", descriptorsNode(d.Descriptors))
 	}
