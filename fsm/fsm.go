@@ -286,8 +286,18 @@ func (f *FSM) applyAcquire(now quota.Time, a *acquireOp, out *OpResult) {
 		out.Decision = Decision{Reason: quota.ReasonInvalid, Message: "admission missing"}
 		return
 	}
+	if msg := opProblem(a); msg != "" {
+		out.Decision = Decision{Reason: quota.ReasonInvalid, Message: msg}
+		return
+	}
+	fp := admissionFingerprint(a)
 	seq, known, at := f.dedup.find(a.clientID, a.id)
 	if known && !plantedNoDedup {
+		if old := f.dedup.fingerprint(seq); old != 0 && old != fp {
+			d := conflictDecision(a.clientID, a.id)
+			setAnswer(&out.Decision, &d)
+			return
+		}
 		d := f.dedup.decision(seq)
 		setAnswer(&out.Decision, &d)
 		out.Duplicate = true
@@ -302,7 +312,7 @@ func (f *FSM) applyAcquire(now quota.Time, a *acquireOp, out *OpResult) {
 	remember := a.clientID != "" && a.id != 0 && d.Reason != quota.ReasonInvalid &&
 		d.Reason != quota.ReasonUnknownDomain && (d.Admitted || !a.waits)
 	if remember {
-		f.dedup.putAt(at, a.clientID, a.id, now.Add(f.dedupWindow), &d)
+		f.dedup.putAt(at, a.clientID, a.id, fp, now.Add(f.dedupWindow), &d)
 	}
 	setAnswer(&out.Decision, &d)
 }
