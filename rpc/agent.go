@@ -43,6 +43,12 @@ type AgentConfig struct {
 	AdminToken string
 	// ExtraHTTP handlers are mounted on the HTTP port (the chaos build adds its fault controls).
 	ExtraHTTP map[string]http.Handler
+	// MaxRequestBytes caps one gRPC message a node accepts (--max-request-bytes); a larger one
+	// is refused with ResourceExhausted before it is decoded. 0 means DefaultMaxRequestBytes.
+	MaxRequestBytes int
+	// Waiters caps the admissions waiting on the leader per client and per domain
+	// (--max-waiters-per-client, --max-waiters-per-domain); zero fields mean the defaults.
+	Waiters WaiterCaps
 }
 
 // Agent is one running quotad server. Start it with StartAgent; Stop it once.
@@ -79,7 +85,11 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 		}
 		limits = l
 	}
-	var grpcOpts []grpc.ServerOption
+	maxRequest := cfg.MaxRequestBytes
+	if maxRequest <= 0 {
+		maxRequest = DefaultMaxRequestBytes
+	}
+	grpcOpts := []grpc.ServerOption{grpc.MaxRecvMsgSize(maxRequest)}
 	var forwardCreds credentials.TransportCredentials
 	if cfg.TLS.Enabled() {
 		serverTLS, clientTLS, err := cfg.TLS.Load()
@@ -113,6 +123,7 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 	}
 	grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(adminAuth(cfg.AdminToken)))
 	a.server = NewServer(a.node, a.fsm, cfg.Proposer, forwardCreds, a.metrics)
+	a.server.SetWaiterCaps(cfg.Waiters)
 	a.registerGauges()
 
 	a.grpc = grpc.NewServer(grpcOpts...)

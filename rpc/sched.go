@@ -78,6 +78,7 @@ type fair struct {
 	usageSwept  time.Time               // last pruneUsage pass
 
 	nwait atomic.Int64 // waiters queued (fast check on the hot path)
+	slots waiterSlots  // waiting admissions by client and domain, for the waiter caps
 	kick  chan struct{}
 	stop  chan struct{}
 	done  chan struct{}
@@ -187,7 +188,14 @@ func (f *fair) acquire(ctx context.Context, req *quotadv1.AcquireRequest) (*quot
 		// log, never the scheduler's fresh opinion: no gate, no queue.
 		known := s.fsm.Remembers(req.ClientId, adm.RequestId)
 		if adm.MaxWaitMs > 0 && !known {
-			wg.Go(func() { resp.Decisions[i], errs[i] = f.wait(ctx, req.ClientId, adm) })
+			if msg, scope := f.slots.take(req.ClientId, adm.Domain); msg != "" {
+				resp.Decisions[i] = f.tooManyWaiters(adm.Domain, msg, scope)
+				continue
+			}
+			wg.Go(func() {
+				defer f.slots.put(req.ClientId, adm.Domain)
+				resp.Decisions[i], errs[i] = f.wait(ctx, req.ClientId, adm)
+			})
 			continue
 		}
 		if !known {

@@ -32,6 +32,7 @@ func agentCmd() *cobra.Command {
 		memLimit   string
 		gcHeadroom string
 		proposer   = rpc.DefaultProposerConfig()
+		caps       = capFlags{maxRequestBytes: rpc.DefaultMaxRequestBytes}
 	)
 	cmd := &cobra.Command{
 		Use:   "agent",
@@ -72,6 +73,9 @@ promoted once caught up. A node restarted with its --data-dir resumes where it s
 				return err
 			}
 			acfg := rpc.AgentConfig{Cluster: cc, LimitsFile: limits, TLS: tlsFiles, AdminToken: adminToken, Proposer: proposer}
+			if err := caps.apply(&acfg); err != nil {
+				return err
+			}
 			chaosHooks(&acfg)
 			agent, err := rpc.StartAgent(acfg)
 			if err != nil {
@@ -116,6 +120,7 @@ promoted once caught up. A node restarted with its --data-dir resumes where it s
 	f.StringVar(&gcHeadroom, "gc-headroom", "64MiB", "once the live heap is large, let it grow at most this much between collections (0: GOGC alone decides)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")
+	caps.register(f)
 	return cmd
 }
 
