@@ -139,3 +139,25 @@ func TestRecordSize(t *testing.T) {
 }
 
 func unsafeSizeof(r dedupRecord) uintptr { return unsafe.Sizeof(r) }
+
+// TestTooManyKeysLeavesNoState: a too_many_keys denial is not remembered (like invalid), so
+// a flood of invented keys leaves nothing behind, not even dedup records.
+func TestTooManyKeysLeavesNoState(t *testing.T) {
+	l := newLog(t)
+	lim := *testLimits
+	lim.Domains = []quota.Domain{testLimits.Domains[0]}
+	lim.Domains[0].MaxKeys = 2 // the ceiling and one tenant
+	if r := l.apply(0, setLimits(t, &lim)); r.Ops[0].Other.Err != nil {
+		t.Fatal(r.Ops[0].Other.Err)
+	}
+	if d := l.apply(time.Millisecond, acquire("c", 1, "a", 1)).Ops[0].Decision; !d.Admitted {
+		t.Fatalf("first tenant: %+v", d)
+	}
+	before := l.f.Stats()
+	if d := l.apply(time.Millisecond, acquire("c", 2, "b", 1)).Ops[0].Decision; d.Reason != quota.ReasonTooManyKeys {
+		t.Fatalf("second tenant: %+v", d)
+	}
+	if after := l.f.Stats(); after != before {
+		t.Fatalf("a too_many_keys denial left state: %+v -> %+v", before, after)
+	}
+}
