@@ -462,7 +462,7 @@ func (e *Engine) checkKeys(root *level, steps []step, cost uint64, shadow []stri
 	wait := s.r.timeFor(s.r.capMicro)
 	return Decision{Reason: ReasonTooManyKeys, Scope: s.lv.scope, Limit: uint64(root.maxKeys), RetryAfter: wait,
 		Cost: cost, ShadowDenials: shadow,
-		Message: fmt.Sprintf("domain %q holds %d active buckets and max_keys is %d, so bucket %.300q cannot be added; "+
+		Message: fmt.Sprintf("domain %q holds %d active buckets and max_keys is %d, so bucket %.80q cannot be added; "+
 			"buckets are dropped once idle and full again (within %v), or raise the domain's max_keys",
 			root.domain, held, root.maxKeys, e.keybuf[:s.end], wait)}, false
 }
