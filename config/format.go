@@ -87,6 +87,9 @@ func domainNode(d *quota.Domain) *yaml.Node {
 	if d.MaxPause != 0 {
 		add(m, "max_pause", scalar("!!str", formatDuration(d.MaxPause)))
 	}
+	if d.MaxKeys != 0 {
+		add(m, "max_keys", uintNode(d.MaxKeys))
+	}
 	if len(d.Descriptors) > 0 {
 		add(m, "descriptors", descriptorsNode(d.Descriptors))
 	}

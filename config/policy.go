@@ -51,6 +51,12 @@ func (p *parser) domainPolicy(f map[string]field, d *quota.Domain) {
 			}
 		}
 	}
+	if kf, has := f["max_keys"]; has {
+		if v, ok := p.count(kf.val, "max_keys", quota.MaxMaxKeys,
+			"; it caps the buckets the domain holds at once (default "+strconv.Itoa(quota.DefaultMaxKeys)+")"); ok {
+			d.MaxKeys = v
+		}
+	}
 }
 
 // amount reads a whole number from 0 to maxValue.

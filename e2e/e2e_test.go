@@ -59,9 +59,15 @@ func TestMain(m *testing.M) {
 
 func startCluster(t *testing.T, n int, extra ...string) *proccluster.Cluster {
 	t.Helper()
+	return startClusterWith(t, n, limits, extra...)
+}
+
+// startClusterWith is startCluster with the limits file limitsYAML.
+func startClusterWith(t *testing.T, n int, limitsYAML string, extra ...string) *proccluster.Cluster {
+	t.Helper()
 	dir := t.TempDir()
 	lf := filepath.Join(dir, "limits.yaml")
-	if err := os.WriteFile(lf, []byte(limits), 0o644); err != nil {
+	if err := os.WriteFile(lf, []byte(limitsYAML), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	c, err := proccluster.Start(proccluster.Config{Binary: binary, Dir: dir, Nodes: n, LimitsFile: lf, ExtraArgs: extra})

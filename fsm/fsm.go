@@ -309,8 +309,18 @@ func (f *FSM) applyAcquire(now quota.Time, a *acquireOp, out *OpResult) {
 		out.Decision = Decision{Reason: quota.ReasonInvalid, Message: "admission missing"}
 		return
 	}
+	if msg := opProblem(a); msg != "" {
+		out.Decision = Decision{Reason: quota.ReasonInvalid, Message: msg}
+		return
+	}
+	fp := admissionFingerprint(a)
 	seq, known, at := f.dedup.find(a.clientID, a.id)
 	if known && !plantedNoDedup {
+		if old := f.dedup.fingerprint(seq); old != 0 && old != fp {
+			d := conflictDecision(a.clientID, a.id)
+			setAnswer(&out.Decision, &d)
+			return
+		}
 		d := f.dedup.decision(seq)
 		setAnswer(&out.Decision, &d)
 		out.Duplicate = true
@@ -319,13 +329,14 @@ func (f *FSM) applyAcquire(now quota.Time, a *acquireOp, out *OpResult) {
 	a.req.Spread = spread(a.clientID, a.id)
 	d := f.engine.Acquire(now, a.req)
 	// Remember what a retry must get back. Not remembered, because they change nothing and a
-	// retry may safely be decided afresh: invalid and unknown-domain answers, and denials of
-	// admissions that wait on the leader (the scheduler re-proposes those under the same ID
-	// until their wait ends).
+	// retry may safely be decided afresh: invalid, unknown-domain and too-many-keys answers
+	// (the last so that a flood of invented keys leaves no state at all, not even here), and
+	// denials of admissions that wait on the leader (the scheduler re-proposes those under the
+	// same ID until their wait ends).
 	remember := a.clientID != "" && a.id != 0 && d.Reason != quota.ReasonInvalid &&
-		d.Reason != quota.ReasonUnknownDomain && (d.Admitted || !a.waits)
+		d.Reason != quota.ReasonUnknownDomain && d.Reason != quota.ReasonTooManyKeys && (d.Admitted || !a.waits)
 	if remember {
-		f.dedup.putAt(at, a.clientID, a.id, now.Add(f.dedupWindow), &d)
+		f.dedup.putAt(at, a.clientID, a.id, fp, now.Add(f.dedupWindow), &d)
 	}
 	setAnswer(&out.Decision, &d)
 }

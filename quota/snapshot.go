@@ -499,6 +499,7 @@ func decodeSnapshot(data []byte) (*Engine, error) {
 	}
 	e := NewEngine()
 	e.lim = lim
+	e.buckets.setDomains(lim)
 	e.clock = Time(d.varint())
 	e.leaseSeq = d.uvarint()
 

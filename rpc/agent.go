@@ -59,6 +59,12 @@ type AgentConfig struct {
 	EnableDebug bool
 	// ExtraHTTP handlers are mounted on the HTTP port (the chaos build adds its fault controls).
 	ExtraHTTP map[string]http.Handler
+	// MaxRequestBytes caps one gRPC message a node accepts (--max-request-bytes); a larger one
+	// is refused with ResourceExhausted before it is decoded. 0 means DefaultMaxRequestBytes.
+	MaxRequestBytes int
+	// Waiters caps the admissions waiting on the leader per client and per domain
+	// (--max-waiters-per-client, --max-waiters-per-domain); zero fields mean the defaults.
+	Waiters WaiterCaps
 }
 
 // newAuthenticator builds the caller authentication of cfg over f's token table, with the
@@ -132,7 +138,11 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 	}
 	authn := newAuthenticator(cfg, a.fsm, bootstrapToken)
 	a.authn = authn
-	var grpcOpts []grpc.ServerOption
+	maxRequest := cfg.MaxRequestBytes
+	if maxRequest <= 0 {
+		maxRequest = DefaultMaxRequestBytes
+	}
+	grpcOpts := []grpc.ServerOption{grpc.MaxRecvMsgSize(maxRequest)}
 	var forwardCreds credentials.TransportCredentials
 	var httpTLS *tls.Config
 	if cfg.TLS.Enabled() {
@@ -173,6 +183,7 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 	}
 	grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(authn.unary), grpc.ChainStreamInterceptor(authn.stream))
 	a.server = NewServer(a.node, a.fsm, cfg.Proposer, forwardCreds, a.metrics)
+	a.server.SetWaiterCaps(cfg.Waiters)
 	a.registerGauges()
 
 	a.grpc = grpc.NewServer(grpcOpts...)

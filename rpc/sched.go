@@ -78,6 +78,7 @@ type fair struct {
 	usageSwept  time.Time               // last pruneUsage pass
 
 	nwait atomic.Int64 // waiters queued (fast check on the hot path)
+	slots waiterSlots  // waiting admissions by client and domain, for the waiter caps
 	kick  chan struct{}
 	stop  chan struct{}
 	done  chan struct{}
@@ -188,7 +189,15 @@ func (f *fair) acquire(ctx context.Context, req *quotadv1.AcquireRequest, owner 
 		// log, never the scheduler's fresh opinion: no gate, no queue.
 		known := s.fsm.Remembers(owner, req.ClientId, adm.RequestId)
 		if adm.MaxWaitMs > 0 && !known {
-			wg.Go(func() { resp.Decisions[i], errs[i] = f.wait(ctx, owner, req.ClientId, adm) })
+			waiter := clientKey(owner, req.ClientId)
+			if msg, scope := f.slots.take(waiter, adm.Domain); msg != "" {
+				resp.Decisions[i] = f.tooManyWaiters(adm.Domain, msg, scope)
+				continue
+			}
+			wg.Go(func() {
+				defer f.slots.put(waiter, adm.Domain)
+				resp.Decisions[i], errs[i] = f.wait(ctx, owner, req.ClientId, adm)
+			})
 			continue
 		}
 		if !known {

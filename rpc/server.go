@@ -40,9 +40,9 @@ const (
 // Limits on one call, so one request cannot monopolise the leader.
 const (
 	MaxAdmissionsPerCall = 10000
-	MaxDescriptors       = 16
+	MaxDescriptors       = quota.MaxDescriptors
 	MaxCost              = 1 << 40
-	maxStringLen         = 256
+	maxStringLen         = quota.MaxFieldBytes
 )
 
 // Node is what the server needs of a cluster node (*cluster.Node implements it).
@@ -233,7 +233,7 @@ func validateAcquire(req *quotadv1.AcquireRequest) error {
 	case req.ClientId == "":
 		return status.Error(codes.InvalidArgument, "client_id is empty; set a stable ID per client so retries can be deduplicated")
 	case len(req.ClientId) > maxStringLen:
-		return status.Errorf(codes.InvalidArgument, "client_id is %d bytes; the limit is %d", len(req.ClientId), maxStringLen)
+		return status.Errorf(codes.InvalidArgument, "client_id is %d bytes; the limit is %d bytes", len(req.ClientId), maxStringLen)
 	case len(req.Admissions) == 0:
 		return status.Error(codes.InvalidArgument, "no admissions in the request; send at least one")
 	case len(req.Admissions) > MaxAdmissionsPerCall:
@@ -252,9 +252,9 @@ func admissionProblem(adm *quotadv1.Admission) string {
 	case adm.Domain == "":
 		return "domain is empty; name the limits domain to charge"
 	case len(adm.Domain) > maxStringLen:
-		return fmt.Sprintf("domain is %d bytes; the limit is %d", len(adm.Domain), maxStringLen)
-	case len(adm.Descriptors) > MaxDescriptors:
-		return fmt.Sprintf("%d descriptor entries; at most %d are allowed", len(adm.Descriptors), MaxDescriptors)
+		return fieldProblem("domain", adm.Domain)
+	case len(adm.WorkClass) > maxStringLen:
+		return fieldProblem("work_class", adm.WorkClass)
 	case adm.Cost > MaxCost:
 		return fmt.Sprintf("cost %d is above the maximum %d", adm.Cost, uint64(MaxCost))
 	case adm.LeaseTtlMs < 0:
@@ -262,15 +262,7 @@ func admissionProblem(adm *quotadv1.Admission) string {
 	case adm.MaxWaitMs < 0:
 		return fmt.Sprintf("max_wait_ms %d is negative", adm.MaxWaitMs)
 	}
-	for i, e := range adm.Descriptors {
-		if e.GetKey() == "" {
-			return fmt.Sprintf("descriptors[%d] has an empty key; every entry needs key=value", i)
-		}
-		if len(e.Key) > maxStringLen || len(e.Value) > maxStringLen {
-			return fmt.Sprintf("descriptors[%d] (%.40q) is longer than %d bytes", i, e.Key, maxStringLen)
-		}
-	}
-	return ""
+	return entriesProblem("descriptors", adm.Descriptors)
 }
 
 func decisionToProto(d fsm.Decision) *quotadv1.Decision {
@@ -358,6 +350,9 @@ func (s *Server) Refund(ctx context.Context, req *quotadv1.RefundRequest) (*quot
 	if req.ClientId == "" || req.RequestId == 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "client_id %q and request_id %d must both be set: they name the admitted request to refund", req.ClientId, req.RequestId)
 	}
+	if err := invalidArg(fieldProblem("client_id", req.ClientId)); err != nil {
+		return nil, err
+	}
 	conn, err := s.route(ctx)
 	if err != nil || conn != nil {
 		if err != nil {
@@ -393,8 +388,8 @@ func (s *Server) Feedback(ctx context.Context, req *quotadv1.FeedbackRequest) (*
 	if req.StatusCode != quota.StatusTooManyRequests && req.StatusCode != quota.StatusServiceUnavailable {
 		return nil, status.Errorf(codes.InvalidArgument, "status_code %d is not 429 or 503; report only the provider's throttling answers", req.StatusCode)
 	}
-	if len(req.Descriptors) > MaxDescriptors || len(req.Reason) > maxStringLen {
-		return nil, status.Errorf(codes.InvalidArgument, "at most %d descriptors and a reason of at most %d bytes", MaxDescriptors, maxStringLen)
+	if err := invalidArg(firstProblem(fieldProblem("domain", req.Domain), entriesProblem("descriptors", req.Descriptors), fieldProblem("reason", req.Reason))); err != nil {
+		return nil, err
 	}
 	if msg := scopeProblem(IdentityFrom(ctx), req.Domain, req.Descriptors, true); msg != "" {
 		return nil, permissionDenied("feedback: %s", msg)
@@ -432,6 +427,9 @@ func (s *Server) Feedback(ctx context.Context, req *quotadv1.FeedbackRequest) (*
 func (s *Server) Status(ctx context.Context, req *quotadv1.StatusRequest) (*quotadv1.StatusResponse, error) {
 	if req.Domain == "" {
 		return nil, status.Error(codes.InvalidArgument, "domain is empty")
+	}
+	if err := invalidArg(firstProblem(fieldProblem("domain", req.Domain), entriesProblem("descriptors", req.Descriptors))); err != nil {
+		return nil, err
 	}
 	if msg := scopeProblem(IdentityFrom(ctx), req.Domain, req.Descriptors, false); msg != "" {
 		return nil, permissionDenied("status: %s", msg)

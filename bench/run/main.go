@@ -27,14 +27,17 @@ import (
 
 // benchLimits: "bench" is roomy (the load measures deciding, not refusing; every decision
 // still goes through the domain ceiling and a per-tenant bucket); "buckets" refills so slowly
-// that each of the 1M tenant buckets the populate step creates stays stored (active).
+// that each of the 1M tenant buckets the populate step creates stays stored (active), and its
+// max_keys lets it hold them (the default is 100000).
 const benchLimits = `domain: bench
 rate_limit: {unit: second, requests_per_unit: 100000000}
+max_keys: 10000000
 descriptors:
   - key: tenant
     rate_limit: {unit: second, requests_per_unit: 1000000}
 ---
 domain: buckets
+max_keys: 2000000
 descriptors:
   - key: tenant
     rate_limit: {unit: hour, requests_per_unit: 10}

@@ -30,6 +30,7 @@ func agentCmd() *cobra.Command {
 		memLimit   string
 		gcHeadroom string
 		proposer   = rpc.DefaultProposerConfig()
+		caps       = capFlags{maxRequestBytes: rpc.DefaultMaxRequestBytes}
 	)
 	var (
 		acfg          rpc.AgentConfig // security settings; the rest is filled in at run
@@ -71,6 +72,9 @@ promoted once caught up. A node restarted with its --data-dir resumes where it s
 				return err
 			}
 			if err := setGC(gcPercent, memLimit, gcHeadroom); err != nil {
+				return err
+			}
+			if err := caps.apply(&acfg); err != nil {
 				return err
 			}
 			chaosHooks(&acfg)
@@ -120,6 +124,7 @@ promoted once caught up. A node restarted with its --data-dir resumes where it s
 	f.StringVar(&gcHeadroom, "gc-headroom", "64MiB", "once the live heap is large, let it grow at most this much between collections (0: GOGC alone decides)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")
+	caps.register(f)
 	return cmd
 }
 

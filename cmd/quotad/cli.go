@@ -155,7 +155,7 @@ func acquireCmd() *cobra.Command {
 				err = printJSON(map[string]any{
 					"admitted": d.Admitted, "reason": d.Reason, "scope": d.Scope, "limit": d.Limit,
 					"remaining": d.Remaining, "reset_after_ms": d.ResetAfterMs(), "retry_after_ms": d.RetryAfterMs(),
-					"lease_id": d.LeaseID,
+					"lease_id": d.LeaseID, "message": d.Message,
 				})
 			} else {
 				verdict := "denied"

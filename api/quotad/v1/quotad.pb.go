@@ -92,7 +92,9 @@ type Admission struct {
 	Descriptors []*Entry `protobuf:"bytes,3,rep,name=descriptors,proto3" json:"descriptors,omitempty"`
 	// cost in the bucket's units; 0 means 1.
 	Cost uint64 `protobuf:"varint,4,opt,name=cost,proto3" json:"cost,omitempty"`
-	// lease_ttl_ms for concurrency permits; 0 uses the limit's configured lease_ttl.
+	// lease_ttl_ms for concurrency permits; 0 uses the limit's configured lease_ttl, and so does
+	// a longer TTL (a lease never outlives lease_ttl without renewing; the decision's
+	// lease_ttl_ms is what was granted).
 	LeaseTtlMs int64 `protobuf:"varint,5,opt,name=lease_ttl_ms,json=leaseTtlMs,proto3" json:"lease_ttl_ms,omitempty"`
 	// attempt is 1 for a first try and >1 for a retry of the caller's own work (not a transport
 	// retry of the same request_id); retries draw on the domain's retry budget.
@@ -248,7 +250,9 @@ type Decision struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Admitted bool                   `protobuf:"varint,1,opt,name=admitted,proto3" json:"admitted,omitempty"`
 	// reason: ok, rate_limited, concurrency_limited, paused, unknown_domain, invalid,
-	// retry_budget_exhausted.
+	// retry_budget_exhausted, too_many_keys (the domain holds max_keys buckets and this would
+	// add one), too_many_waiters (the client_id or domain has as many admissions waiting on the
+	// leader as it may), request_id_conflict (the request ID was used for a different request).
 	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
 	// scope is the level that decided a denial: "domain" or a descriptor key such as "tenant".
 	Scope string `protobuf:"bytes,3,opt,name=scope,proto3" json:"scope,omitempty"`
@@ -264,7 +268,8 @@ type Decision struct {
 	LeaseId uint64 `protobuf:"varint,8,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
 	// lease_ttl_ms is the lease's TTL when lease_id is set.
 	LeaseTtlMs int64 `protobuf:"varint,9,opt,name=lease_ttl_ms,json=leaseTtlMs,proto3" json:"lease_ttl_ms,omitempty"`
-	// message explains reason=invalid or unknown_domain in words.
+	// message explains reason=invalid, unknown_domain, too_many_keys, too_many_waiters and
+	// request_id_conflict in words.
 	Message string `protobuf:"bytes,10,opt,name=message,proto3" json:"message,omitempty"`
 	// window_ms is the refusing/tightest limit's unit length (for RateLimit-Policy w=).
 	WindowMs      int64 `protobuf:"varint,11,opt,name=window_ms,json=windowMs,proto3" json:"window_ms,omitempty"`
@@ -512,9 +517,11 @@ func (x *ReleaseResponse) GetReleased() bool {
 }
 
 type RenewRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	LeaseId       uint64                 `protobuf:"varint,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
-	LeaseTtlMs    int64                  `protobuf:"varint,2,opt,name=lease_ttl_ms,json=leaseTtlMs,proto3" json:"lease_ttl_ms,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	LeaseId uint64                 `protobuf:"varint,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// lease_ttl_ms extends the lease to now + this; 0 reuses its granted TTL. It is clamped to the
+	// limit's lease_ttl; the response says what was applied.
+	LeaseTtlMs    int64 `protobuf:"varint,2,opt,name=lease_ttl_ms,json=leaseTtlMs,proto3" json:"lease_ttl_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
