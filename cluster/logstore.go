@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	wal "github.com/hashicorp/raft-wal"
+	"github.com/hashicorp/raft-wal/metadb"
 )
 
 // Raft log store backends (Config.LogStore, the agent's --raft-log-store).
@@ -102,12 +103,32 @@ func logStoreFiles(backend string) string {
 	return boltLogFile
 }
 
+// walStore closes a raft-wal log store completely. raft-wal v0.4.0's WAL.Close closes the
+// segment files but leaves its metadata DB (wal-meta.db, BoltDB) open and locked, so the same
+// process could never open the data dir again (bbolt waits for the lock forever): a node
+// restarted in-process would hang. We pass our own metadb.BoltMetaDB and close it after the
+// WAL (raft is stopped by then, so nothing writes to it).
+type walStore struct {
+	wal  *wal.WAL
+	meta *metadb.BoltMetaDB
+}
+
+func (w *walStore) Close() error {
+	return errors.Join(w.wal.Close(), w.meta.Close())
+}
+
 // openLogStore opens (or creates) the Raft stable store and log store of backend in dir. With
 // boltdb both are the same raft.db; with wal the log is a raft-wal in dir/wal and the stable
 // store is raft-boltdb in dir/stable.db. walLog is the WAL to close after raft stopped (nil
 // for boltdb, whose log closes with stable). An existing data dir written by the other
 // backend is refused (ErrLogStoreMismatch) with what to do about it.
-func openLogStore(dir, backend string, l *slog.Logger, libLevel slog.Level) (stable *raftboltdb.BoltStore, logs raft.LogStore, walLog *wal.WAL, err error) {
+func openLogStore(dir, backend string, l *slog.Logger, libLevel slog.Level) (stable *raftboltdb.BoltStore, logs raft.LogStore, walLog *walStore, err error) {
+	return openLogStoreSized(dir, backend, l, libLevel, wal.DefaultSegmentSize)
+}
+
+// openLogStoreSized is openLogStore with the WAL's segment size (tests use small segments to
+// rotate often).
+func openLogStoreSized(dir, backend string, l *slog.Logger, libLevel slog.Level, segmentSize int) (stable *raftboltdb.BoltStore, logs raft.LogStore, walLog *walStore, err error) {
 	if err := validateLogStore(backend); err != nil {
 		return nil, nil, nil, err
 	}
@@ -143,10 +164,13 @@ func openLogStore(dir, backend string, l *slog.Logger, libLevel slog.Level) (sta
 		_ = stable.Close()
 		return nil, nil, nil, fmt.Errorf("cluster: create %s: %w", wdir, err)
 	}
-	w, err := wal.Open(wdir, wal.WithLogger(newHCLog(l, "raft.wal", libLevel)))
+	meta := &metadb.BoltMetaDB{}
+	w, err := wal.Open(wdir, wal.WithMetaStore(meta), wal.WithSegmentSize(segmentSize),
+		wal.WithLogger(newHCLog(l, "raft.wal", libLevel)))
 	if err != nil {
+		_ = meta.Close()
 		_ = stable.Close()
 		return nil, nil, nil, fmt.Errorf("cluster: open the Raft WAL in %s: %w", wdir, err)
 	}
-	return stable, w, w, nil
+	return stable, w, &walStore{wal: w, meta: meta}, nil
 }

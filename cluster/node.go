@@ -23,7 +23,6 @@ import (
 	"github.com/hashicorp/memberlist"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
-	wal "github.com/hashicorp/raft-wal"
 	"go.etcd.io/bbolt"
 )
 
@@ -71,7 +70,7 @@ type Node struct {
 
 	clk leaderClock
 
-	walLog *wal.WAL // the log store with LogStore "wal" (bolt is then only the stable store); else nil
+	walLog *walStore // the log store with LogStore "wal" (bolt is then only the stable store); else nil
 
 	lcMu sync.Mutex
 	lcCh chan struct{}
