@@ -117,6 +117,29 @@ func (w *walStore) Close() error {
 	return errors.Join(w.wal.Close(), w.meta.Close())
 }
 
+// walLogStore is raft-wal's log store with GetLog refusing indexes below FirstIndex, as the
+// raft.LogStore contract and raft-boltdb do. raft-wal v0.4.0 keeps serving entries of its tail
+// segment after a head truncation (compaction) removed them: the tail writer checks only its
+// own copy of the segment's MinIndex, which DeleteRange does not update, so until the segment
+// rotates (64 MiB) "deleted" entries stay readable. They are committed entries, so raft would
+// not go wrong with them, but a lagging follower would then be caught up from the compacted
+// log instead of the snapshot, differently from BoltDB and from what TrailingLogs promises.
+// IsMonotonic (true) and the rest are the WAL's.
+type walLogStore struct {
+	*wal.WAL
+}
+
+func (s walLogStore) GetLog(index uint64, l *raft.Log) error {
+	first, err := s.WAL.FirstIndex()
+	if err != nil {
+		return err
+	}
+	if index < first {
+		return raft.ErrLogNotFound
+	}
+	return s.WAL.GetLog(index, l)
+}
+
 // openLogStore opens (or creates) the Raft stable store and log store of backend in dir. With
 // boltdb both are the same raft.db; with wal the log is a raft-wal in dir/wal and the stable
 // store is raft-boltdb in dir/stable.db. walLog is the WAL to close after raft stopped (nil
@@ -139,7 +162,7 @@ func openLogStoreSized(dir, backend string, l *slog.Logger, libLevel slog.Level,
 	if have != "" && have != backend {
 		return nil, nil, nil, fmt.Errorf("cluster: %w: data dir %q holds a %s Raft log (%s) but this node is "+
 			"configured with LogStore (--raft-log-store) %q. A node cannot convert its log in place. Either start it "+
-			"with --raft-log-store %s, or replace it with a %s node one node at a time: stop it, move %q away, start it "+
+			"with --raft-log-store %s, or (in a cluster of 3 or more nodes) replace it with a %s node, one node at a time: stop it, move %q away, start it "+
 			"again with the same --id, an empty --data-dir and --raft-log-store %s (it catches up from the leader's "+
 			"snapshot), and wait until it has caught up before replacing the next node (README, \"Raft log store\")",
 			ErrLogStoreMismatch, dir, have, logStoreFiles(have), backend, have, backend, dir, backend)
@@ -172,5 +195,5 @@ func openLogStoreSized(dir, backend string, l *slog.Logger, libLevel slog.Level,
 		_ = stable.Close()
 		return nil, nil, nil, fmt.Errorf("cluster: open the Raft WAL in %s: %w", wdir, err)
 	}
-	return stable, w, &walStore{wal: w, meta: meta}, nil
+	return stable, walLogStore{w}, &walStore{wal: w, meta: meta}, nil
 }

@@ -281,6 +281,29 @@ func TestWALTornTailRecovery(t *testing.T) {
 	}
 }
 
+// TestWALGetLogBelowFirstIndex: after a compaction, entries below FirstIndex are gone for
+// raft, also while they are still in the WAL's tail segment (walLogStore; raft-wal alone
+// serves them).
+func TestWALGetLogBelowFirstIndex(t *testing.T) {
+	t.Parallel()
+	s := openTestStores(t, t.TempDir(), LogStoreWAL, 4<<20)
+	defer s.close()
+	storeRange(t, s.logs, 1, 100, 1, 10, rand.New(rand.NewPCG(7, 8)))
+	if err := s.logs.DeleteRange(1, 50); err != nil {
+		t.Fatal(err)
+	}
+	checkLog(t, s.logs, 51, 100, 0)
+	var e raft.Log
+	if err := s.logs.GetLog(10, &e); !errors.Is(err, raft.ErrLogNotFound) {
+		t.Fatalf("GetLog(10) after DeleteRange(1, 50): %v, want ErrLogNotFound", err)
+	}
+	if err := s.logs.(walLogStore).WAL.GetLog(10, &e); err == nil {
+		t.Logf("raft-wal itself still returns entry 10 (index %d) after its deletion: walLogStore is needed", e.Index)
+	} else {
+		t.Logf("raft-wal itself now refuses entry 10 (%v): walLogStore's check may be redundant", err)
+	}
+}
+
 func copyDir(t *testing.T, from, to string) {
 	t.Helper()
 	err := filepath.WalkDir(from, func(path string, d os.DirEntry, err error) error {
