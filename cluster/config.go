@@ -36,7 +36,8 @@ type Config struct {
 	ID string
 
 	// DataDir holds the Raft log and stable store (raft.db, a BoltDB file fsynced on every
-	// write) and the snapshots directory. Created if missing.
+	// write; with LogStore "wal" the wal/ directory and stable.db instead) and the snapshots
+	// directory. Created if missing.
 	DataDir string
 
 	// RaftAddr is the host:port the Raft TCP transport listens on and advertises to peers.
@@ -169,6 +170,13 @@ type Config struct {
 	// build uses it to slow the disk). Nil in production.
 	WrapLogStore func(raft.LogStore) raft.LogStore
 
+	// LogStore is the Raft log's storage: LogStoreBoltDB ("boltdb": raft.db, a BoltDB B-tree,
+	// two fdatasyncs per append) or LogStoreWAL ("wal": hashicorp/raft-wal segment files in
+	// wal/, one fsync per append, term and vote in stable.db). Both fsync every append. A data
+	// dir keeps the backend it was created with: NewNode refuses one written by the other
+	// (ErrLogStoreMismatch) and says how to replace the node instead. See logstore.go.
+	LogStore string
+
 	// Clock is the node's time source; nil means SystemClock.
 	Clock Clock
 
@@ -222,6 +230,7 @@ func DefaultConfig() Config {
 		LibraryLogLevel:    slog.LevelWarn,
 
 		PeerHandshakeTimeout: 5 * time.Second,
+		LogStore:           LogStoreBoltDB,
 	}
 }
 
@@ -294,6 +303,9 @@ func (c *Config) Validate() error {
 	}
 	if c.SnapshotRetain < 1 {
 		return fmt.Errorf("cluster: SnapshotRetain %d must be at least 1", c.SnapshotRetain)
+	}
+	if err := validateLogStore(c.LogStore); err != nil {
+		return err
 	}
 	if k := len(c.GossipSecretKey); k != 0 && k != 16 && k != 24 && k != 32 {
 		return fmt.Errorf("cluster: GossipSecretKey is %d bytes; it must be 16, 24 or 32", k)

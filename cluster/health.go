@@ -56,3 +56,10 @@ func (w *watchedLogStore) StoreLog(l *raft.Log) error { return w.record(w.LogSto
 func (w *watchedLogStore) StoreLogs(ls []*raft.Log) error {
 	return w.record(w.LogStore.StoreLogs(ls))
 }
+
+// IsMonotonic passes the wrapped store's answer through: raft must know that a WAL log store
+// cannot keep a partial log after a snapshot install (it then deletes the whole log).
+func (w *watchedLogStore) IsMonotonic() bool {
+	m, ok := w.LogStore.(raft.MonotonicLogStore)
+	return ok && m.IsMonotonic()
+}

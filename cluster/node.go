@@ -1,7 +1,7 @@
-// Package cluster runs one quotad node: a hashicorp/raft replica (BoltDB log and stable store
-// fsynced on every write, an in-memory log cache, file snapshots, TCP transport), memberlist
-// gossip for discovery, joining, bootstrapping and dead-node cleanup, and the leader's
-// monotonic clock and idle ticks.
+// Package cluster runs one quotad node: a hashicorp/raft replica (a BoltDB or raft-wal log and
+// a BoltDB stable store, fsynced on every write; an in-memory log cache, file snapshots, TCP
+// transport), memberlist gossip for discovery, joining, bootstrapping and dead-node cleanup,
+// and the leader's monotonic clock and idle ticks.
 //
 // cluster owns every clock read that reaches the state machine: while this node is the
 // established leader, Now() stamps commands with FSM time derived from the monotonic clock,
@@ -18,7 +18,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -76,6 +75,8 @@ type Node struct {
 	closed   atomic.Bool
 
 	clk leaderClock
+
+	walLog *walStore // the log store with LogStore "wal" (bolt is then only the stable store); else nil
 
 	lcMu sync.Mutex
 	lcCh chan struct{}
@@ -186,13 +187,11 @@ func (n *Node) openRaft() error {
 	var nonce [8]byte
 	_, _ = rand.Read(nonce[:])
 	n.nonce = hex.EncodeToString(nonce[:])
-	bolt, err := raftboltdb.New(boltOptions(filepath.Join(cfg.DataDir, "raft.db")))
+	bolt, logs, walLog, err := openLogStore(cfg.DataDir, cfg.LogStore, n.log, cfg.LibraryLogLevel)
 	if err != nil {
-		return fmt.Errorf("cluster: open %s: %w (is another node using this data dir?)",
-			filepath.Join(cfg.DataDir, "raft.db"), err)
+		return err
 	}
-	n.bolt = bolt
-	var logs raft.LogStore = bolt
+	n.bolt, n.walLog = bolt, walLog
 	if cfg.WrapLogStore != nil {
 		logs = cfg.WrapLogStore(logs)
 	}
@@ -295,6 +294,9 @@ func (n *Node) closeStores() {
 	}
 	if n.bolt != nil {
 		_ = n.bolt.Close()
+	}
+	if n.walLog != nil {
+		_ = n.walLog.Close()
 	}
 }
 
@@ -564,6 +566,11 @@ func (n *Node) stop(graceful bool) error {
 		n.wg.Wait()
 		if err := n.bolt.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("bolt: %w", err))
+		}
+		if n.walLog != nil {
+			if err := n.walLog.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("raft wal: %w", err))
+			}
 		}
 		n.notifyLeaderChange()
 		if len(errs) > 0 {
