@@ -91,7 +91,6 @@ Ctrl-C stops all nodes.`,
 					"--grpc-addr", addr(0, i), "--raft-addr", addr(1, i),
 					"--gossip-addr", addr(2, i), "--http-addr", addr(3, i),
 					"--bootstrap-expect", fmt.Sprint(nodes), "--join", strings.Join(gossip, ","),
-					"--insecure", // until dev generates a throwaway CA and gossip key
 				}
 				if limits != "" {
 					args = append(args, "--limits", limits)
