@@ -20,6 +20,7 @@ import (
 //	QUOTAD_CHAOS_REQUIRE_ALL=1      fail unless every fault kind was injected
 //	QUOTAD_CHAOS_OUT=out            output directory (relative to chaos/)
 //	QUOTAD_CHAOS_ONLY=kill-leader,… restrict the nemesis to these faults
+//	QUOTAD_CHAOS_AGENT_ARGS="--raft-log-store wal"  more agent flags for every node
 func envConfig(t *testing.T) Config {
 	cfg := DefaultConfig()
 	cfg.Log = func(f string, a ...any) { t.Logf(f, a...) }
@@ -56,6 +57,9 @@ func envConfig(t *testing.T) Config {
 	}
 	if v := os.Getenv("QUOTAD_CHAOS_ONLY"); v != "" {
 		cfg.Nemesis.Only = strings.Split(v, ",")
+	}
+	if v := os.Getenv("QUOTAD_CHAOS_AGENT_ARGS"); v != "" {
+		cfg.AgentArgs = strings.Fields(v)
 	}
 	if v := os.Getenv("QUOTAD_CHAOS_BINARY"); v != "" {
 		cfg.BinaryPath = v

@@ -17,10 +17,11 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 	"github.com/quotad/quotad/chaos/faults"
+	"github.com/quotad/quotad/client"
+	"github.com/quotad/quotad/internal/pkifiles"
 	"github.com/quotad/quotad/internal/proccluster"
 )
 
@@ -118,11 +119,27 @@ type Cluster struct {
 
 	http  *http.Client
 	conns sync.Map // grpc address → *grpc.ClientConn
+	// creds are the admin credentials of a secure cluster (nil: plaintext).
+	creds *pkifiles.Local
+}
+
+// credentialed is a Backend whose agents run secure with these credentials.
+type credentialed interface {
+	Credentials() *pkifiles.Local
 }
 
 // NewCluster wraps the backend's slots.
 func NewCluster(b Backend) *Cluster {
-	c := &Cluster{B: b, http: &http.Client{Timeout: 2 * time.Second}}
+	c := &Cluster{B: b}
+	if cb, ok := b.(credentialed); ok {
+		c.creds = cb.Credentials()
+	}
+	hc, err := proccluster.HTTPClient(c.creds, 2*time.Second)
+	if err != nil {
+		// The credentials were just made by the backend; unreadable files are a broken setup.
+		panic(fmt.Sprintf("chaos: credentials: %v", err))
+	}
+	c.http = hc
 	for i := range b.Len() {
 		c.Nodes = append(c.Nodes, &Node{NodeAddrs: b.Addrs(i), Index: i, b: b})
 	}
@@ -160,7 +177,7 @@ type DebugState = proccluster.State
 // State reads n's /debug/state, with the state hash.
 func (c *Cluster) State(ctx context.Context, n *Node) (DebugState, error) {
 	var st DebugState
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+n.HTTP+"/debug/state?hash=1", nil)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, c.url(n, "/debug/state?hash=1"), nil)
 	resp, err := c.http.Do(req)
 	if err != nil {
 		return st, err
@@ -200,7 +217,7 @@ func (c *Cluster) Chaos(n *Node, op string, kv ...string) error {
 	for i := 0; i+1 < len(kv); i += 2 {
 		q = append(q, kv[i]+"="+kv[i+1])
 	}
-	u := "http://" + n.HTTP + "/chaos/" + op
+	u := c.url(n, "/chaos/"+op)
 	if len(q) > 0 {
 		u += "?" + strings.Join(q, "&")
 	}
@@ -224,7 +241,7 @@ func (c *Cluster) Chaos(n *Node, op string, kv ...string) error {
 // FaultState reads n's fault-hook settings and counters (GET /chaos/).
 func (c *Cluster) FaultState(n *Node) (faults.State, error) {
 	var st faults.State
-	resp, err := c.http.Get("http://" + n.HTTP + "/chaos/")
+	resp, err := c.http.Get(c.url(n, "/chaos/"))
 	if err != nil {
 		return st, err
 	}
@@ -237,7 +254,7 @@ func (c *Cluster) FaultState(n *Node) (faults.State, error) {
 
 // probeHooks reports whether n serves the fault-hook API.
 func (c *Cluster) probeHooks(n *Node) bool {
-	resp, err := c.http.Get("http://" + n.HTTP + "/chaos/")
+	resp, err := c.http.Get(c.url(n, "/chaos/"))
 	if err != nil {
 		return false
 	}
@@ -250,7 +267,11 @@ func (c *Cluster) Conn(addr string) (*grpc.ClientConn, error) {
 	if cc, ok := c.conns.Load(addr); ok {
 		return cc.(*grpc.ClientConn), nil
 	}
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	opts, err := c.ClientConfig().DialCredentials()
+	if err != nil {
+		return nil, err
+	}
+	cc, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -260,6 +281,15 @@ func (c *Cluster) Conn(addr string) (*grpc.ClientConn, error) {
 	}
 	return cc, nil
 }
+
+// ClientConfig returns a client configuration for addrs with the cluster's admin
+// credentials.
+func (c *Cluster) ClientConfig(addrs ...string) client.Config {
+	return proccluster.ClientConfig(c.creds, addrs)
+}
+
+// url is path on n's HTTP endpoint.
+func (c *Cluster) url(n *Node, path string) string { return proccluster.URL(c.creds, n.HTTP, path) }
 
 // Members asks the running nodes for the membership until one answers.
 func (c *Cluster) Members(ctx context.Context) (*quotadv1.MembersResponse, error) {
@@ -364,6 +394,9 @@ func (p *procBackend) Running(i int) bool { return p.pc.Running(i) }
 func (p *procBackend) Paused(i int) bool  { return p.pc.Paused(i) }
 func (p *procBackend) Starts(i int) int   { return p.pc.Nodes[i].Starts() }
 func (p *procBackend) Close()             { p.pc.StopAll(5 * time.Second) }
+
+// Credentials are the admin credentials of the cluster (nil if insecure).
+func (p *procBackend) Credentials() *pkifiles.Local { return p.pc.Credentials() }
 
 func (p *procBackend) notRunning(i int, f func(int)) error {
 	if !p.pc.Running(i) {

@@ -10,12 +10,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/quotad/quotad/internal/pkifiles"
 	"github.com/quotad/quotad/internal/proccluster"
 )
 
@@ -151,6 +153,8 @@ type dockerBackend struct {
 	extra   []string
 	user    string
 	log     func(string, ...any)
+	// creds: every container runs secure with them, mounted at /credentials.
+	creds *pkifiles.Local
 
 	mu     sync.Mutex
 	cs     []*container
@@ -170,6 +174,9 @@ func startContainers(ctx context.Context, bin *proccluster.Binary, dir, logDir, 
 			d.Close()
 		}
 	}()
+	if d.creds, err = pkifiles.EnsureLocal(filepath.Join(dir, "credentials"), proccluster.ClusterName); err != nil {
+		return nil, err
+	}
 	if err := d.buildImage(bin.Path); err != nil {
 		return nil, err
 	}
@@ -236,6 +243,9 @@ func (d *dockerBackend) createNetwork() error {
 
 func (d *dockerBackend) Name() string { return "docker" }
 
+// Credentials are the admin credentials of the containers' cluster.
+func (d *dockerBackend) Credentials() *pkifiles.Local { return d.creds }
+
 func (d *dockerBackend) pidLabel() string { return strconv.Itoa(os.Getpid()) }
 
 func (d *dockerBackend) Len() int {
@@ -282,6 +292,18 @@ func (d *dockerBackend) Prepare() (int, error) {
 		d.image, "agent", "--id", id, "--data-dir", "/data", "--limits", "/limits.yaml",
 		"--grpc-addr", c.addr.GRPC, "--raft-addr", c.addr.Raft, "--gossip-addr", c.addr.Gossip, "--http-addr", c.addr.HTTP,
 		"--bootstrap-expect", fmt.Sprint(bootstrap), "--join", strings.Join(join, ","), "--log-format", "json"}
+	sec, err := d.creds.AgentArgs(id, ip)
+	if err != nil {
+		return -1, err
+	}
+	for j, a := range sec {
+		if rel, ok := strings.CutPrefix(a, d.creds.Dir+string(filepath.Separator)); ok {
+			sec[j] = "/credentials/" + rel
+		}
+	}
+	args = slices.Insert(args, slices.Index(args, d.image), "-v", d.creds.Dir+":/credentials:ro")
+	args = append(args, "--enable-debug")
+	args = append(args, sec...)
 	args = append(args, d.extra...)
 	if _, err := docker(args...); err != nil {
 		return -1, err

@@ -13,17 +13,6 @@ import (
 	"time"
 )
 
-// SecureBackend is a Backend whose cluster authenticates its peers: Raft over mutual TLS
-// with server certificates, gossip encrypted with a key. The forge fault needs one (against an
-// --insecure cluster forged peer traffic is accepted by design).
-type SecureBackend interface {
-	// Secure reports whether the nodes run with peer TLS and a gossip key.
-	Secure() bool
-	// ClientCert returns PEM files of a client-role certificate (admin) issued by the
-	// cluster's CA: a legitimate caller's credential, which must not open the peer ports.
-	ClientCert() (certFile, keyFile string, err error)
-}
-
 // ForgeVector is what one attack of the forger achieved (chaos/forger's Vector).
 type ForgeVector struct {
 	Attempts  int    `json:"attempts"`
@@ -64,17 +53,15 @@ func buildForger(moduleDir, dir string) (string, error) {
 // forge runs the forger against every node's Raft and gossip ports for hold and records a
 // Forgery.
 func (nm *nemesis) forge(ctx context.Context, leader *Node, hold time.Duration) (nodes []string, detail, skipped string) {
-	sec, ok := nm.c.B.(SecureBackend)
 	switch {
 	case nm.forger == "":
 		return nil, "", "no forger binary (see the run's notes)"
-	case !ok || !sec.Secure():
-		return nil, "", "the cluster runs without peer TLS and a gossip key (--insecure): forged peer traffic is accepted by design"
+	case nm.c.creds == nil:
+		return nil, "", "the cluster runs --insecure (no peer TLS, no gossip key): forged peer traffic is accepted by design"
 	}
-	cert, key, err := sec.ClientCert()
-	if err != nil {
-		return nil, "", "minting a client certificate: " + err.Error()
-	}
+	// A legitimate caller's credential: the harness's admin client certificate, issued by the
+	// cluster's CA (auth.ClientRoleURI). It must not open the peer ports.
+	cert, key := nm.c.creds.AdminCertFile, nm.c.creds.AdminKeyFile
 	var raftAddrs, gossipAddrs []string
 	for _, n := range nm.c.Nodes {
 		if n.Starts() > 0 && !n.Removed {

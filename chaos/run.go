@@ -38,6 +38,9 @@ type Config struct {
 	// PorcupineTimeout bounds the linearizability check of one bucket.
 	PorcupineTimeout time.Duration
 	Log              func(format string, args ...any)
+
+	// AgentArgs are more agent flags for every node (e.g. --raft-log-store wal).
+	AgentArgs []string
 }
 
 // DefaultConfig is the CI-sized run (`make chaos`).
@@ -151,6 +154,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		logf("chaos: %s", bin.Note)
 	}
 	extra := []string{"--dead-node-timeout", "5s", "--min-voters", "3"}
+	extra = append(extra, cfg.AgentArgs...)
+	if len(cfg.AgentArgs) > 0 {
+		rep.Notes = append(rep.Notes, "agent args: "+strings.Join(cfg.AgentArgs, " "))
+	}
 	snapshotFlags := bin.Flags["snapshot-threshold"] && bin.Flags["trailing-logs"]
 	const trailing = 64
 	if snapshotFlags {

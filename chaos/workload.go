@@ -194,14 +194,14 @@ func newWorkload(cfg WorkloadConfig, c *Cluster, rec *recorder, seed int64) (*wo
 	}
 	w.rawSeq.Store(1 << 62)
 	for range max(cfg.Clients, 1) + 2 {
-		cl, err := client.New(client.DefaultConfig(w.addr...))
+		cl, err := client.New(c.ClientConfig(w.addr...))
 		if err != nil {
 			return nil, err
 		}
 		w.clients = append(w.clients, cl)
 	}
 	if cfg.ImpatientWorkers > 0 {
-		icfg := client.DefaultConfig(w.addr...)
+		icfg := c.ClientConfig(w.addr...)
 		icfg.AttemptTimeout = max(cfg.ImpatientMin, 10*time.Millisecond)
 		icfg.Backoff.Initial, icfg.Backoff.Max = 5*time.Millisecond, 50*time.Millisecond
 		cl, err := client.New(icfg)

@@ -46,6 +46,10 @@ func New(cfg Config) (*Client, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
+	creds, err := cfg.DialCredentials()
+	if err != nil {
+		return nil, err
+	}
 	id := cfg.ClientID
 	seq := uint64(time.Now().UnixNano())
 	if id == "" {
@@ -62,7 +66,7 @@ func New(cfg Config) (*Client, error) {
 	c := &Client{
 		cfg:     cfg,
 		id:      id,
-		nodes:   newNodes(cfg.Addrs, cfg),
+		nodes:   newNodes(cfg.Addrs, cfg, creds),
 		baseCtx: ctx,
 		cancel:  cancel,
 		closing: make(chan struct{}),
@@ -173,7 +177,8 @@ func (c *Client) Allow(ctx context.Context, req Request) (Decision, error) {
 }
 
 // Wait decides req, and while the cluster says no for a reason that passes with time
-// (rate_limited, concurrency_limited, paused, retry_budget_exhausted) sleeps the decision's
+// (rate_limited, concurrency_limited, paused, retry_budget_exhausted, too_many_keys,
+// too_many_waiters) sleeps the decision's
 // RetryAfter plus up to 20% jitter (or, when the decision gives none, as for a
 // concurrency_limited one, the client's Backoff with jitter) and asks again, each time as a
 // new admission. Like
@@ -248,7 +253,7 @@ func waitAfterDenial(d Decision, n int, b BackoffConfig) time.Duration {
 // transient reports whether a denial for reason can turn into an admission by waiting.
 func transient(r Reason) bool {
 	switch r {
-	case ReasonRateLimited, ReasonConcurrencyLimited, ReasonPaused, ReasonRetryBudgetExhausted:
+	case ReasonRateLimited, ReasonConcurrencyLimited, ReasonPaused, ReasonRetryBudgetExhausted, ReasonTooManyKeys, ReasonTooManyWaiters:
 		return true
 	}
 	return false

@@ -45,8 +45,24 @@ type Config struct {
 	ClientID string
 
 	// TLS, when non-nil, is used for every connection (set RootCAs and, for mTLS,
-	// Certificates). Nil means plaintext, which is only for loopback and tests.
+	// Certificates). Nil with TLSFiles empty means plaintext, which only a cluster run with
+	// --insecure accepts.
 	TLS *tls.Config
+
+	// TLSFiles builds the TLS settings from PEM files instead (CA, client certificate and
+	// key; $QUOTAD_CACERT, $QUOTAD_CLIENT_CERT, $QUOTAD_CLIENT_KEY with LoadEnv). Set TLS or
+	// TLSFiles, not both.
+	TLSFiles TLSFiles
+
+	// Token is a bearer token sent with every call as "authorization: Bearer <token>"
+	// ($QUOTAD_TOKEN with LoadEnv); TokenFile names a file holding it instead (read once by
+	// New). A token is only sent over TLS unless Insecure is set.
+	Token     string
+	TokenFile string
+
+	// Insecure allows sending Token over a plaintext connection (a cluster run with
+	// --insecure, on loopback). It does not turn TLS off.
+	Insecure bool
 
 	// Batch configures the coalescing of concurrent admissions into one RPC.
 	Batch BatchConfig
@@ -68,7 +84,8 @@ type Config struct {
 	RetryHorizon time.Duration
 
 	// DialOptions are appended to the client's own gRPC dial options (interceptors, keepalive,
-	// a custom dialer). Transport credentials are set from TLS; do not pass them here.
+	// a custom dialer). Transport and per-call credentials are set from TLS, TLSFiles and
+	// Token; do not pass them here.
 	DialOptions []grpc.DialOption
 }
 
@@ -165,6 +182,9 @@ func (c Config) Validate() error {
 	}
 	if c.AttemptTimeout < 0 {
 		errs = append(errs, fmt.Errorf("AttemptTimeout %v is negative", c.AttemptTimeout))
+	}
+	if err := c.validateCredentials(); err != nil {
+		errs = append(errs, err)
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("client: invalid config: %w", errors.Join(errs...))

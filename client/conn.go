@@ -13,8 +13,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
@@ -38,20 +36,15 @@ type nodes struct {
 	closed bool
 }
 
-func newNodes(addrs []string, cfg Config) *nodes {
-	creds := insecure.NewCredentials()
-	if cfg.TLS != nil {
-		creds = credentials.NewTLS(cfg.TLS)
-	}
-	opts := []grpc.DialOption{
-		grpc.WithTransportCredentials(creds),
+func newNodes(addrs []string, cfg Config, creds []grpc.DialOption) *nodes {
+	opts := append(creds,
 		// gRPC's default reconnect backoff grows to 120s; a restarted node should be usable
 		// within about a second.
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
 			MinConnectTimeout: time.Second,
 		}),
-	}
+	)
 	opts = append(opts, cfg.DialOptions...)
 	n := &nodes{dialOpts: opts, byAddr: make(map[string]*node)}
 	seen := map[string]bool{}

@@ -21,8 +21,9 @@ var (
 	// wraps the context's error, so errors.Is(err, context.DeadlineExceeded) works.
 	ErrUnavailable = errors.New("quotad: unavailable")
 
-	// ErrInvalid means the request itself is wrong (malformed, or naming an unknown domain).
-	// Retrying it unchanged will not help.
+	// ErrInvalid means the request itself is wrong (malformed, naming an unknown domain, or
+	// reusing a request ID for a different request: request_id_conflict). Retrying it unchanged
+	// will not help.
 	ErrInvalid = errors.New("quotad: invalid request")
 
 	// ErrClosed means the Client was closed.
@@ -74,7 +75,7 @@ func decisionError(d Decision) error {
 	switch {
 	case d.Admitted:
 		return nil
-	case d.Reason == ReasonInvalid || d.Reason == ReasonUnknownDomain:
+	case d.Reason == ReasonInvalid || d.Reason == ReasonUnknownDomain || d.Reason == ReasonRequestIDConflict:
 		msg := d.Message
 		if msg == "" {
 			msg = string(d.Reason)

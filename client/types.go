@@ -108,6 +108,15 @@ const (
 	ReasonUnknownDomain        Reason = "unknown_domain"
 	ReasonInvalid              Reason = "invalid"
 	ReasonRetryBudgetExhausted Reason = "retry_budget_exhausted"
+	// ReasonTooManyKeys: the domain already holds its max_keys buckets and this request would
+	// add one (a new tenant value, say). RetryAfter says when idle ones will have made room.
+	ReasonTooManyKeys Reason = "too_many_keys"
+	// ReasonTooManyWaiters: this client_id (or the domain) already has as many admissions
+	// waiting on the leader as it may; retry after RetryAfter or send without MaxWait.
+	ReasonTooManyWaiters Reason = "too_many_waiters"
+	// ReasonRequestIDConflict: the request ID was already used for a different request. Allow
+	// returns it as an error matching ErrInvalid (the client library never reuses an ID).
+	ReasonRequestIDConflict Reason = "request_id_conflict"
 )
 
 // Decision is the cluster's answer to one admission. Durations are relative to At, the

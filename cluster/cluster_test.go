@@ -2,6 +2,7 @@ package cluster_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"os"
@@ -432,11 +433,17 @@ func TestConfigValidate(t *testing.T) {
 	valid := func() cluster.Config {
 		c := cluster.DefaultConfig()
 		c.ID, c.DataDir, c.RaftAddr, c.GossipAddr = "n1", "/tmp/x", "127.0.0.1:0", "127.0.0.1:0"
+		c.PeerTLS, c.GossipSecretKey = clustertest.PKI(t).PeerTLS, clustertest.PKI(t).GossipKey
 		return c
 	}
 	base := valid()
 	if err := base.Validate(); err != nil {
 		t.Fatalf("valid config: %v", err)
+	}
+	insecure := valid()
+	insecure.PeerTLS, insecure.GossipSecretKey, insecure.Insecure = nil, nil, true
+	if err := insecure.Validate(); err != nil {
+		t.Fatalf("insecure config without TLS and gossip key: %v", err)
 	}
 	for _, tc := range []struct {
 		name   string
@@ -454,6 +461,10 @@ func TestConfigValidate(t *testing.T) {
 		{"tick", func(c *cluster.Config) { c.TickInterval = 0 }, "TickInterval 0s must be positive"},
 		{"voters", func(c *cluster.Config) { c.MinVoters = 0 }, "MinVoters 0"},
 		{"key", func(c *cluster.Config) { c.GossipSecretKey = []byte("short") }, "GossipSecretKey is 5 bytes"},
+		{"no peer tls", func(c *cluster.Config) { c.PeerTLS = nil }, "`quotad tls ca create`, a server certificate per node with `quotad tls cert create --server`"},
+		{"no peer tls insecure hint", func(c *cluster.Config) { c.PeerTLS = nil }, "or run with --insecure"},
+		{"no gossip key", func(c *cluster.Config) { c.GossipSecretKey = nil }, "`quotad keygen`"},
+		{"tls without cert", func(c *cluster.Config) { c.PeerTLS = &tls.Config{} }, "PeerTLS presents no certificate"},
 		{"expect", func(c *cluster.Config) { c.BootstrapExpect = -1 }, "BootstrapExpect -1"},
 		{"meta", func(c *cluster.Config) { c.GRPCAddr = "h" + strings.Repeat("x", 500) + ":1" }, "gossip metadata"},
 	} {

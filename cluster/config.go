@@ -36,7 +36,8 @@ type Config struct {
 	ID string
 
 	// DataDir holds the Raft log and stable store (raft.db, a BoltDB file fsynced on every
-	// write) and the snapshots directory. Created if missing.
+	// write; with LogStore "wal" the wal/ directory and stable.db instead) and the snapshots
+	// directory. Created if missing.
 	DataDir string
 
 	// RaftAddr is the host:port the Raft TCP transport listens on and advertises to peers.
@@ -91,9 +92,11 @@ type Config struct {
 	// configuration (add, promote, re-address, remove). Gossip events also trigger it.
 	ReconcileInterval time.Duration
 
-	// PromoteMaxLag and PromoteStableFor decide when a non-voter is caught up: its applied
-	// index (advertised through gossip) must be within PromoteMaxLag entries of the leader's
-	// applied index one reconcile round earlier, continuously for PromoteStableFor.
+	// PromoteMaxLag and PromoteStableFor decide when a non-voter is caught up, from the
+	// leader's own observation of replication (never from what the node advertises): the
+	// highest index the leader has itself replicated to it (an acknowledged AppendEntries or
+	// InstallSnapshot over the authenticated transport) must be within PromoteMaxLag entries
+	// of the leader's last index, with the node answering, continuously for PromoteStableFor.
 	PromoteMaxLag    uint64
 	PromoteStableFor time.Duration
 
@@ -139,13 +142,25 @@ type Config struct {
 	// SnapshotRetain is the number of snapshots kept on disk.
 	SnapshotRetain int
 
-	// GossipSecretKey, if set, encrypts gossip (AES, 16, 24 or 32 bytes). All nodes must use
-	// the same key.
+	// GossipSecretKey encrypts and authenticates gossip (AES-GCM, 16, 24 or 32 bytes; `quotad
+	// keygen`). All nodes must use the same key. Required unless Insecure: without it anyone who
+	// can reach the gossip port can join as a member, and gossip decides who is added to (and,
+	// at bootstrap, who forms) the cluster.
 	GossipSecretKey []byte
 
-	// RaftTLS, if set, secures the Raft transport (both directions: set Certificates, RootCAs,
-	// ClientCAs and ClientAuth for mutual TLS between nodes).
-	RaftTLS *tls.Config
+	// PeerTLS secures the Raft transport in both directions (auth.PeerTLSConfig: mutual TLS
+	// against the cluster CA, the peer's certificate must carry the server SAN). Connections
+	// finish the handshake (within PeerHandshakeTimeout) before Raft reads a byte of them, so
+	// a peer without a server certificate never reaches Raft. Required unless Insecure.
+	PeerTLS *tls.Config
+
+	// PeerHandshakeTimeout bounds an incoming Raft connection's TLS handshake.
+	PeerHandshakeTimeout time.Duration
+
+	// Insecure allows running without PeerTLS (plaintext Raft that accepts anyone who can
+	// reach the port) and without GossipSecretKey. For tests and throwaway local clusters
+	// only: it gives up the peer trust boundary.
+	Insecure bool
 
 	// WrapStreamLayer, if set, wraps the Raft transport's stream layer (the chaos build uses
 	// it to partition peers). Nil in production.
@@ -154,6 +169,13 @@ type Config struct {
 	// WrapLogStore, if set, wraps the durable Raft log store under the log cache (the chaos
 	// build uses it to slow the disk). Nil in production.
 	WrapLogStore func(raft.LogStore) raft.LogStore
+
+	// LogStore is the Raft log's storage: LogStoreBoltDB ("boltdb": raft.db, a BoltDB B-tree,
+	// two fdatasyncs per append) or LogStoreWAL ("wal": hashicorp/raft-wal segment files in
+	// wal/, one fsync per append, term and vote in stable.db). Both fsync every append. A data
+	// dir keeps the backend it was created with: NewNode refuses one written by the other
+	// (ErrLogStoreMismatch) and says how to replace the node instead. See logstore.go.
+	LogStore string
 
 	// Clock is the node's time source; nil means SystemClock.
 	Clock Clock
@@ -206,6 +228,9 @@ func DefaultConfig() Config {
 		TrailingLogs:       2048,
 		SnapshotRetain:     2,
 		LibraryLogLevel:    slog.LevelWarn,
+
+		PeerHandshakeTimeout: 5 * time.Second,
+		LogStore:           LogStoreBoltDB,
 	}
 }
 
@@ -251,6 +276,7 @@ func (c *Config) Validate() error {
 		{"TickInterval", c.TickInterval}, {"HeartbeatTimeout", c.HeartbeatTimeout},
 		{"ElectionTimeout", c.ElectionTimeout}, {"LeaderLeaseTimeout", c.LeaderLeaseTimeout},
 		{"CommitTimeout", c.CommitTimeout}, {"SnapshotInterval", c.SnapshotInterval},
+		{"PeerHandshakeTimeout", c.PeerHandshakeTimeout},
 	}
 	for _, p := range positive {
 		if p.d <= 0 {
@@ -278,8 +304,22 @@ func (c *Config) Validate() error {
 	if c.SnapshotRetain < 1 {
 		return fmt.Errorf("cluster: SnapshotRetain %d must be at least 1", c.SnapshotRetain)
 	}
+	if err := validateLogStore(c.LogStore); err != nil {
+		return err
+	}
 	if k := len(c.GossipSecretKey); k != 0 && k != 16 && k != 24 && k != 32 {
 		return fmt.Errorf("cluster: GossipSecretKey is %d bytes; it must be 16, 24 or 32", k)
+	}
+	if !c.Insecure {
+		if c.PeerTLS == nil {
+			return fmt.Errorf("cluster: Raft peers need TLS: make a CA once with `quotad tls ca create`, a server certificate per node with `quotad tls cert create --server`, and pass --tls-cert, --tls-key and --tls-ca; or run with --insecure (plaintext, anyone who reaches the Raft port can write the log)")
+		}
+		if len(c.GossipSecretKey) == 0 {
+			return fmt.Errorf("cluster: gossip needs a key: make one with `quotad keygen` and pass it with --gossip-key-file (or $QUOTAD_GOSSIP_KEY); or run with --insecure (anyone who reaches the gossip port can join)")
+		}
+	}
+	if c.PeerTLS != nil && (len(c.PeerTLS.Certificates) == 0 && c.PeerTLS.GetCertificate == nil) {
+		return fmt.Errorf("cluster: PeerTLS presents no certificate; build it with auth.PeerTLSConfig")
 	}
 	if n := len(c.ID) + len(c.RaftAddr) + len(c.GRPCAddr) + len(c.HTTPAddr); n > memberlist.MetaMaxSize-96 {
 		return fmt.Errorf("cluster: ID and addresses take %d bytes; gossip metadata allows %d", n, memberlist.MetaMaxSize-96)

@@ -25,7 +25,9 @@ type nodeMeta struct {
 	HTTP     string `json:"h,omitempty"`
 	Expect   int    `json:"e,omitempty"` // BootstrapExpect
 	HasState bool   `json:"s,omitempty"` // has Raft state: part of (or was part of) a cluster
-	Applied  uint64 `json:"a,omitempty"` // FSM applied index
+	Applied  uint64 `json:"a,omitempty"` // FSM applied index (informational: never decides membership)
+	Cluster  string `json:"c,omitempty"` // cluster ID from the data dir ("" until known)
+	Nonce    string `json:"n,omitempty"` // random per start without state; feeds the cluster ID at bootstrap
 }
 
 const metaVersion = 1
@@ -65,6 +67,8 @@ func (n *Node) startGossip() error {
 			Expect:   n.cfg.BootstrapExpect,
 			HasState: n.raft.LastIndex() > 0,
 			Applied:  n.fsm.AppliedIndex(),
+			Cluster:  n.clusterID(),
+			Nonce:    n.nonce,
 		}
 	})
 
@@ -83,7 +87,11 @@ func (n *Node) startGossip() error {
 	// A node restarting on a new address (same ID) may reclaim its name this soon after it
 	// was declared dead (immediately if it left gracefully).
 	mc.DeadNodeReclaimTime = time.Second
+	// With a key every gossip message is encrypted and authenticated (AES-GCM) and messages
+	// without it are dropped both ways: only key holders are members.
 	mc.SecretKey = n.cfg.GossipSecretKey
+	mc.GossipVerifyIncoming = len(n.cfg.GossipSecretKey) > 0
+	mc.GossipVerifyOutgoing = len(n.cfg.GossipSecretKey) > 0
 	mc.Logger = newStdLogger(n.log, "memberlist", n.cfg.LibraryLogLevel)
 	mc.Delegate = gossipDelegate{n}
 	mc.Events = gossipEvents{n}
@@ -139,9 +147,11 @@ func (n *Node) metaLoop() {
 			}
 			saved = addrs
 		}
+		n.learnClusterID()
 		changed := n.setMeta(func(m *nodeMeta) {
 			m.Applied = n.fsm.AppliedIndex()
 			m.HasState = m.HasState || n.raft.LastIndex() > 0
+			m.Cluster = n.clusterID()
 		})
 		if changed {
 			if err := n.ml.UpdateNode(n.cfg.MetaInterval); err != nil && n.ctx.Err() == nil {
@@ -186,6 +196,13 @@ func (n *Node) joinLoop(addrs []string) {
 // bootstrapLoop bootstraps a new cluster once exactly BootstrapExpect gossip members
 // without Raft state are visible. It gives up as soon as any member has state (an existing
 // cluster: its leader will add this node) or this node got state.
+//
+// Bootstrap trusts gossip: the members it counts (and their advertised Raft addresses) are
+// whoever holds the gossip key. That is the only moment gossip decides voters, and only for a
+// brand-new cluster; afterwards a member becomes a voter only once the leader has replicated
+// to it over mutual TLS (membership.go). The cluster ID is derived from the same view by
+// every bootstrapping node: a hash of the sorted member IDs, Raft addresses and the random
+// nonces they advertised.
 func (n *Node) bootstrapLoop() {
 	warned := false
 	for {
@@ -242,8 +259,13 @@ func (n *Node) bootstrapLoop() {
 			n.log.Warn("bootstrap failed; retrying", "err", err)
 			continue
 		}
-		n.log.Info("bootstrapped cluster", "servers", fmt.Sprint(servers))
-		n.setMeta(func(m *nodeMeta) { m.HasState = true })
+		cid := bootstrapClusterID(servers, peers)
+		if err := n.setClusterID(cid); err != nil {
+			n.log.Warn("recording the cluster ID failed", "err", err)
+		}
+		n.rec.finish("bootstrapped a new cluster")
+		n.log.Info("bootstrapped cluster", "servers", fmt.Sprint(servers), "cluster_id", cid)
+		n.setMeta(func(m *nodeMeta) { m.HasState, m.Cluster = true, n.clusterID() })
 		_ = n.ml.UpdateNode(n.cfg.MetaInterval)
 		return
 	}

@@ -114,7 +114,7 @@ func (n *Node) reconcileLoop() {
 			continue
 		}
 		if r.term != term {
-			r = reconciler{term: term, leaderSince: n.clock.Now(), catchUp: map[string]time.Time{}}
+			r = reconciler{term: term, leaderSince: n.clock.Now(), catchUp: map[string]time.Time{}, refused: map[string]bool{}}
 		}
 		n.reconcile(&r)
 	}
@@ -125,8 +125,7 @@ type reconciler struct {
 	term        uint64
 	leaderSince time.Time            // for servers gossip never reported: dead since then at most
 	catchUp     map[string]time.Time // non-voter ID -> since when continuously caught up
-	prevIndex   uint64               // leader's applied index at the previous round
-	prevAt      time.Time
+	refused     map[string]bool      // gossip members of another cluster, logged once
 }
 
 func (n *Node) reconcile(r *reconciler) {
@@ -138,12 +137,6 @@ func (n *Node) reconcile(r *reconciler) {
 	servers := cf.Configuration().Servers
 	now := n.clock.Now()
 	peers := n.peersSnapshot()
-	leaderIdx := n.fsm.AppliedIndex()
-	// Compare non-voters with the leader one round back: their advertisement is that stale.
-	ref := r.prevIndex
-	if now.Sub(r.prevAt) >= n.cfg.ReconcileInterval/2 {
-		r.prevIndex, r.prevAt = leaderIdx, now
-	}
 	timeout := n.cfg.ElectionTimeout
 
 	voters := 0
@@ -168,8 +161,14 @@ func (n *Node) reconcile(r *reconciler) {
 				n.changeServer("update address", s, raft.ServerAddress(p.meta.Raft), s.Suffrage, timeout)
 				s.Address = raft.ServerAddress(p.meta.Raft)
 			}
+			if s.Suffrage == raft.Voter {
+				if n.demoteIfWiped(r, s, timeout) {
+					voters--
+				}
+				continue
+			}
 			if s.Suffrage == raft.Nonvoter {
-				if n.caughtUp(r, id, p, ref, now) {
+				if n.caughtUp(r, id, now) {
 					if n.changeServer("promote caught-up non-voter", s, s.Address, raft.Voter, timeout) {
 						voters++
 					}
@@ -197,6 +196,7 @@ func (n *Node) reconcile(r *reconciler) {
 		n.log.Info("removed dead server", "server", id, "suffrage", s.Suffrage.String(),
 			"dead_for", now.Sub(deadSince).Round(time.Millisecond))
 		n.removedAt[id] = now
+		n.peers.repl.forget(s.ID)
 		if s.Suffrage == raft.Voter {
 			voters--
 		}
@@ -209,6 +209,14 @@ func (n *Node) reconcile(r *reconciler) {
 	for _, id := range ids {
 		p := peers[id]
 		if inConfig[id] || !p.alive || p.meta.Raft == "" || id == n.cfg.ID {
+			continue
+		}
+		if own := n.clusterID(); own != "" && p.meta.Cluster != "" && p.meta.Cluster != own {
+			if !r.refused[id] {
+				r.refused[id] = true
+				n.log.Warn("reconcile: not adding a gossip member of another cluster", "member", id,
+					"its_cluster_id", p.meta.Cluster, "cluster_id", own)
+			}
 			continue
 		}
 		if at, ok := n.removedAt[id]; ok {
@@ -226,20 +234,45 @@ func (n *Node) reconcile(r *reconciler) {
 	}
 }
 
-// caughtUp reports whether non-voter id has been within PromoteMaxLag of the leader for
-// PromoteStableFor.
-func (n *Node) caughtUp(r *reconciler, id string, p peer, ref uint64, now time.Time) bool {
-	ok := p.meta.HasState && p.meta.Applied+n.cfg.PromoteMaxLag >= ref
+// caughtUp reports whether non-voter id has kept up for PromoteStableFor, as this leader
+// observed it over the authenticated transport in this term: the highest index it
+// acknowledged is within PromoteMaxLag of the leader's last index, and it answered recently.
+// Nothing the node says about itself in gossip counts.
+func (n *Node) caughtUp(r *reconciler, id string, now time.Time) bool {
+	seen := n.peers.repl.observed(raft.ServerID(id), r.term)
+	fresh := !seen.lastOK.IsZero() && now.Sub(seen.lastOK) <= n.cfg.HeartbeatTimeout+n.cfg.ReconcileInterval
+	ok := fresh && seen.matched > 0 && seen.matched+n.cfg.PromoteMaxLag >= n.raft.LastIndex()
 	if !ok {
 		delete(r.catchUp, id)
 		return false
 	}
-	since, seen := r.catchUp[id]
-	if !seen {
+	since, seenBefore := r.catchUp[id]
+	if !seenBefore {
 		r.catchUp[id] = now
 		return false
 	}
 	return now.Sub(since) >= n.cfg.PromoteStableFor
+}
+
+// demoteIfWiped demotes voter s to non-voter if it answered this leader with a log shorter
+// than what it had acknowledged in this term: it lost its data dir (or its disk lied about
+// fsync), so its vote no longer stands for the entries it acknowledged. It is promoted again
+// once it has caught up (caughtUp). True if demoted.
+func (n *Node) demoteIfWiped(r *reconciler, s raft.Server, timeout time.Duration) bool {
+	seen := n.peers.repl.observed(s.ID, r.term)
+	if !seen.regressed {
+		return false
+	}
+	f := n.raft.DemoteVoter(s.ID, 0, timeout)
+	if err := n.wait(n.ctx, f); err != nil {
+		n.log.Warn("reconcile: demoting a voter that lost acknowledged entries failed; retrying", "server", s.ID, "err", err)
+		return false
+	}
+	n.peers.repl.clearRegressed(s.ID, r.term)
+	n.log.Warn("demoted a voter whose log went backwards: it had acknowledged entries it no longer has (data dir wiped or lost). It catches up as a non-voter and is promoted again once it keeps up; nothing to do unless this repeats (then check that node's disk)",
+		"server", s.ID, "acknowledged_up_to", seen.lostFrom, "now_has_up_to", seen.lostTo)
+	delete(r.catchUp, string(s.ID))
+	return true
 }
 
 // changeServer adds or updates s with the given address and suffrage; true on success.

@@ -1,7 +1,7 @@
-// Package cluster runs one quotad node: a hashicorp/raft replica (BoltDB log and stable store
-// fsynced on every write, an in-memory log cache, file snapshots, TCP transport), memberlist
-// gossip for discovery, joining, bootstrapping and dead-node cleanup, and the leader's
-// monotonic clock and idle ticks.
+// Package cluster runs one quotad node: a hashicorp/raft replica (a BoltDB or raft-wal log and
+// a BoltDB stable store, fsynced on every write; an in-memory log cache, file snapshots, TCP
+// transport), memberlist gossip for discovery, joining, bootstrapping and dead-node cleanup,
+// and the leader's monotonic clock and idle ticks.
 //
 // cluster owns every clock read that reaches the state machine: while this node is the
 // established leader, Now() stamps commands with FSM time derived from the monotonic clock,
@@ -11,12 +11,13 @@ package cluster
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -57,7 +58,11 @@ type Node struct {
 
 	raft       *raft.Raft
 	trans      *raft.NetworkTransport
+	peers      *peerTransport // wraps trans: replication observed as leader, votes while recovering
+	stream     *tcpStream
+	rec        *recovery
 	bolt       *raftboltdb.BoltStore
+	logs       *watchedLogStore
 	ml         *memberlist.Memberlist
 	raftAddr   string
 	gossipAddr string
@@ -71,6 +76,8 @@ type Node struct {
 
 	clk leaderClock
 
+	walLog *walStore // the log store with LogStore "wal" (bolt is then only the stable store); else nil
+
 	lcMu sync.Mutex
 	lcCh chan struct{}
 
@@ -80,6 +87,11 @@ type Node struct {
 	// removedAt: when this node, as leader, removed a server (only the reconcile loop uses it).
 	removedAt   map[string]time.Time
 	bootstrapCh chan struct{}
+
+	cidMu       sync.Mutex
+	cid         string // cluster ID (datadir.go)
+	cidMismatch bool   // logged once; only metaLoop touches it
+	nonce       string // advertised before bootstrap (bootstrapClusterID)
 }
 
 // leaderClock is the leader's FSM-time source for one term.
@@ -134,6 +146,7 @@ func NewNode(cfg Config, f FSM) (*Node, error) {
 	n.goLoop(n.observeLoop)
 	n.goLoop(n.metaLoop)
 	n.goLoop(n.reconcileLoop)
+	n.goLoop(n.recoveryLoop)
 	if join := n.joinAddrs(); len(join) > 0 {
 		n.goLoop(func() { n.joinLoop(join) })
 	}
@@ -141,7 +154,12 @@ func NewNode(cfg Config, f FSM) (*Node, error) {
 		n.goLoop(n.bootstrapLoop)
 	}
 	n.log.Info("node started", "raft_addr", n.raftAddr, "gossip_addr", n.gossipAddr,
-		"existing_state", n.raft.LastIndex() > 0)
+		"existing_state", n.raft.LastIndex() > 0, "recovering", n.rec.active.Load(),
+		"peer_tls", n.cfg.PeerTLS != nil, "gossip_encrypted", len(n.cfg.GossipSecretKey) > 0)
+	if n.cfg.PeerTLS == nil || len(n.cfg.GossipSecretKey) == 0 {
+		n.log.Warn("INSECURE: Raft and/or gossip are not authenticated; anyone who can reach their ports can write the replicated log or join the cluster (run with TLS and a gossip key in production)",
+			"peer_tls", n.cfg.PeerTLS != nil, "gossip_encrypted", len(n.cfg.GossipSecretKey) > 0)
+	}
 	return n, nil
 }
 
@@ -161,16 +179,24 @@ func (n *Node) openRaft() error {
 	if err := claimDataDir(cfg.DataDir, cfg.ID); err != nil {
 		return err
 	}
-	bolt, err := raftboltdb.New(boltOptions(filepath.Join(cfg.DataDir, "raft.db")))
+	cid, err := readClusterID(cfg.DataDir)
 	if err != nil {
-		return fmt.Errorf("cluster: open %s: %w (is another node using this data dir?)",
-			filepath.Join(cfg.DataDir, "raft.db"), err)
+		return err
 	}
-	n.bolt = bolt
-	var logs raft.LogStore = bolt
+	n.cid = cid
+	var nonce [8]byte
+	_, _ = rand.Read(nonce[:])
+	n.nonce = hex.EncodeToString(nonce[:])
+	bolt, logs, walLog, err := openLogStore(cfg.DataDir, cfg.LogStore, n.log, cfg.LibraryLogLevel)
+	if err != nil {
+		return err
+	}
+	n.bolt, n.walLog = bolt, walLog
 	if cfg.WrapLogStore != nil {
 		logs = cfg.WrapLogStore(logs)
 	}
+	n.logs = &watchedLogStore{LogStore: logs}
+	logs = n.logs
 	cache, err := raft.NewLogCache(cfg.LogCacheSize, logs)
 	if err != nil {
 		return fmt.Errorf("cluster: log cache: %w", err)
@@ -180,10 +206,18 @@ func (n *Node) openRaft() error {
 	if err != nil {
 		return fmt.Errorf("cluster: snapshot store in %q: %w", cfg.DataDir, err)
 	}
-	stream, err := newTCPStream(cfg.RaftAddr, cfg.RaftTLS)
+	hasState, err := raft.HasExistingState(cache, bolt, snaps)
+	if err != nil {
+		return fmt.Errorf("cluster: read Raft state in %q: %w", cfg.DataDir, err)
+	}
+	if n.rec, err = startRecovery(cfg.ID, cfg.DataDir, hasState, n.log); err != nil {
+		return err
+	}
+	stream, err := newTCPStream(cfg.RaftAddr, cfg.PeerTLS, cfg.PeerHandshakeTimeout, n.log)
 	if err != nil {
 		return fmt.Errorf("cluster: raft transport on %q: %w", cfg.RaftAddr, err)
 	}
+	n.stream = stream
 	var layer raft.StreamLayer = stream
 	if cfg.WrapStreamLayer != nil {
 		layer = cfg.WrapStreamLayer(layer)
@@ -202,6 +236,7 @@ func (n *Node) openRaft() error {
 		Logger:          hl.Named("transport"),
 	})
 	n.trans = trans
+	n.peers = newPeerTransport(trans, n.clock, n.rec, n.triggerReconcile)
 	n.raftAddr = string(trans.LocalAddr())
 
 	rc := raft.DefaultConfig()
@@ -222,11 +257,12 @@ func (n *Node) openRaft() error {
 	if err := raft.ValidateConfig(rc); err != nil {
 		return fmt.Errorf("cluster: raft config: %w", err)
 	}
-	r, err := raft.NewRaft(rc, n.fsm, cache, bolt, snaps, trans)
+	r, err := raft.NewRaft(rc, n.fsm, cache, bolt, snaps, n.peers)
 	if err != nil {
 		return fmt.Errorf("cluster: start raft: %w", err)
 	}
 	n.raft = r
+	n.rec.setLastIndex(r.LastIndex)
 	return nil
 }
 
@@ -251,11 +287,16 @@ func boltOptions(path string) raftboltdb.Options {
 }
 
 func (n *Node) closeStores() {
-	if n.trans != nil {
+	if n.peers != nil {
+		_ = n.peers.Close()
+	} else if n.trans != nil {
 		_ = n.trans.Close()
 	}
 	if n.bolt != nil {
 		_ = n.bolt.Close()
+	}
+	if n.walLog != nil {
+		_ = n.walLog.Close()
 	}
 }
 
@@ -269,6 +310,10 @@ func (n *Node) RaftAddr() string { return n.raftAddr }
 // GossipAddr returns the address memberlist listens on (the actual port if
 // Config.GossipAddr had port 0).
 func (n *Node) GossipAddr() string { return n.gossipAddr }
+
+// RefusedPeerConns returns how many incoming Raft connections this node refused because they
+// did not complete a TLS handshake with a server certificate of the cluster.
+func (n *Node) RefusedPeerConns() uint64 { return n.stream.refusals.Refused() }
 
 // Raft returns the underlying raft instance, for metrics and tests. Entries applied through
 // it directly bypass the leader clock; use Node.Apply.
@@ -515,12 +560,17 @@ func (n *Node) stop(graceful bool) error {
 		if err := n.raft.Shutdown().Error(); err != nil {
 			errs = append(errs, fmt.Errorf("raft: %w", err))
 		}
-		if err := n.trans.Close(); err != nil {
+		if err := n.peers.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("raft transport: %w", err))
 		}
 		n.wg.Wait()
 		if err := n.bolt.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("bolt: %w", err))
+		}
+		if n.walLog != nil {
+			if err := n.walLog.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("raft wal: %w", err))
+			}
 		}
 		n.notifyLeaderChange()
 		if len(errs) > 0 {

@@ -65,6 +65,8 @@ func Diff(old, new *quota.Limits) []string {
 				{"retry_budget", describeRetryBudget(o.RetryBudget), describeRetryBudget(n.RetryBudget)},
 				{"work_classes", describeWorkClasses(o.WorkClasses), describeWorkClasses(n.WorkClasses)},
 				{"resume_jitter", describeJitter(o.ResumeJitter), describeJitter(n.ResumeJitter)},
+				{"max_pause", describeJitter(o.MaxPause), describeJitter(n.MaxPause)},
+				{"max_keys", describeMaxKeys(o.MaxKeys), describeMaxKeys(n.MaxKeys)},
 			} {
 				if c.a != c.b {
 					out = append(out, fmt.Sprintf("~ %s: %s %s -> %s", name, c.what, c.a, c.b))
@@ -263,6 +265,13 @@ func describeWorkClasses(wcs []quota.WorkClass) string {
 		parts[i] = fmt.Sprintf("%s %d%%", wc.Name, wc.ReservePercent)
 	}
 	return "[" + strings.Join(parts, ", ") + "]"
+}
+
+func describeMaxKeys(n uint64) string {
+	if n == 0 {
+		return "default (" + strconv.Itoa(quota.DefaultMaxKeys) + ")"
+	}
+	return strconv.FormatUint(n, 10)
 }
 
 func describeJitter(d time.Duration) string {

@@ -140,6 +140,8 @@ adaptive: {floor: 20}
 retry_budget: {ratio_percent: 10}
 work_classes: [{name: interactive, reserve_percent: 10}, {name: backfill}]
 resume_jitter: 3s
+max_pause: 2m
+max_keys: 500
 descriptors:
   - key: endpoint
     rate_limit: {unit: second, requests_per_unit: 10}
@@ -150,6 +152,8 @@ descriptors:
 		"~ provider: retry_budget none -> 10% of first attempts, min 0/s",
 		"~ provider: work_classes [] -> [interactive 10%, backfill 0%]",
 		"~ provider: resume_jitter default -> 3s",
+		"~ provider: max_pause default -> 2m",
+		"~ provider: max_keys default (100000) -> 500",
 		"~ provider/endpoint: adaptive none -> floor 1, keep 50% on 429, +1 every 1s",
 	}
 	if got := Diff(old, new); !reflect.DeepEqual(got, want) {

@@ -11,6 +11,8 @@
 //	retry_budget: {ratio_percent: 10, min_per_second: 1}           # quotad: retries (attempt > 1)
 //	work_classes: [{name: interactive, reserve_percent: 10}, {name: backfill}]   # quotad
 //	resume_jitter: 1s                     # quotad: spread of resumption after a provider pause
+//	max_pause: 5m                         # quotad: longest pause one provider feedback may set
+//	max_keys: 100000                      # quotad: buckets the domain may hold at once
 //	descriptors:
 //	  - key: endpoint
 //	    value: charges                    # optional; absent: every value gets its own buckets
@@ -35,7 +37,9 @@
 // kept on a confirmed 429, 1..99), increase and stable_window default to DefaultDecreasePercent,
 // DefaultIncrease and DefaultStableWindow. work_classes' reserve_percent may be 0 and must add
 // up to at most 100; names are unique. retry_budget needs ratio_percent (0..100);
-// min_per_second defaults to 0; both 0 is an error.
+// min_per_second defaults to 0; both 0 is an error. max_keys (1..2^30, default
+// quota.DefaultMaxKeys) caps the buckets the domain stores at once (a bucket is stored while it
+// is not full); an admission that would store more is refused with reason too_many_keys.
 //
 // Validation is strict, because a typo in a limits file silently removes a limit: unknown keys
 // at any level, wrong YAML types, bad units, zero or negative amounts, duplicate sibling

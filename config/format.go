@@ -84,6 +84,12 @@ func domainNode(d *quota.Domain) *yaml.Node {
 	if d.ResumeJitter != 0 {
 		add(m, "resume_jitter", scalar("!!str", formatDuration(d.ResumeJitter)))
 	}
+	if d.MaxPause != 0 {
+		add(m, "max_pause", scalar("!!str", formatDuration(d.MaxPause)))
+	}
+	if d.MaxKeys != 0 {
+		add(m, "max_keys", uintNode(d.MaxKeys))
+	}
 	if len(d.Descriptors) > 0 {
 		add(m, "descriptors", descriptorsNode(d.Descriptors))
 	}

@@ -45,7 +45,7 @@ const unitChoices = "second, minute, hour, day, week, month or year"
 
 // Keys allowed at each level. Order is the order used in messages.
 var (
-	documentKeys    = []string{"domain", "rate_limit", "concurrency", "adaptive", "retry_budget", "work_classes", "resume_jitter", "descriptors"}
+	documentKeys    = []string{"domain", "rate_limit", "concurrency", "adaptive", "retry_budget", "work_classes", "resume_jitter", "max_pause", "max_keys", "descriptors"}
 	descriptorKeys  = []string{"key", "value", "rate_limit", "unlimited", "shadow_mode", "detailed_metric", "name", "replaces", "weight", "concurrency", "adaptive", "descriptors"}
 	domainRateKeys  = []string{"unit", "requests_per_unit", "unit_multiplier", "burst"}
 	levelRateKeys   = []string{"unit", "requests_per_unit", "unit_multiplier", "burst", "unlimited", "name", "replaces"}

@@ -234,6 +234,9 @@ func TestParseInvalid(t *testing.T) {
 		{"adaptive_increase_above_rate.yaml", []string{`adaptive_increase_above_rate.yaml:5: descriptors[0].adaptive.increase: 20 is above this level's requests_per_unit 10`}},
 		{"adaptive_bad_window.yaml", []string{`adaptive_bad_window.yaml:3: adaptive.stable_window: "5" is not a duration (a bare number has no unit)`}},
 		{"resume_jitter_too_long.yaml", []string{`resume_jitter_too_long.yaml:2: resume_jitter: "2h" is longer than 1h0m0s`}},
+		{"max_pause_too_long.yaml", []string{`max_pause_too_long.yaml:2: max_pause: "48h" is longer than 24h0m0s`}},
+		{"max_keys_zero.yaml", []string{`max_keys_zero.yaml:2: max_keys: 0 is not allowed; use at least 1; it caps the buckets the domain holds at once (default 100000)`}},
+		{"max_keys_too_large.yaml", []string{`max_keys_too_large.yaml:2: max_keys: 2000000000 is too large; use at most 1073741824`}},
 		{"many_errors.yaml", []string{
 			`many_errors.yaml:5: descriptors[0].rate_limit.unit: "seconds" is not a unit`,
 			`many_errors.yaml:7: descriptors[1].rate_limit.requests_per_unit: 0 is not allowed`,

@@ -42,6 +42,21 @@ func (p *parser) domainPolicy(f map[string]field, d *quota.Domain) {
 			}
 		}
 	}
+	if mf, has := f["max_pause"]; has {
+		if m, ok := p.duration(mf.val, "max_pause"); ok {
+			if m > quota.MaxMaxPause {
+				p.errorf(mf.val, "max_pause", "%q is longer than %v; a provider pause longer than that needs an operator, not a Retry-After", mf.val.Value, quota.MaxMaxPause)
+			} else {
+				d.MaxPause = m
+			}
+		}
+	}
+	if kf, has := f["max_keys"]; has {
+		if v, ok := p.count(kf.val, "max_keys", quota.MaxMaxKeys,
+			"; it caps the buckets the domain holds at once (default "+strconv.Itoa(quota.DefaultMaxKeys)+")"); ok {
+			d.MaxKeys = v
+		}
+	}
 }
 
 // amount reads a whole number from 0 to maxValue.

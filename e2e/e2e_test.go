@@ -18,9 +18,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"github.com/quotad/quotad/client"
 	"github.com/quotad/quotad/internal/proccluster"
 )
 
@@ -59,9 +59,15 @@ func TestMain(m *testing.M) {
 
 func startCluster(t *testing.T, n int, extra ...string) *proccluster.Cluster {
 	t.Helper()
+	return startClusterWith(t, n, limits, extra...)
+}
+
+// startClusterWith is startCluster with the limits file limitsYAML.
+func startClusterWith(t *testing.T, n int, limitsYAML string, extra ...string) *proccluster.Cluster {
+	t.Helper()
 	dir := t.TempDir()
 	lf := filepath.Join(dir, "limits.yaml")
-	if err := os.WriteFile(lf, []byte(limits), 0o644); err != nil {
+	if err := os.WriteFile(lf, []byte(limitsYAML), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	c, err := proccluster.Start(proccluster.Config{Binary: binary, Dir: dir, Nodes: n, LimitsFile: lf, ExtraArgs: extra})
@@ -104,13 +110,15 @@ type cliDecision struct {
 }
 
 // cliAcquire runs `quotad acquire --json` and returns its decision and exit code.
-func cliAcquire(t *testing.T, addrs []string, descs ...string) (cliDecision, int) {
+// The CLI gets the admin credentials from the environment, as after `source dev.env`.
+func cliAcquire(t *testing.T, c *proccluster.Cluster, descs ...string) (cliDecision, int) {
 	t.Helper()
-	args := []string{"acquire", "--addr", strings.Join(addrs, ","), "--domain", "provider", "--json", "--timeout", "5s"}
+	args := []string{"acquire", "--addr", strings.Join(c.GRPCAddrs(), ","), "--domain", "provider", "--json", "--timeout", "5s"}
 	for _, d := range descs {
 		args = append(args, "--descriptor", d)
 	}
 	cmd := exec.Command(binary, args...)
+	cmd.Env = append(os.Environ(), c.ClientEnv()...)
 	out, err := cmd.Output()
 	code := 0
 	if ee, ok := err.(*exec.ExitError); ok {
@@ -132,14 +140,13 @@ func cliAcquire(t *testing.T, addrs []string, descs ...string) (cliDecision, int
 // a client listing all nodes gets decisions again within 3 s with the balance as it was.
 func TestCLIAcquireUntilDeniedThenKillLeader(t *testing.T) {
 	c := startCluster(t, 3)
-	addrs := c.GRPCAddrs()
 	start := time.Now()
 	for i := 1; i <= 10; i++ {
-		if d, code := cliAcquire(t, addrs, "endpoint=charges"); code != 0 || !d.Admitted {
+		if d, code := cliAcquire(t, c, "endpoint=charges"); code != 0 || !d.Admitted {
 			t.Fatalf("acquire %d: exit %d %+v", i, code, d)
 		}
 	}
-	d, code := cliAcquire(t, addrs, "endpoint=charges")
+	d, code := cliAcquire(t, c, "endpoint=charges")
 	if code != 3 {
 		t.Fatalf("11th acquire %v after the first: exit %d %+v, want exit 3 (denied)", time.Since(start), code, d)
 	}
@@ -155,7 +162,7 @@ func TestCLIAcquireUntilDeniedThenKillLeader(t *testing.T) {
 	c.Kill(leader)
 	killed := time.Now()
 	for {
-		d, code = cliAcquire(t, addrs, "endpoint=search")
+		d, code = cliAcquire(t, c, "endpoint=search")
 		if code == 0 {
 			break
 		}
@@ -167,7 +174,7 @@ func TestCLIAcquireUntilDeniedThenKillLeader(t *testing.T) {
 	t.Logf("admitted again %v after kill -9 of the leader", time.Since(killed).Round(time.Millisecond))
 	// The charges bucket held under one unit at the kill and refills one per 10 s, only while
 	// a leader leads: it must still deny, with a retry_after that did not restart from 10 s.
-	d, code = cliAcquire(t, addrs, "endpoint=charges")
+	d, code = cliAcquire(t, c, "endpoint=charges")
 	if code != 3 || d.Reason != "rate_limited" {
 		t.Fatalf("charges after failover: exit %d %+v, want still denied (a debit was lost or the gap credited)", code, d)
 	}
@@ -193,7 +200,7 @@ func TestBoundedAdmissionManyProcesses(t *testing.T) {
 	errs := make([]error, workers)
 	for w := range workers {
 		cmd := exec.Command(self, "-test.run=^$")
-		cmd.Env = append(os.Environ(), workerEnv+"=1",
+		cmd.Env = append(append(os.Environ(), c.ClientEnv()...), workerEnv+"=1",
 			"QUOTAD_WORKER_ADDRS="+strings.Join(c.GRPCAddrs(), ","),
 			fmt.Sprintf("QUOTAD_WORKER_ID=w%d", w),
 			"QUOTAD_WORKER_DURATION="+duration.String())
@@ -260,9 +267,16 @@ func runWorker() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
+	var creds client.Config // the cluster's credentials, from QUOTAD_* in the environment
+	creds.LoadEnv()
+	opts, err := creds.DialCredentials()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
 	var clients []quotadv1.QuotaClient
 	for _, a := range addrs {
-		conn, err := grpc.NewClient(a, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		conn, err := grpc.NewClient(a, opts...)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 2
@@ -311,9 +325,13 @@ func runWorker() int {
 	return 0
 }
 
-func members(t *testing.T, addr string) *quotadv1.MembersResponse {
+func members(t *testing.T, c *proccluster.Cluster, addr string) *quotadv1.MembersResponse {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	opts, err := c.DialOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -358,11 +376,11 @@ func TestFourthNodeJoinsThenDeadNodesAreCleanedUpNeverBelowThree(t *testing.T) {
 	}
 	fourth := c.Nodes[i].ID
 	waitFor(t, 20*time.Second, fourth+" to become a voter", func() bool {
-		return suffrageOf(members(t, c.Nodes[0].GRPCAddr), fourth) == "voter"
+		return suffrageOf(members(t, c, c.Nodes[0].GRPCAddr), fourth) == "voter"
 	})
 	c.Kill(i)
 	waitFor(t, 20*time.Second, fourth+" to be removed", func() bool {
-		resp := members(t, c.Nodes[0].GRPCAddr)
+		resp := members(t, c, c.Nodes[0].GRPCAddr)
 		return len(resp.Members) == 3 && suffrageOf(resp, fourth) == ""
 	})
 	// Kill a follower of the 3 and wait well past the timeout: it must stay a voter.
@@ -374,7 +392,7 @@ func TestFourthNodeJoinsThenDeadNodesAreCleanedUpNeverBelowThree(t *testing.T) {
 	c.Kill(victim)
 	killed := time.Now()
 	for time.Since(killed) < 6*time.Second {
-		if s := suffrageOf(members(t, c.Nodes[leader].GRPCAddr), c.Nodes[victim].ID); s != "voter" {
+		if s := suffrageOf(members(t, c, c.Nodes[leader].GRPCAddr), c.Nodes[victim].ID); s != "voter" {
 			t.Fatalf("%s removed from a 3-voter cluster (suffrage %q) after %v", c.Nodes[victim].ID, s, time.Since(killed))
 		}
 		time.Sleep(250 * time.Millisecond)
@@ -383,7 +401,7 @@ func TestFourthNodeJoinsThenDeadNodesAreCleanedUpNeverBelowThree(t *testing.T) {
 	if err := c.Start(victim); err != nil {
 		t.Fatal(err)
 	}
-	if d, code := cliAcquire(t, c.GRPCAddrs(), "endpoint=search"); code != 0 {
+	if d, code := cliAcquire(t, c, "endpoint=search"); code != 0 {
 		t.Fatalf("acquire after the node returned: exit %d %+v", code, d)
 	}
 }

@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"encoding/binary"
 	"fmt"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -31,6 +32,7 @@ const (
 
 	fAcquireClientID  = 1
 	fAcquireAdmission = 2
+	fAcquireOwner     = 3
 
 	fAdmissionRequestID   = 1
 	fAdmissionDomain      = 2
@@ -93,7 +95,10 @@ func decodeCommand(b []byte, c *rawCommand) error {
 
 // acquireOp is a decoded Acquire op. Descriptors is scratch space reused by the next decode.
 type acquireOp struct {
+	// clientID is the dedup table's client: the op's client_id namespaced by its owner
+	// (ownedClient).
 	clientID string
+	keyBuf   []byte // scratch for building clientID
 	req      quota.Request
 	id       uint64
 	hasAdm   bool
@@ -132,8 +137,9 @@ func splitOp(b []byte) (acquire []byte, ok bool, err error) {
 // decodeAcquire reads an encoded Acquire into a, reusing a.req.Descriptors. intern returns a
 // shared copy of strings that repeat across ops (client IDs, domains, keys).
 func decodeAcquire(b []byte, a *acquireOp, intern func([]byte) string) error {
-	desc := a.req.Descriptors[:0]
-	*a = acquireOp{}
+	desc, keyBuf := a.req.Descriptors[:0], a.keyBuf
+	*a = acquireOp{keyBuf: keyBuf}
+	owner := ""
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
@@ -147,6 +153,12 @@ func decodeAcquire(b []byte, a *acquireOp, intern func([]byte) string) error {
 				return protowire.ParseError(n)
 			}
 			a.clientID, b = intern(v), b[n:]
+		case num == fAcquireOwner && typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			owner, b = intern(v), b[n:]
 		case num == fAcquireAdmission && typ == protowire.BytesType:
 			v, n := protowire.ConsumeBytes(b)
 			if n < 0 {
@@ -167,7 +179,33 @@ func decodeAcquire(b []byte, a *acquireOp, intern func([]byte) string) error {
 		}
 	}
 	a.req.Descriptors = desc
+	if owner != "" {
+		a.keyBuf = appendOwnedClient(a.keyBuf[:0], owner, a.clientID)
+		a.clientID = intern(a.keyBuf)
+		a.req.Owner = owner
+	}
 	return nil
+}
+
+// appendOwnedClient appends the dedup table's client for clientID of owner: the owner's
+// length, the owner, then clientID, so that no two (owner, clientID) pairs meet and one
+// identity can neither read nor refund another's decisions. Without an owner (entries written
+// before ownership existed) it is clientID itself.
+func appendOwnedClient(b []byte, owner, clientID string) []byte {
+	if owner == "" {
+		return append(b, clientID...)
+	}
+	b = binary.AppendUvarint(b, uint64(len(owner)))
+	b = append(b, owner...)
+	return append(b, clientID...)
+}
+
+// ownedClient is appendOwnedClient as a string.
+func ownedClient(owner, clientID string) string {
+	if owner == "" {
+		return clientID
+	}
+	return string(appendOwnedClient(make([]byte, 0, 2+len(owner)+len(clientID)), owner, clientID))
 }
 
 func decodeAdmission(b []byte, a *acquireOp, desc []quota.Entry, intern func([]byte) string) ([]quota.Entry, error) {
@@ -287,6 +325,46 @@ func decodeOtherOp(b []byte) (*fsmv1.Op, error) {
 	return op, nil
 }
 
+// malformed is the message of the panic that stops a replica at a committed entry it cannot
+// decode. Only an authenticated leader appends entries (peers need a server certificate), so
+// such an entry means a corrupt log or a buggy or incompatible leader; every replica reaches
+// the same entry, and skipping it on some but not others would make them diverge silently.
+// docs/architecture.md ("Fail-stop on undecodable entries") says what an operator does.
 func malformed(index uint64, err error) string {
-	return fmt.Sprintf("fsm: log entry %d is not a Command: %v", index, err)
+	return fmt.Sprintf("fsm: committed log entry %d is not a Command (%v): the log is corrupt or was written by a buggy or incompatible leader; stopping this replica rather than diverging from the others", index, err)
+}
+
+// CheckCommand decodes a whole log entry as Apply would, without applying it: nil if Apply
+// can read it (every op of a kind this build knows), else why not. It never panics, whatever
+// the bytes.
+func CheckCommand(data []byte) error {
+	var c rawCommand
+	if err := decodeCommand(data, &c); err != nil {
+		return err
+	}
+	if c.version == 0 || c.version > CommandVersion {
+		return fmt.Errorf("command version %d; this build applies versions 1..%d", c.version, CommandVersion)
+	}
+	var a acquireOp
+	var intern internTable
+	for i, b := range c.ops {
+		acq, isAcquire, err := splitOp(b)
+		if err != nil {
+			return fmt.Errorf("op %d: %w", i, err)
+		}
+		if isAcquire {
+			if err := decodeAcquire(acq, &a, intern.get); err != nil {
+				return fmt.Errorf("op %d (acquire): %w", i, err)
+			}
+			continue
+		}
+		op, err := decodeOtherOp(b)
+		if err != nil {
+			return fmt.Errorf("op %d: %w", i, err)
+		}
+		if op.Op == nil {
+			return fmt.Errorf("op %d: an operation of a kind this build does not know", i)
+		}
+	}
+	return nil
 }

@@ -14,7 +14,7 @@ import (
 	"github.com/quotad/quotad/quota"
 )
 
-// dedupRecord is one remembered decision: 24 bytes and pointer-free. The decision itself is
+// dedupRecord is one remembered decision: 32 bytes and pointer-free. The decision itself is
 // kept in its chunk's byte arena: the fields that vary, in the layout the snapshot uses
 // (appendDecision), after the index of an interned template holding the others
 // (dedup_template.go). Snapshots and the state hash interleave the two, copying bytes rather
@@ -22,8 +22,12 @@ import (
 type dedupRecord struct {
 	id      uint64
 	expires quota.Time
-	client  uint32 // index into dedupTable.clients; the top bit is the refunded flag
-	off     uint32 // start of the stored decision in the chunk's arena; it ends where the next begins
+	// fp fingerprints the request that was decided (admissionFingerprint): a request ID reused
+	// for a different request is refused, not answered with this decision. 0: not known (a
+	// record restored from a format 2 snapshot); never compared.
+	fp     uint64
+	client uint32 // index into dedupTable.clients; the top bit is the refunded flag
+	off    uint32 // start of the stored decision in the chunk's arena; it ends where the next begins
 }
 
 const refundedBit = 1 << 31
@@ -392,6 +396,12 @@ func (t *dedupTable) decision(seq uint64) quota.Decision {
 	return d.decision()
 }
 
+// fingerprint returns the fingerprint of the request record seq decided (0: not known).
+func (t *dedupTable) fingerprint(seq uint64) uint64 {
+	c, i := t.at(seq)
+	return c.recs[i].fp
+}
+
 func (t *dedupTable) refunded(seq uint64) bool {
 	c, i := t.at(seq)
 	return c.recs[i].client&refundedBit != 0
@@ -416,12 +426,13 @@ func (t *dedupTable) get(client string, id uint64) (quota.Decision, bool) {
 }
 
 func (t *dedupTable) put(client string, id uint64, expires quota.Time, d quota.Decision) {
-	t.putAt(dedupSpot{}, client, id, expires, &d)
+	t.putAt(dedupSpot{}, client, id, 0, expires, &d)
 }
 
-// putAt remembers d for (client, id), which is not in the table. at is what find returned for
-// them; a stale or zero spot costs only the lookups it would have saved.
-func (t *dedupTable) putAt(at dedupSpot, client string, id uint64, expires quota.Time, d *quota.Decision) {
+// putAt remembers d, the decision of the request fingerprinted fp, for (client, id), which is
+// not in the table. at is what find returned for them; a stale or zero spot costs only the
+// lookups it would have saved.
+func (t *dedupTable) putAt(at dedupSpot, client string, id, fp uint64, expires quota.Time, d *quota.Decision) {
 	t.growIndex() // may swap the index: a spot found before is then stale (gen)
 	var runs decisionRuns
 	t.scratch, runs = appendDecisionRuns(t.scratch[:0], d)
@@ -429,12 +440,12 @@ func (t *dedupTable) putAt(at dedupSpot, client string, id uint64, expires quota
 	off := len(c.arena)
 	c.arena = t.templates.appendStored(c.arena, t.scratch, runs)
 	if at.gen != t.gen || !at.known {
-		t.push(c, client, id, expires, false, off)
+		t.push(c, client, id, fp, expires, false, off)
 		t.index.insert(t, t.next-1)
 		return
 	}
 	t.clients[at.ci].refs++
-	t.pushInterned(c, at.ci, id, expires, false, off)
+	t.pushInterned(c, at.ci, id, fp, expires, false, off)
 	t.index.insertAt(at.slot, at.hash, t.next-1)
 }
 
@@ -459,13 +470,13 @@ func (t *dedupTable) last() *dedupChunkData {
 
 // push appends the record whose decision was just written at c.arena[off:]; the caller
 // indexes it.
-func (t *dedupTable) push(c *dedupChunkData, client string, id uint64, expires quota.Time, refunded bool, off int) {
-	t.pushInterned(c, t.intern(client), id, expires, refunded, off)
+func (t *dedupTable) push(c *dedupChunkData, client string, id, fp uint64, expires quota.Time, refunded bool, off int) {
+	t.pushInterned(c, t.intern(client), id, fp, expires, refunded, off)
 }
 
 // pushInterned is push for a client already interned (and counted) as ci.
-func (t *dedupTable) pushInterned(c *dedupChunkData, ci uint32, id uint64, expires quota.Time, refunded bool, off int) {
-	r := dedupRecord{id: id, expires: expires, client: ci, off: uint32(off)}
+func (t *dedupTable) pushInterned(c *dedupChunkData, ci uint32, id, fp uint64, expires quota.Time, refunded bool, off int) {
+	r := dedupRecord{id: id, expires: expires, fp: fp, client: ci, off: uint32(off)}
 	if refunded {
 		r.client |= refundedBit
 	}
@@ -541,9 +552,14 @@ func (v *dedupCapture) hashInto(h hash.Hash64) {
 	}
 }
 
-// dedupFormat 2 added Decision.DebitSeq (refunds). Format 1 came only from development builds
-// before the first release; it is refused with a message rather than misread.
-const dedupFormat = 2
+// dedupFormat 2 added Decision.DebitSeq (refunds); format 3 the request fingerprint (8 bytes,
+// little-endian, after the refunded flag). Format 2 sections are still read (their records
+// have no fingerprint: fp 0). Format 1 came only from development builds before the first
+// release; it is refused with a message rather than misread.
+const (
+	dedupFormat  = 3
+	dedupFormat2 = 2
+)
 
 // dedupCapture is the table's records as of one instant, for a snapshot to encode while the
 // table goes on changing: the chunks' headers (the arrays are shared: see dedupChunkData.shared)
@@ -686,8 +702,8 @@ func readDedup(r io.Reader, size uint64, piece int) (*dedupTable, error) {
 			break // format is 0 if the section is empty or unreadable
 		}
 	}
-	if format != dedupFormat {
-		return nil, fmt.Errorf("fsm: dedup table format %d unknown (this build reads %d)", format, dedupFormat)
+	if format != dedupFormat && format != dedupFormat2 {
+		return nil, fmt.Errorf("fsm: dedup table format %d unknown (this build reads %d and %d)", format, dedupFormat2, dedupFormat)
 	}
 	var n uint64
 	for {
@@ -708,6 +724,10 @@ func readDedup(r io.Reader, size uint64, piece int) (*dedupTable, error) {
 		id := d.uvarint()
 		expires := quota.Time(d.varint())
 		refunded := d.bool()
+		var fp uint64
+		if format == dedupFormat {
+			fp = d.fixed64()
+		}
 		decision := d.buf
 		runs := d.splitDecision()
 		if err := in.done(&d); err == errRetry {
@@ -718,7 +738,7 @@ func readDedup(r io.Reader, size uint64, piece int) (*dedupTable, error) {
 		c := t.last()
 		off := len(c.arena)
 		c.arena = t.templates.appendStored(c.arena, decision, runs)
-		t.push(c, intern.get(client), id, expires, refunded, off)
+		t.push(c, intern.get(client), id, fp, expires, refunded, off)
 		i++
 	}
 	t.buildIndex()
@@ -787,9 +807,9 @@ func appendBool(b []byte, v bool) []byte {
 }
 
 // appendRecordHead and appendDecision together write one record of the snapshot's dedup
-// section (format 1); recordHeadLen is the length of what appendRecordHead appends.
+// section (format 3); recordHeadLen is the length of what appendRecordHead appends.
 func recordHeadLen(client string, r *dedupRecord) int {
-	return uvarintLen(uint64(len(client))) + len(client) + uvarintLen(r.id) + varintLen(int64(r.expires)) + 1
+	return uvarintLen(uint64(len(client))) + len(client) + uvarintLen(r.id) + varintLen(int64(r.expires)) + 1 + 8
 }
 
 func uvarintLen(v uint64) int { return (bits.Len64(v|1) + 6) / 7 }
@@ -800,7 +820,8 @@ func appendRecordHead(b []byte, client string, r *dedupRecord) []byte {
 	b = appendString(b, client)
 	b = binary.AppendUvarint(b, r.id)
 	b = binary.AppendVarint(b, int64(r.expires))
-	return appendBool(b, r.client&refundedBit != 0)
+	b = appendBool(b, r.client&refundedBit != 0)
+	return binary.LittleEndian.AppendUint64(b, r.fp)
 }
 
 func appendDecision(b []byte, d *quota.Decision) []byte {
@@ -901,6 +922,16 @@ func (d *decoder) string() string {
 }
 
 func (d *decoder) bool() bool { return d.byte() == 1 }
+
+func (d *decoder) fixed64() uint64 {
+	if d.err != nil || len(d.buf) < 8 {
+		d.fail()
+		return 0
+	}
+	v := binary.LittleEndian.Uint64(d.buf)
+	d.buf = d.buf[8:]
+	return v
+}
 
 // bytes reads a length-prefixed string without copying it.
 func (d *decoder) bytes() []byte {

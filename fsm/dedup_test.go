@@ -152,7 +152,7 @@ func testDedupIndexMatchesMap(t *testing.T) {
 				if i%5 == 1 {
 					expire(i / 2)
 				}
-				tb.putAt(at, k.c, k.id, quota.Time(i), &d)
+				tb.putAt(at, k.c, k.id, uint64(i)+1, quota.Time(i), &d)
 			}
 		}
 		if tb.index.grow != nil {

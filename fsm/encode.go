@@ -17,10 +17,20 @@ import (
 // AppendAcquireOp appends the encoding of Op{acquire: {client_id, admission}} to b. It
 // writes the Admission fields this build knows; unknown fields of adm are dropped.
 func AppendAcquireOp(b []byte, clientID string, adm *quotadv1.Admission) []byte {
+	return AppendOwnedAcquireOp(b, "", clientID, adm)
+}
+
+// AppendOwnedAcquireOp is AppendAcquireOp for owner (the authenticated caller's identity
+// name, set by the leader): the lease it takes belongs to owner, and its request ID is
+// namespaced by owner. It costs the log 2+len(owner) bytes per admission.
+func AppendOwnedAcquireOp(b []byte, owner, clientID string, adm *quotadv1.Admission) []byte {
 	admLen := admissionSize(adm)
 	acqLen := 0
 	if clientID != "" {
 		acqLen += 1 + protowire.SizeBytes(len(clientID))
+	}
+	if owner != "" {
+		acqLen += 1 + protowire.SizeBytes(len(owner))
 	}
 	acqLen += 1 + protowire.SizeBytes(admLen)
 	b = protowire.AppendTag(b, fOpAcquire, protowire.BytesType)
@@ -31,7 +41,12 @@ func AppendAcquireOp(b []byte, clientID string, adm *quotadv1.Admission) []byte 
 	}
 	b = protowire.AppendTag(b, fAcquireAdmission, protowire.BytesType)
 	b = protowire.AppendVarint(b, uint64(admLen))
-	return appendAdmission(b, adm)
+	b = appendAdmission(b, adm)
+	if owner != "" { // field 3 last, in field order as proto.Marshal writes it
+		b = protowire.AppendTag(b, fAcquireOwner, protowire.BytesType)
+		b = protowire.AppendString(b, owner)
+	}
+	return b
 }
 
 func admissionSize(a *quotadv1.Admission) int {

@@ -13,6 +13,7 @@ import (
 	"hash/fnv"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -57,6 +58,8 @@ type FSM struct {
 	// lastSweep is the FSM time of the last full engine.Tick (replicated: it decides when the
 	// next sweep happens, so it is part of the snapshot).
 	lastSweep quota.Time
+	// tokens is the token table (tokens.go): immutable versions, read without the lock.
+	tokens atomic.Pointer[tokenSet]
 
 	// scratch is decoding space reused across entries (guarded by mu; not replicated state).
 	scratch struct {
@@ -77,7 +80,9 @@ func New(opts Options) *FSM {
 	if opts.DedupWindow <= 0 {
 		opts.DedupWindow = DefaultDedupWindow
 	}
-	return &FSM{dedupWindow: opts.DedupWindow, engine: quota.NewEngine(), dedup: newDedupTable()}
+	f := &FSM{dedupWindow: opts.DedupWindow, engine: quota.NewEngine(), dedup: newDedupTable()}
+	f.tokens.Store(emptyTokens)
+	return f
 }
 
 // Result is the response of one applied log entry: one OpResult per Op, in order.
@@ -101,13 +106,14 @@ type OpResult struct {
 // are meaningful.
 type OtherResult struct {
 	Released      bool                 // Release
+	Lifted        bool                 // LiftPause
 	LeaseTTL      time.Duration        // Renew
 	Refunded      uint64               // Refund
-	Scope         string               // Pause, Feedback
+	Scope         string               // Pause, Feedback, LiftPause
 	PausedFor     time.Duration        // Pause, Feedback
 	Feedback      quota.FeedbackResult // Feedback
 	LimitsVersion uint64               // SetLimits
-	Err           error                // Renew, Pause, Feedback, SetLimits
+	Err           error                // Release, Renew, Pause, Feedback, SetLimits, CreateToken, RevokeToken, LiftPause
 }
 
 // Decision is the answer to an Acquire: a quota.Decision without Charges, Cost and DebitSeq
@@ -182,7 +188,7 @@ func (f *FSM) applyLocked(l *raft.Log) any {
 		panic(malformed(l.Index, err))
 	}
 	if cmd.version == 0 || cmd.version > CommandVersion {
-		panic(fmt.Sprintf("fsm: log entry %d has command version %d; this build applies versions 1..%d — upgrade this node", l.Index, cmd.version, CommandVersion))
+		panic(fmt.Sprintf("fsm: committed log entry %d has command version %d; this build applies versions 1..%d — upgrade this node", l.Index, cmd.version, CommandVersion))
 	}
 	now := quota.Time(cmd.ts)
 	if c := f.engine.Clock(); now < c {
@@ -212,6 +218,11 @@ func (f *FSM) applyLocked(l *raft.Log) any {
 		if err != nil {
 			panic(malformed(l.Index, err))
 		}
+		if op.Op == nil {
+			// A kind this build does not know (a newer leader's) or a corrupt entry: skipping it
+			// would let this replica diverge silently from the ones that apply it.
+			panic(fmt.Sprintf("fsm: committed log entry %d holds an operation this build does not know (written by a newer leader, or corrupt); upgrade this node", l.Index))
+		}
 		res.Ops[i] = f.applyOp(now, op)
 	}
 	return res
@@ -221,22 +232,23 @@ func (f *FSM) applyOp(now quota.Time, op *fsmv1.Op) OpResult {
 	switch o := op.Op.(type) {
 	case *fsmv1.Op_Acquire: // decoded by the fast path; kept for completeness
 		a := o.Acquire
-		op := acquireOp{clientID: a.ClientId, hasAdm: a.Admission != nil}
+		op := acquireOp{clientID: ownedClient(a.Owner, a.ClientId), hasAdm: a.Admission != nil}
 		if adm := a.Admission; adm != nil {
 			op.id, op.waits = adm.RequestId, adm.MaxWaitMs > 0
 			op.req = quota.Request{Domain: adm.Domain, Descriptors: entries(adm.Descriptors), Cost: adm.Cost,
-				LeaseTTL: msDuration(adm.LeaseTtlMs), Attempt: adm.Attempt, WorkClass: adm.WorkClass}
+				LeaseTTL: msDuration(adm.LeaseTtlMs), Attempt: adm.Attempt, WorkClass: adm.WorkClass, Owner: a.Owner}
 		}
 		var r OpResult
 		f.applyAcquire(now, &op, &r)
 		return r
 	case *fsmv1.Op_Release:
-		return other(OtherResult{Released: f.engine.Release(now, o.Release.LeaseId)})
+		ok, err := f.engine.ReleaseBy(now, o.Release.LeaseId, o.Release.Owner)
+		return other(OtherResult{Released: ok, Err: err})
 	case *fsmv1.Op_Renew:
-		ttl, err := f.engine.Renew(now, o.Renew.LeaseId, time.Duration(o.Renew.TtlNs))
+		ttl, err := f.engine.RenewBy(now, o.Renew.LeaseId, time.Duration(o.Renew.TtlNs), o.Renew.Owner)
 		return other(OtherResult{LeaseTTL: ttl, Err: err})
 	case *fsmv1.Op_Refund:
-		seq, ok := f.dedup.lookup(o.Refund.ClientId, o.Refund.RequestId)
+		seq, ok := f.dedup.lookup(ownedClient(o.Refund.Owner, o.Refund.ClientId), o.Refund.RequestId)
 		if !ok || f.dedup.refunded(seq) {
 			return other(OtherResult{})
 		}
@@ -271,6 +283,17 @@ func (f *FSM) applyOp(now quota.Time, op *fsmv1.Op) OpResult {
 			return other(OtherResult{Err: err})
 		}
 		return other(OtherResult{Scope: res.Scope, PausedFor: res.PausedFor, Feedback: res})
+	case *fsmv1.Op_CreateToken:
+		return other(OtherResult{Err: f.applyCreateToken(o.CreateToken)})
+	case *fsmv1.Op_RevokeToken:
+		return other(OtherResult{Err: f.applyRevokeToken(o.RevokeToken)})
+	case *fsmv1.Op_LiftPause:
+		lp := o.LiftPause
+		lifted, err := f.engine.Resume(now, lp.Domain, entries(lp.Prefix))
+		if err != nil {
+			return other(OtherResult{Err: err})
+		}
+		return other(OtherResult{Lifted: lifted})
 	default:
 		// An op this build does not know comes from a newer leader. Skipping it would let this
 		// replica diverge silently from the ones that apply it, so stop instead.
@@ -286,8 +309,18 @@ func (f *FSM) applyAcquire(now quota.Time, a *acquireOp, out *OpResult) {
 		out.Decision = Decision{Reason: quota.ReasonInvalid, Message: "admission missing"}
 		return
 	}
+	if msg := opProblem(a); msg != "" {
+		out.Decision = Decision{Reason: quota.ReasonInvalid, Message: msg}
+		return
+	}
+	fp := admissionFingerprint(a)
 	seq, known, at := f.dedup.find(a.clientID, a.id)
 	if known && !plantedNoDedup {
+		if old := f.dedup.fingerprint(seq); old != 0 && old != fp {
+			d := conflictDecision(a.clientID, a.id)
+			setAnswer(&out.Decision, &d)
+			return
+		}
 		d := f.dedup.decision(seq)
 		setAnswer(&out.Decision, &d)
 		out.Duplicate = true
@@ -296,13 +329,14 @@ func (f *FSM) applyAcquire(now quota.Time, a *acquireOp, out *OpResult) {
 	a.req.Spread = spread(a.clientID, a.id)
 	d := f.engine.Acquire(now, a.req)
 	// Remember what a retry must get back. Not remembered, because they change nothing and a
-	// retry may safely be decided afresh: invalid and unknown-domain answers, and denials of
-	// admissions that wait on the leader (the scheduler re-proposes those under the same ID
-	// until their wait ends).
+	// retry may safely be decided afresh: invalid, unknown-domain and too-many-keys answers
+	// (the last so that a flood of invented keys leaves no state at all, not even here), and
+	// denials of admissions that wait on the leader (the scheduler re-proposes those under the
+	// same ID until their wait ends).
 	remember := a.clientID != "" && a.id != 0 && d.Reason != quota.ReasonInvalid &&
-		d.Reason != quota.ReasonUnknownDomain && (d.Admitted || !a.waits)
+		d.Reason != quota.ReasonUnknownDomain && d.Reason != quota.ReasonTooManyKeys && (d.Admitted || !a.waits)
 	if remember {
-		f.dedup.putAt(at, a.clientID, a.id, now.Add(f.dedupWindow), &d)
+		f.dedup.putAt(at, a.clientID, a.id, fp, now.Add(f.dedupWindow), &d)
 	}
 	setAnswer(&out.Decision, &d)
 }
@@ -356,13 +390,14 @@ func (f *FSM) Status(domain string, path []quota.Entry) ([]quota.BucketStatus, e
 	return f.engine.Status(f.engine.Clock(), domain, path)
 }
 
-// Remembers reports whether the dedup table holds a decision for (clientID, requestID): a
-// retry of it must go to the log, where it gets that decision back, whatever the scheduler
-// would say about fresh work.
-func (f *FSM) Remembers(clientID string, requestID uint64) bool {
+// Remembers reports whether the dedup table holds a decision for (owner, clientID,
+// requestID): a retry of it must go to the log, where it gets that decision back, whatever
+// the scheduler would say about fresh work.
+func (f *FSM) Remembers(owner, clientID string, requestID uint64) bool {
+	key := ownedClient(owner, clientID)
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	_, ok := f.dedup.lookup(clientID, requestID)
+	_, ok := f.dedup.lookup(key, requestID)
 	return ok
 }
 
@@ -393,6 +428,7 @@ func (f *FSM) Hash() StateHash {
 	h.Write(b[:])
 	putU64(b[:], uint64(f.lastSweep))
 	h.Write(b[:])
+	f.tokens.Load().hashInto(h)
 	dedup := f.dedup.capture()
 	out := StateHash{AppliedIndex: f.applied, Clock: int64(f.engine.Clock())}
 	f.mu.Unlock()
@@ -428,7 +464,7 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fsm: snapshot of the engine: %w", err)
 	}
-	return &snapshot{applied: f.applied, lastSweep: int64(f.lastSweep), engine: engine, dedup: f.dedup.capture()}, nil
+	return &snapshot{applied: f.applied, lastSweep: int64(f.lastSweep), engine: engine, dedup: f.dedup.capture(), tokens: f.tokens.Load()}, nil
 }
 
 // Restore replaces the whole state with a snapshot's (never merges). Nothing is replaced
@@ -447,6 +483,19 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	if err != nil {
 		return err
 	}
+	tokens := emptyTokens
+	var tokensErr error
+	if s.format >= snapshotFormatTokens {
+		n, err := s.sectionLen("tokens")
+		if err != nil {
+			return err
+		}
+		b, err := s.readSection(n, "tokens")
+		if err != nil {
+			return err
+		}
+		tokens, tokensErr = decodeTokens(b) // reported after the checksum: a corrupt file first
+	}
 	// The two sections are independent: decode the engine on another goroutine while the
 	// dedup section is read and decoded here. Both start before the checksum at the end is
 	// checked, and both take any bytes (UnmarshalBinary is fuzzed to return an error or a
@@ -463,9 +512,12 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 		return fmt.Errorf("fsm: restoring the engine: %w", engineErr)
 	case dedupErr != nil:
 		return dedupErr
+	case tokensErr != nil:
+		return tokensErr
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.engine, f.dedup, f.applied, f.lastSweep = engine, dedup, s.applied, quota.Time(s.lastSweep)
+	f.tokens.Store(tokens)
 	return nil
 }

@@ -15,10 +15,15 @@ import (
 // Snapshot file layout (all little endian):
 //
 //	magic "QSNP" | format u32 | applied u64 | lastSweep i64 | len(engine) u64 | engine |
-//	len(dedup) u64 | dedup | crc32c of everything before it u32
+//	[format 2: len(tokens) u64 | tokens] | len(dedup) u64 | dedup | crc32c of everything before it u32
+//
+// Format 2 adds the token table. A state without tokens is still written as format 1, which
+// older builds read.
 const (
 	snapshotMagic  = "QSNP"
 	snapshotFormat = 1
+	// snapshotFormatTokens is the format with the tokens section.
+	snapshotFormatTokens = 2
 	// snapshotHeader is the bytes before the engine section.
 	snapshotHeader = 4 + 4 + 8 + 8 + 8
 	// maxSection bounds a section's claimed length, so a corrupt one is refused before any
@@ -36,13 +41,18 @@ type snapshot struct {
 	lastSweep int64
 	engine    *quota.Capture
 	dedup     *dedupCapture
+	tokens    *tokenSet // immutable: captured by reference
 }
 
 // appendSnapshotHeader starts a snapshot file; the engine section follows, closed by
 // endSection.
 func appendSnapshotHeader(b []byte, applied uint64, lastSweep int64) []byte {
+	return appendSnapshotHeaderFormat(b, snapshotFormat, applied, lastSweep)
+}
+
+func appendSnapshotHeaderFormat(b []byte, format uint32, applied uint64, lastSweep int64) []byte {
 	b = append(b, snapshotMagic...)
-	b = binary.LittleEndian.AppendUint32(b, snapshotFormat)
+	b = binary.LittleEndian.AppendUint32(b, format)
 	b = binary.LittleEndian.AppendUint64(b, applied)
 	b = binary.LittleEndian.AppendUint64(b, uint64(lastSweep))
 	return b
@@ -74,6 +84,7 @@ func (c *checksumReader) Read(p []byte) (int, error) {
 // the dedup table's in bounded pieces (readDedup).
 type snapshotReader struct {
 	r         checksumReader
+	format    uint32
 	applied   uint64
 	lastSweep int64
 }
@@ -84,8 +95,9 @@ func (s *snapshotReader) readHeader() error {
 	if _, err := io.ReadFull(&s.r, hdr[:]); err != nil || string(hdr[:4]) != snapshotMagic {
 		return fmt.Errorf("fsm: not a quotad snapshot (header: %v)", err)
 	}
-	if f := binary.LittleEndian.Uint32(hdr[4:]); f != snapshotFormat {
-		return fmt.Errorf("fsm: snapshot format %d unknown (this build reads %d)", f, snapshotFormat)
+	s.format = binary.LittleEndian.Uint32(hdr[4:])
+	if s.format != snapshotFormat && s.format != snapshotFormatTokens {
+		return fmt.Errorf("fsm: snapshot format %d unknown (this build reads %d and %d); upgrade this node", s.format, snapshotFormat, snapshotFormatTokens)
 	}
 	s.applied = binary.LittleEndian.Uint64(hdr[8:])
 	s.lastSweep = int64(binary.LittleEndian.Uint64(hdr[16:]))
@@ -177,11 +189,20 @@ func (s *snapshot) Persist(sink raft.SnapshotSink) error {
 // of the state (hundreds of MB), and fresh memory is what a snapshot costs most.
 func (s *snapshot) writeTo(w io.Writer) error {
 	engineCh := make(chan []byte, 1)
+	format := uint32(snapshotFormat)
+	if s.tokens != nil && len(s.tokens.byAccessor) > 0 {
+		format = snapshotFormatTokens
+	}
 	go func() {
-		b := appendSnapshotHeader(make([]byte, 0, snapshotHeader), s.applied, s.lastSweep)
+		b := appendSnapshotHeaderFormat(make([]byte, 0, snapshotHeader), format, s.applied, s.lastSweep)
 		b, start := beginSection(b)
 		b = s.engine.AppendBinary(b)
 		endSection(b, start)
+		if format == snapshotFormatTokens {
+			b, start = beginSection(b)
+			b = s.tokens.appendTo(b)
+			endSection(b, start)
+		}
 		engineCh <- b
 	}()
 	dedupSize := s.dedup.sectionSize()

@@ -19,7 +19,8 @@ import (
 // bucketsLimits is the bench tool's "buckets" domain: one small bucket per tenant, so every
 // admission of a new tenant adds a bucket, and every admission is remembered.
 var bucketsLimits = &quota.Limits{Domains: []quota.Domain{{
-	Name: "buckets",
+	Name:    "buckets",
+	MaxKeys: 4 << 20, // the default 100000 would refuse most of them (too_many_keys)
 	Descriptors: []quota.Node{{
 		Key:  "tenant",
 		Rate: &quota.Rate{Unit: time.Hour, RequestsPerUnit: 10},

@@ -11,8 +11,9 @@ import (
 // benchmarks measure admission, not refusal.
 func benchLimits() *Limits {
 	return &Limits{Domains: []Domain{{
-		Name: "api",
-		Rate: &Rate{Unit: time.Second, RequestsPerUnit: 10_000_000},
+		Name:    "api",
+		MaxKeys: 1 << 24, // benchmarks hold millions of buckets; the default caps at 100000
+		Rate:    &Rate{Unit: time.Second, RequestsPerUnit: 10_000_000},
 		Descriptors: []Node{{
 			Key:  "tenant",
 			Rate: &Rate{Unit: time.Second, RequestsPerUnit: 1_000_000},

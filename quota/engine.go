@@ -20,6 +20,9 @@ var (
 	ErrInvalidRequest = errors.New("quota: invalid request")
 	// ErrBadSnapshot wraps every UnmarshalBinary error.
 	ErrBadSnapshot = errors.New("quota: bad snapshot")
+	// ErrNotOwner: a Release or Renew by an owner other than the one that took the lease.
+	// Nothing changed.
+	ErrNotOwner = errors.New("quota: the lease belongs to another caller")
 )
 
 // Engine is the replicated quota state: token buckets, concurrency leases and pauses, enforced
@@ -85,7 +88,7 @@ func NewEngine() *Engine {
 	if err != nil {
 		panic(err) // empty limits always compile
 	}
-	return &Engine{
+	e := &Engine{
 		lim:      lim,
 		buckets:  newBucketStore(),
 		leases:   make(map[uint64]*lease),
@@ -94,6 +97,8 @@ func NewEngine() *Engine {
 		adapt:    make(map[string]*adaptState),
 		retries:  make(map[string]*retryState),
 	}
+	e.buckets.setDomains(lim)
+	return e
 }
 
 // Clock returns the latest time the engine has seen.
@@ -169,6 +174,7 @@ func (e *Engine) SetLimits(now Time, l *Limits) error {
 	if dropped {
 		st.rebuildIndex(0)
 	}
+	st.setDomains(c)
 	e.rebuildFullAt()
 	st.settle()
 	return nil
@@ -179,15 +185,32 @@ func requestProblem(domain string, entries []Entry, ttl time.Duration) string {
 	if domain == "" {
 		return "domain is empty; set Request.Domain to a configured domain"
 	}
+	if len(domain) > MaxFieldBytes {
+		return fieldTooLong("domain", len(domain))
+	}
+	if len(entries) > MaxDescriptors {
+		return fmt.Sprintf("%d descriptor entries; at most %d are allowed", len(entries), MaxDescriptors)
+	}
 	for i := range entries {
 		if entries[i].Key == "" {
-			return fmt.Sprintf("descriptor entry #%d (value %q) has an empty key; every entry needs a key", i, entries[i].Value)
+			return fmt.Sprintf("descriptor entry #%d (value %.40q) has an empty key; every entry needs a key", i, entries[i].Value)
+		}
+		if n := len(entries[i].Key); n > MaxFieldBytes {
+			return fieldTooLong(fmt.Sprintf("descriptor entry #%d key", i), n)
+		}
+		if n := len(entries[i].Value); n > MaxFieldBytes {
+			return fieldTooLong(fmt.Sprintf("descriptor entry #%d (%s) value", i, entries[i].Key), n)
 		}
 	}
 	if ttl < 0 {
 		return fmt.Sprintf("lease TTL must be >= 0 (got %v); use 0 for the configured TTL", ttl)
 	}
 	return ""
+}
+
+// fieldTooLong is the message for a string field above MaxFieldBytes.
+func fieldTooLong(field string, n int) string {
+	return fmt.Sprintf("%s is %d bytes; the limit is %d bytes", field, n, MaxFieldBytes)
 }
 
 // matchPath matches entries level by level below root and builds each level's key in e.keybuf.
@@ -215,7 +238,8 @@ func (e *Engine) matchPath(root *level, domain string, entries []Entry) []step {
 // that selects nothing. Unlimited levels and levels without a Rate charge nothing.
 //
 // Checks, in order; the first that refuses decides:
-//  1. invalid: empty domain or entry key, or negative LeaseTTL;
+//  1. invalid: empty domain or entry key, negative LeaseTTL, more than MaxDescriptors entries or
+//     a string field longer than MaxFieldBytes;
 //  2. unknown_domain;
 //  3. invalid: Cost above the capacity of a (non-shadow) bucket on the path — such a request
 //     could never succeed, so rate_limited with a RetryAfter would be a lie;
@@ -226,14 +250,16 @@ func (e *Engine) matchPath(root *level, domain string, entries []Entry) []step {
 //     foresee);
 //  6. rate_limited: a bucket holds fewer than Cost units; when several do, Scope is the one
 //     with the longest RetryAfter (the binding one), so retrying after RetryAfter finds every
-//     bucket refilled enough (RetryAfter is exact: one nanosecond earlier is too early).
+//     bucket refilled enough (RetryAfter is exact: one nanosecond earlier is too early);
+//  7. too_many_keys: admitting would store new buckets in a domain that already holds its
+//     max_keys (Limit); Scope is the outermost new bucket's level.
 //
 // A shadow-mode level never refuses: when it would, it is skipped (no debit, no permit) and its
 // scope is listed in Decision.ShadowDenials.
 //
 // Admitted: every charged bucket is debited Cost (listed in Charges), and one lease (LeaseID)
-// holds one permit at every concurrency-limited level for LeaseTTL: req.LeaseTTL if set, else the
-// smallest configured lease_ttl among those levels. Limit, Remaining, Window and ResetAfter
+// holds one permit at every concurrency-limited level for LeaseTTL: the smallest configured
+// lease_ttl among those levels, or req.LeaseTTL if set and shorter. Limit, Remaining, Window and ResetAfter
 // describe the refusing bucket, or when admitted the charged bucket with the fewest remaining
 // units (the outermost on a tie; the tightest concurrency level if no bucket was charged).
 // A refused request changes nothing but the clock and lease expiry.
@@ -247,6 +273,9 @@ func (e *Engine) Acquire(now Time, req Request) Decision {
 	}
 	if msg := requestProblem(req.Domain, req.Descriptors, req.LeaseTTL); msg != "" {
 		return Decision{Reason: ReasonInvalid, Message: msg, Cost: cost}
+	}
+	if n := len(req.WorkClass); n > MaxFieldBytes {
+		return Decision{Reason: ReasonInvalid, Message: fieldTooLong("work_class", n), Cost: cost}
 	}
 	root := e.lim.domains[req.Domain]
 	if root == nil {
@@ -366,6 +395,9 @@ func (e *Engine) Acquire(now Time, req Request) Decision {
 		d.Reason, d.RetryAfter, d.Cost, d.ShadowDenials = ReasonRateLimited, denyRetry, cost, shadow
 		return d
 	}
+	if d, ok := e.checkKeys(root, steps, cost, shadow); !ok {
+		return d
+	}
 	if root.retry != nil {
 		e.chargeRetry(root, retry, now)
 	}
@@ -407,14 +439,40 @@ func (e *Engine) Acquire(now Time, req Request) Decision {
 		rateView(&d, s.lv, s.r, s.tokens-costMicro, s.last, now)
 	}
 	if nConc > 0 {
-		e.grantLease(&d, steps, string(kb[:concEnd]), now, req.LeaseTTL, nConc, tight < 0)
+		e.grantLease(&d, steps, string(kb[:concEnd]), req.Owner, now, req.LeaseTTL, nConc, tight < 0)
 	}
 	return d
 }
 
+// checkKeys refuses (ok false) an admission that would store new buckets in a domain that
+// already holds max_keys of them. It runs once the admission would otherwise be admitted, so
+// a request refused for another reason is refused for that one.
+func (e *Engine) checkKeys(root *level, steps []step, cost uint64, shadow []string) (Decision, bool) {
+	added, first := 0, -1
+	for i := range steps {
+		if s := &steps[i]; s.lv.rate != nil && !s.skipRate && s.slot == noSlot {
+			if added++; first < 0 {
+				first = i
+			}
+		}
+	}
+	held := e.buckets.domKeys[root.dom]
+	if added == 0 || held+added <= root.maxKeys {
+		return Decision{}, true
+	}
+	s := &steps[first]
+	// A stored bucket is dropped once it is full again: by then an idle key has made room.
+	wait := s.r.timeFor(s.r.capMicro)
+	return Decision{Reason: ReasonTooManyKeys, Scope: s.lv.scope, Limit: uint64(root.maxKeys), RetryAfter: wait,
+		Cost: cost, ShadowDenials: shadow,
+		Message: fmt.Sprintf("domain %q holds %d active buckets and max_keys is %d, so bucket %.80q cannot be added; "+
+			"buckets are dropped once idle and full again (within %v), or raise the domain's max_keys",
+			root.domain, held, root.maxKeys, e.keybuf[:s.end], wait)}, false
+}
+
 // grantLease takes one permit at every non-skipped concurrency level under one new lease; the
 // levels' keys are prefixes of path.
-func (e *Engine) grantLease(d *Decision, steps []step, path string, now Time, ttl time.Duration, n int, report bool) {
+func (e *Engine) grantLease(d *Decision, steps []step, path, owner string, now Time, ttl time.Duration, n int, report bool) {
 	keys := make([]string, 0, n)
 	configured := time.Duration(0)
 	tight, tightRem := -1, uint64(0)
@@ -433,11 +491,11 @@ func (e *Engine) grantLease(d *Decision, steps []step, path string, now Time, tt
 			tight, tightRem = i, rem
 		}
 	}
-	if ttl == 0 {
-		ttl = configured
+	if ttl == 0 || ttl > configured {
+		ttl = configured // a caller may not hold a permit longer than the limits say
 	}
 	e.leaseSeq++
-	e.addLease(&lease{id: e.leaseSeq, expiry: addSat(now, ttl), ttl: ttl, keys: keys})
+	e.addLease(&lease{id: e.leaseSeq, expiry: addSat(now, ttl), ttl: ttl, keys: keys, owner: owner})
 	d.LeaseID, d.LeaseTTL = e.leaseSeq, ttl
 	if report {
 		d.Scope, d.Limit, d.Remaining = steps[tight].lv.scope, steps[tight].lv.conc.MaxInFlight, tightRem
@@ -546,19 +604,36 @@ func (e *Engine) Refund(now Time, charges []string, cost uint64, debitSeq uint64
 // Release ends a lease and returns its permits. It reports false if the lease is unknown or has
 // already expired (its permits are then already back).
 func (e *Engine) Release(now Time, leaseID uint64) bool {
+	ok, _ := e.ReleaseBy(now, leaseID, "")
+	return ok
+}
+
+// ReleaseBy is Release on behalf of owner: a lease taken by another owner is left alone and
+// the answer is ErrNotOwner. An empty owner (an admin) may release any lease, and a lease
+// taken without an owner may be released by anyone.
+func (e *Engine) ReleaseBy(now Time, leaseID uint64, owner string) (bool, error) {
 	now = e.advance(now)
 	e.expireLeases(now)
 	l := e.leases[leaseID]
 	if l == nil {
-		return false
+		return false, nil
+	}
+	if !l.ownedBy(owner) {
+		return false, fmt.Errorf("release lease %d: %w", leaseID, ErrNotOwner)
 	}
 	e.endLease(l)
-	return true
+	return true, nil
 }
 
 // Renew extends a live lease to now+ttl (ttl 0: the TTL it was granted with) and returns the TTL
-// applied. A lease at or past its expiry is gone: ErrLeaseNotFound.
+// applied. A ttl above the lease_ttl configured now for the lease's levels (the smallest) is
+// clamped to it, as at Acquire. A lease at or past its expiry is gone: ErrLeaseNotFound.
 func (e *Engine) Renew(now Time, leaseID uint64, ttl time.Duration) (time.Duration, error) {
+	return e.RenewBy(now, leaseID, ttl, "")
+}
+
+// RenewBy is Renew on behalf of owner, with ReleaseBy's ownership rule.
+func (e *Engine) RenewBy(now Time, leaseID uint64, ttl time.Duration, owner string) (time.Duration, error) {
 	now = e.advance(now)
 	e.expireLeases(now)
 	if ttl < 0 {
@@ -568,12 +643,32 @@ func (e *Engine) Renew(now Time, leaseID uint64, ttl time.Duration) (time.Durati
 	if l == nil {
 		return 0, fmt.Errorf("renew lease %d: %w", leaseID, ErrLeaseNotFound)
 	}
+	if !l.ownedBy(owner) {
+		return 0, fmt.Errorf("renew lease %d: %w", leaseID, ErrNotOwner)
+	}
 	if ttl == 0 {
 		ttl = l.ttl
 	}
+	ttl = min(ttl, e.leaseCap(l))
 	l.expiry = addSat(now, ttl)
 	e.expiries.push(expiryEntry{at: l.expiry, id: l.id})
 	return ttl, nil
+}
+
+// leaseCap is the longest TTL lease l may be renewed for: the smallest lease_ttl of the
+// concurrency levels its keys reach under the installed limits, or the TTL it was granted if
+// they reach none any more.
+func (e *Engine) leaseCap(l *lease) time.Duration {
+	limit := time.Duration(0)
+	for _, k := range l.keys {
+		if lv := e.lim.matchKey(k); lv != nil && lv.conc != nil && (limit == 0 || lv.conc.LeaseTTL < limit) {
+			limit = lv.conc.LeaseTTL
+		}
+	}
+	if limit == 0 {
+		return l.ttl
+	}
+	return limit
 }
 
 // scopeKey matches prefix fully against domain's tree and returns the scope's key and name.

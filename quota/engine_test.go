@@ -302,9 +302,13 @@ func TestLeases(t *testing.T) {
 	if d := e.Acquire(0, job("a")); d.Reason != ReasonConcurrencyLimited || d.Scope != "job" || d.Limit != 1 {
 		t.Fatalf("a again: %+v", d)
 	}
+	// A requested TTL above the configured lease_ttl is clamped to it (3s, the smallest).
 	b := e.Acquire(0, Request{Domain: "d", Descriptors: []Entry{{"job", "b"}}, LeaseTTL: time.Minute})
-	if !b.Admitted || b.LeaseTTL != time.Minute {
+	if !b.Admitted || b.LeaseTTL != 3*time.Second {
 		t.Fatalf("b: %+v", b)
+	}
+	if ttl, err := e.Renew(3*s-1, b.LeaseID, 10*365*24*time.Hour); err != nil || ttl != 3*time.Second {
+		t.Fatalf("renew b for ten years: %v %v (want clamped to 3s)", ttl, err)
 	}
 	if d := e.Acquire(0, job("c")); d.Reason != ReasonConcurrencyLimited || d.Scope != ScopeDomain {
 		t.Fatalf("c: %+v", d)
@@ -323,16 +327,22 @@ func TestLeases(t *testing.T) {
 	if ttl, err := e.Renew(4*s, c.LeaseID, 0); err != nil || ttl != 3*time.Second {
 		t.Fatalf("renew c: %v %v", ttl, err)
 	}
+	if ttl, err := e.Renew(5*s, b.LeaseID, 2*time.Second); err != nil || ttl != 2*time.Second {
+		t.Fatalf("renew b for less than the cap: %v %v", ttl, err)
+	}
+	if ttl, err := e.Renew(5*s, b.LeaseID, 0); err != nil || ttl != 3*time.Second {
+		t.Fatalf("renew b with its granted TTL: %v %v", ttl, err)
+	}
 	if _, err := e.Renew(7*s, c.LeaseID, 0); !errors.Is(err, ErrLeaseNotFound) {
 		t.Fatalf("renew at expiry: %v", err)
 	}
 	if _, err := e.Renew(7*s, b.LeaseID, -1); !errors.Is(err, ErrInvalidRequest) {
 		t.Fatalf("negative renew: %v", err)
 	}
-	if !e.Release(8*s, b.LeaseID) || e.Stats().Leases != 0 {
+	if !e.Release(8*s-1, b.LeaseID) || e.Stats().Leases != 0 {
 		t.Fatalf("release b: %+v", e.Stats())
 	}
-	st, _ := e.Status(8*s, "d", []Entry{{"job", "b"}})
+	st, _ := e.Status(8*s-1, "d", []Entry{{"job", "b"}})
 	if st[0].InFlight != 0 || st[1].InFlight != 0 {
 		t.Fatalf("permits not returned: %+v", st)
 	}

@@ -8,6 +8,13 @@ type lease struct {
 	expiry Time          // the lease ends at now >= expiry
 	ttl    time.Duration // TTL granted at acquire; Renew(…, 0) reuses it
 	keys   []string      // concurrency keys (bucket-key format), one permit each
+	owner  string        // Request.Owner: who may release and renew it ("": anyone)
+}
+
+// ownedBy reports whether owner may release or renew l: the owner that took it, an empty
+// owner (an admin), or anyone if it was taken without an owner.
+func (l *lease) ownedBy(owner string) bool {
+	return owner == "" || l.owner == "" || l.owner == owner
 }
 
 // expiryEntry is a lease's expiry in the expiry heap. Renew pushes a new entry and leaves the old

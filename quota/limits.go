@@ -18,15 +18,17 @@ const maxUnits = ^uint64(0) / microPerUnit
 type level struct {
 	scope  string // ScopeDomain or the Node's Key
 	idx    uint32 // preorder index in compiled.levels; stable for a given Limits
+	dom    uint32 // ordinal of the level's domain in compiled.limits.Domains
 	rate   *rateParams
 	conc   *Concurrency // nil: no concurrency cap here
 	shadow bool
 	// adaptive: the rate adapts to provider feedback (AIMD); nil: fixed. Only with rate.
 	adaptive *adaptiveParams
 	// Domain (root) levels only:
-	domain string
-	retry  *retryParams  // nil: retries are not budgeted
-	jitter time.Duration // resume jitter window
+	domain  string
+	retry   *retryParams  // nil: retries are not budgeted
+	jitter  time.Duration // resume jitter window
+	maxKeys int           // stored buckets the domain may hold (max_keys)
 	// children by key; a nil map means a leaf.
 	children map[string]*childSet
 }
@@ -77,6 +79,7 @@ func compileLimits(l *Limits, version uint64) (*compiled, error) {
 			return nil, fmt.Errorf("%w: domain %q is defined twice; merge the two definitions", ErrInvalidLimits, d.Name)
 		}
 		where := fmt.Sprintf("domain %q", d.Name)
+		first := len(c.levels)
 		root, err := c.newLevel(where, ScopeDomain, d.Rate, d.Concurrency, false)
 		if err != nil {
 			return nil, err
@@ -86,6 +89,9 @@ func compileLimits(l *Limits, version uint64) (*compiled, error) {
 		}
 		if err := c.compileChildren(root, d.Name, "", d.Descriptors); err != nil {
 			return nil, err
+		}
+		for _, lv := range c.levels[first:] {
+			lv.dom = uint32(i)
 		}
 		c.domains[d.Name] = root
 	}
@@ -237,6 +243,8 @@ func cloneLimits(l *Limits) *Limits {
 			RetryBudget:  clonePtr(d.RetryBudget),
 			Adaptive:     clonePtr(d.Adaptive),
 			ResumeJitter: d.ResumeJitter,
+			MaxPause:     d.MaxPause,
+			MaxKeys:      d.MaxKeys,
 		}
 	}
 	return cp

@@ -18,6 +18,10 @@ const (
 	StatusServiceUnavailable = 503
 )
 
+// MaxMaxKeys bounds a domain's max_keys (a bucket takes ~80 bytes: 2^30 of them, ~80 GB,
+// is already more than any node holds).
+const MaxMaxKeys = 1 << 30
+
 // MaxResumeJitter bounds a domain's resume_jitter.
 const MaxResumeJitter = time.Hour
 
@@ -229,12 +233,23 @@ func (root *level) setPolicy(where string, d *Domain) error {
 		root.retry = p
 	}
 	switch {
+	case d.MaxKeys == 0:
+		root.maxKeys = DefaultMaxKeys
+	case d.MaxKeys > MaxMaxKeys:
+		return fmt.Errorf("%w: %s: max_keys must be at most %d (got %d)", ErrInvalidLimits, where, uint64(MaxMaxKeys), d.MaxKeys)
+	default:
+		root.maxKeys = int(d.MaxKeys)
+	}
+	switch {
 	case d.ResumeJitter < 0 || d.ResumeJitter > MaxResumeJitter:
 		return fmt.Errorf("%w: %s: resume_jitter must be between 0 and %v (got %v)", ErrInvalidLimits, where, MaxResumeJitter, d.ResumeJitter)
 	case d.ResumeJitter == 0:
 		root.jitter = DefaultResumeJitter
 	default:
 		root.jitter = d.ResumeJitter
+	}
+	if d.MaxPause < 0 || d.MaxPause > MaxMaxPause {
+		return fmt.Errorf("%w: %s: max_pause must be between 0 (default %v) and %v (got %v)", ErrInvalidLimits, where, DefaultMaxPause, MaxMaxPause, d.MaxPause)
 	}
 	return nil
 }
@@ -330,6 +345,9 @@ func jitterFor(spread uint64, window time.Duration) time.Duration {
 func (e *Engine) Feedback(now Time, fb Feedback) (FeedbackResult, error) {
 	if fb.StatusCode != StatusTooManyRequests && fb.StatusCode != StatusServiceUnavailable {
 		return FeedbackResult{}, fmt.Errorf("%w: feedback: status_code %d is not 429 or 503; report only the provider's throttling answers", ErrInvalidRequest, fb.StatusCode)
+	}
+	if n := len(fb.Reason); n > MaxFieldBytes {
+		return FeedbackResult{}, fmt.Errorf("%w: feedback: %s", ErrInvalidRequest, fieldTooLong("reason", n))
 	}
 	if fb.RetryAfter < 0 {
 		return FeedbackResult{}, fmt.Errorf("%w: feedback: retry_after %v is negative; use 0 when the provider sent none", ErrInvalidRequest, fb.RetryAfter)

@@ -20,6 +20,9 @@ const (
 	// snapshotFormat3 is format 2 followed by the refund section: the debit counter and each
 	// bucket's last debit (in bucket order). Written once anything was debited.
 	snapshotFormat3 byte = 3
+	// snapshotFormat4 is format 3 followed by the lease owners: a count, then (lease ID,
+	// owner) for every live lease that has an owner, by ID. Written once a lease has one.
+	snapshotFormat4 byte = 4
 )
 
 // hashFormat versions the Hash layout. New state is folded in only when present, so the hash of
@@ -87,6 +90,9 @@ func (e *Engine) Hash() uint64 {
 		for _, k := range l.keys {
 			h = h.str(k)
 		}
+		if l.owner != "" { // folded in only when present: unowned leases hash as before
+			h = h.str(l.owner)
+		}
 		leaseSum += uint64(h)
 	}
 	for k, until := range e.pauses {
@@ -144,6 +150,7 @@ type Capture struct {
 	st       bucketStore // chunks only: headers copied, arrays shared
 	head     []byte      // format byte, limits, clock, lease counter
 	tail     []byte      // leases, pauses; then adaptive rates and retry budgets (format 2, 3)
+	owners   []byte      // lease owners (format 4)
 	format   byte
 	debitSeq uint64
 	clock    Time
@@ -194,6 +201,9 @@ func (e *Engine) capture() (*Capture, error) {
 	if e.debitSeq > 0 {
 		c.format = snapshotFormat3
 	}
+	if owners := e.appendOwners(nil); owners != nil {
+		c.format, c.owners = snapshotFormat4, owners
+	}
 	buf := make([]byte, 0, 32+len(js))
 	buf = append(buf, c.format)
 	buf = binary.AppendUvarint(buf, uint64(len(js)))
@@ -202,6 +212,27 @@ func (e *Engine) capture() (*Capture, error) {
 	c.head = binary.AppendUvarint(buf, e.leaseSeq)
 	c.tail = e.appendTail(nil, c.format)
 	return c, nil
+}
+
+// appendOwners appends the owners section of format 4, or returns buf unchanged (nil if it
+// was) when no lease has an owner.
+func (e *Engine) appendOwners(buf []byte) []byte {
+	var ids []uint64
+	for id, l := range e.leases {
+		if l.owner != "" {
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) == 0 {
+		return buf
+	}
+	slices.Sort(ids)
+	buf = binary.AppendUvarint(buf, uint64(len(ids)))
+	for _, id := range ids {
+		buf = binary.AppendUvarint(buf, id)
+		buf = appendString(buf, e.leases[id].owner)
+	}
+	return buf
 }
 
 // appendTail appends the parts of the state after the buckets: leases and pauses, and for
@@ -292,13 +323,13 @@ func (c *Capture) AppendBinary(buf []byte) []byte {
 		prev = key
 	}
 	buf = append(buf, c.tail...)
-	if c.format == snapshotFormat3 {
+	if c.format >= snapshotFormat3 {
 		buf = binary.AppendUvarint(buf, c.debitSeq)
 		for _, x := range bs {
 			buf = binary.AppendUvarint(buf, st.peek(x.slot).debit.get())
 		}
 	}
-	return buf
+	return append(buf, c.owners...)
 }
 
 func appendString(buf []byte, s string) []byte {
@@ -450,8 +481,8 @@ func decodeSnapshot(data []byte) (*Engine, error) {
 		return nil, fmt.Errorf("empty input")
 	}
 	format := data[0]
-	if format != snapshotFormat1 && format != snapshotFormat && format != snapshotFormat3 {
-		return nil, fmt.Errorf("unknown format %d (this build reads formats 1 to 3); upgrade this node", format)
+	if format < snapshotFormat1 || format > snapshotFormat4 {
+		return nil, fmt.Errorf("unknown format %d (this build reads formats 1 to 4); upgrade this node", format)
 	}
 	d := &decoder{data: data, off: 1}
 	js := d.bytes(d.uvarint())
@@ -468,6 +499,7 @@ func decodeSnapshot(data []byte) (*Engine, error) {
 	}
 	e := NewEngine()
 	e.lim = lim
+	e.buckets.setDomains(lim)
 	e.clock = Time(d.varint())
 	e.leaseSeq = d.uvarint()
 
@@ -534,10 +566,10 @@ func decodeSnapshot(data []byte) (*Engine, error) {
 		k := string(d.bytes(d.uvarint()))
 		e.pauses[k] = Time(d.varint())
 	}
-	if format == snapshotFormat || format == snapshotFormat3 {
+	if format >= snapshotFormat {
 		decodePolicy(d, e, lim)
 	}
-	if format == snapshotFormat3 {
+	if format >= snapshotFormat3 {
 		e.debitSeq = d.uvarint()
 		for s := uint32(0); s < uint32(st.live) && d.err == nil; s++ {
 			debit := d.uvarint()
@@ -546,6 +578,20 @@ func decodeSnapshot(data []byte) (*Engine, error) {
 				break
 			}
 			st.rec(s).debit.set(debit)
+		}
+	}
+	if format >= snapshotFormat4 {
+		no := d.count(2)
+		for i := 0; i < no && d.err == nil; i++ {
+			id := d.uvarint()
+			owner := string(d.bytes(d.uvarint()))
+			l := e.leases[id]
+			if d.err == nil && (l == nil || l.owner != "" || owner == "") {
+				d.fail("lease owner #%d: lease %d unknown, owned twice, or owner empty", i, id)
+			}
+			if d.err == nil {
+				l.owner = owner
+			}
 		}
 	}
 	if d.err == nil && d.off != len(data) {

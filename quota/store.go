@@ -134,6 +134,21 @@ type bucketStore struct {
 	// caps are the open captures (Engine.Capture), which share the chunks' record arrays
 	// copy-on-write; Capture.Release closes one, possibly from another goroutine.
 	caps *cow.Captures
+
+	// domKeys counts the stored buckets of each domain (by level.dom), for max_keys; lvlDom
+	// maps a level index to its domain's ordinal. Both follow the installed limits (setDomains).
+	domKeys []int
+	lvlDom  []uint32
+}
+
+// setDomains installs the level → domain mapping of c and recounts the buckets per domain.
+func (st *bucketStore) setDomains(c *compiled) {
+	st.lvlDom = st.lvlDom[:0]
+	for _, lv := range c.levels {
+		st.lvlDom = append(st.lvlDom, lv.dom)
+	}
+	st.domKeys = make([]int, len(c.limits.Domains))
+	st.eachLive(func(_ uint32, r *bucketRec) { st.domKeys[st.lvlDom[r.lvl]]++ })
 }
 
 func newBucketStore() bucketStore {
@@ -302,6 +317,7 @@ func (st *bucketStore) add(key []byte, h uint32, lvl uint32) uint32 {
 	st.putKey(c, s, key)
 	r := &c.recs[s&chunkMask]
 	*r = bucketRec{key: r.key, lvl: lvl}
+	st.domKeys[st.lvlDom[lvl]]++
 	st.indexAdd(s, h)
 	return s
 }
@@ -393,6 +409,7 @@ func (st *bucketStore) release(s uint32) {
 	st.own(c)
 	r := &c.recs[s&chunkMask]
 	c.dead += keySize(len(arenaKey(c.arena, r.key)))
+	st.domKeys[st.lvlDom[r.lvl]]--
 	c.live--
 	st.live--
 	r.lvl, r.pos = freeLevel, st.free
@@ -411,7 +428,7 @@ func (st *bucketStore) release(s uint32) {
 func (st *bucketStore) settle() {
 	if st.live == 0 {
 		if st.slots > 0 {
-			*st = bucketStore{base: st.base, seed: st.seed, caps: st.caps}
+			*st = bucketStore{base: st.base, seed: st.seed, caps: st.caps, lvlDom: st.lvlDom, domKeys: st.domKeys}
 		}
 		return
 	}

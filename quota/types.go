@@ -30,7 +30,31 @@ const (
 	ReasonUnknownDomain        Reason = "unknown_domain"
 	ReasonInvalid              Reason = "invalid"
 	ReasonRetryBudgetExhausted Reason = "retry_budget_exhausted"
+	// ReasonTooManyKeys: the admission would store a new bucket in a domain that already holds
+	// max_keys of them (Domain.MaxKeys). A caller inventing descriptor values (tenants) cannot
+	// grow the state without bound.
+	ReasonTooManyKeys Reason = "too_many_keys"
+	// ReasonRequestIDConflict is decided by the fsm, never by the Engine: a request ID was
+	// reused for a different request. The first request's decision is not returned.
+	ReasonRequestIDConflict Reason = "request_id_conflict"
+	// ReasonTooManyWaiters is decided by the leader's fair scheduler, never by the Engine: the
+	// caller (or the domain) already has as many admissions waiting as it may.
+	ReasonTooManyWaiters Reason = "too_many_waiters"
 )
+
+// Caps on what one request may carry. The rpc layer refuses larger requests before they reach
+// the log; the Engine checks them again (an invalid decision), so what a replica decides never
+// depends on which layer caught it.
+const (
+	// MaxFieldBytes caps every string a caller chooses: domain, descriptor keys and values,
+	// work class, feedback reason.
+	MaxFieldBytes = 256
+	// MaxDescriptors caps the descriptor entries of one request.
+	MaxDescriptors = 16
+)
+
+// DefaultMaxKeys is the max_keys of a domain that does not set one.
+const DefaultMaxKeys = 100_000
 
 // ScopeDomain is the Scope of a decision made by a domain's own (ceiling) limit.
 const ScopeDomain = "domain"
@@ -69,10 +93,37 @@ type Domain struct {
 	// Request.Spread), so workers that did not wait do not all return at once. 0 means
 	// DefaultResumeJitter.
 	ResumeJitter time.Duration `json:"resume_jitter,omitempty"`
+	// MaxPause caps how long one provider feedback may pause a scope of the domain: a longer
+	// Retry-After is clamped to it (by the leader, before the feedback enters the log). 0
+	// means DefaultMaxPause.
+	MaxPause time.Duration `json:"max_pause,omitempty"`
+	// MaxKeys caps the buckets the domain stores at once (buckets that are not full; a full
+	// bucket is not stored, it equals an absent one). An admission that would store one more
+	// is refused with ReasonTooManyKeys. 0 means DefaultMaxKeys.
+	MaxKeys uint64 `json:"max_keys,omitempty"`
 }
 
 // DefaultResumeJitter is the resume jitter window of a domain that does not set one.
 const DefaultResumeJitter = time.Second
+
+// DefaultMaxPause is the pause cap of a domain that does not set max_pause; MaxMaxPause is the
+// largest max_pause a domain may set.
+const (
+	DefaultMaxPause = 5 * time.Minute
+	MaxMaxPause     = 24 * time.Hour
+)
+
+// MaxPauseOf returns the pause cap of domain (DefaultMaxPause if it sets none or is unknown).
+func (l *Limits) MaxPauseOf(domain string) time.Duration {
+	if l != nil {
+		for i := range l.Domains {
+			if d := &l.Domains[i]; d.Name == domain && d.MaxPause > 0 {
+				return d.MaxPause
+			}
+		}
+	}
+	return DefaultMaxPause
+}
 
 // WorkClass is one class of work with a reserved share of contended capacity.
 type WorkClass struct {
@@ -176,7 +227,9 @@ type Request struct {
 	Descriptors []Entry
 	// Cost in units; 0 is treated as 1.
 	Cost uint64
-	// LeaseTTL for concurrency permits; 0 uses each level's configured TTL (the smallest).
+	// LeaseTTL for concurrency permits; 0 uses each level's configured TTL (the smallest). A
+	// longer TTL than that is clamped to it: a caller cannot hold a permit longer than the
+	// limits allow without renewing (Decision.LeaseTTL says what was granted).
 	LeaseTTL time.Duration
 	// Attempt is 1 for a first try, >1 for a retry of the caller's work.
 	Attempt uint32
@@ -186,6 +239,9 @@ type Request struct {
 	// IDs) that places the request within its domain's resume jitter window when it is refused
 	// as paused. Requests with different Spread values come back at different times.
 	Spread uint64
+	// Owner is the authenticated caller (its identity name). A lease the request takes
+	// belongs to it: ReleaseBy and RenewBy by another owner are refused. "" owns nothing.
+	Owner string
 }
 
 // Decision is the outcome of one Request.

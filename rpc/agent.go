@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/quotad/quotad/auth"
 	"github.com/quotad/quotad/cluster"
 	"github.com/quotad/quotad/config"
 	"github.com/quotad/quotad/fsm"
@@ -35,22 +37,60 @@ type AgentConfig struct {
 	LimitsFile string
 	Proposer   ProposerConfig
 	FSM        fsm.Options
-	// TLS, if set, serves gRPC over TLS (mutual TLS with a CA) and secures forwarding and,
-	// unless Cluster.RaftTLS is set, the Raft transport with the same identity.
+	// Insecure runs without TLS and without a gossip key: plaintext gRPC, HTTP and Raft, and
+	// calls without credentials act as admin. Logged as a warning at every start. Without it
+	// TLS (all three files) and Cluster.GossipSecretKey are required.
+	Insecure bool
+	// ClusterName names the cluster in certificates: node certificates carry
+	// auth.ServerName(ClusterName), client certificates a role URI for it (default
+	// DefaultClusterName).
+	ClusterName string
+	// TLS is the node's one identity for gRPC, HTTP, forwarding and, unless Cluster.PeerTLS is
+	// set, Raft. Clients may present a certificate of the CA (verified) or none (a token).
 	TLS TLSFiles
-	// AdminToken, if set, is required (as "authorization: Bearer <token>") by the admin calls
-	// that change the cluster: ApplyLimits and TransferLeadership.
-	AdminToken string
+	// BootstrapTokenFile names a file holding the bootstrap admin token, which every node
+	// knows locally (no replicated state needed to administer a new cluster).
+	// BootstrapToken is the token itself (from $QUOTAD_BOOTSTRAP_TOKEN), used when no file is
+	// given. Both empty: admins authenticate by client certificate only.
+	BootstrapTokenFile string
+	BootstrapToken     string
+	// EnableDebug mounts pprof and /debug/state, /debug/fair on the HTTP port, for the admin
+	// credential only. Off by default.
+	EnableDebug bool
 	// ExtraHTTP handlers are mounted on the HTTP port (the chaos build adds its fault controls).
 	ExtraHTTP map[string]http.Handler
+	// MaxRequestBytes caps one gRPC message a node accepts (--max-request-bytes); a larger one
+	// is refused with ResourceExhausted before it is decoded. 0 means DefaultMaxRequestBytes.
+	MaxRequestBytes int
+	// Waiters caps the admissions waiting on the leader per client and per domain
+	// (--max-waiters-per-client, --max-waiters-per-domain); zero fields mean the defaults.
+	Waiters WaiterCaps
 	// UnaryInterceptors are chained innermost on the gRPC server, after authentication (the
 	// chaos build adds one that loses replies of committed admissions).
 	UnaryInterceptors []grpc.UnaryServerInterceptor
 }
 
+// newAuthenticator builds the caller authentication of cfg over f's token table, with the
+// bootstrap admin token (already loaded; "" for none).
+func newAuthenticator(cfg AgentConfig, f *fsm.FSM, bootstrapToken string) *authenticator {
+	a := &authenticator{insecure: cfg.Insecure, cluster: cfg.ClusterName, token: func(h [32]byte) (auth.Identity, bool) {
+		t, ok := f.TokenByHash(h)
+		return t.Identity(), ok
+	}}
+	if a.cluster == "" {
+		a.cluster = DefaultClusterName
+	}
+	if bootstrapToken != "" {
+		h := auth.HashToken(bootstrapToken)
+		a.bootstrap = &h
+	}
+	return a
+}
+
 // Agent is one running quotad server. Start it with StartAgent; Stop it once.
 type Agent struct {
 	cfg     AgentConfig
+	authn   *authenticator
 	log     *slog.Logger
 	fsm     *fsm.FSM
 	node    *cluster.Node
@@ -64,6 +104,9 @@ type Agent struct {
 
 	stop chan struct{}
 	wg   sync.WaitGroup
+
+	// bootstrapToken is the bootstrap admin token ("" if none).
+	bootstrapToken string
 }
 
 // StartAgent opens the data directory, joins or forms the cluster and starts serving.
@@ -73,7 +116,21 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	a := &Agent{cfg: cfg, log: log, fsm: fsm.New(cfg.FSM), metrics: NewMetrics(), stop: make(chan struct{})}
+	if cfg.ClusterName == "" {
+		cfg.ClusterName = DefaultClusterName
+	}
+	if err := cfg.CheckSecurity(); err != nil {
+		return nil, err
+	}
+	if cfg.Insecure {
+		log.Warn(insecureWarning)
+	}
+	cfg.Cluster.Insecure = cfg.Insecure
+	bootstrapToken, err := cfg.loadBootstrapToken()
+	if err != nil {
+		return nil, err
+	}
+	a := &Agent{cfg: cfg, log: log, bootstrapToken: bootstrapToken, fsm: fsm.New(cfg.FSM), metrics: NewMetrics(), stop: make(chan struct{})}
 	var limits *quota.Limits
 	if cfg.LimitsFile != "" {
 		l, err := config.LoadFile(cfg.LimitsFile)
@@ -82,23 +139,33 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 		}
 		limits = l
 	}
-	var grpcOpts []grpc.ServerOption
+	authn := newAuthenticator(cfg, a.fsm, bootstrapToken)
+	a.authn = authn
+	maxRequest := cfg.MaxRequestBytes
+	if maxRequest <= 0 {
+		maxRequest = DefaultMaxRequestBytes
+	}
+	grpcOpts := []grpc.ServerOption{grpc.MaxRecvMsgSize(maxRequest)}
 	var forwardCreds credentials.TransportCredentials
+	var httpTLS *tls.Config
 	if cfg.TLS.Enabled() {
-		serverTLS, clientTLS, err := cfg.TLS.Load()
+		serverTLS, clientTLS, err := cfg.TLS.Load(cfg.ClusterName)
 		if err != nil {
 			return nil, err
 		}
 		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(serverTLS)))
 		forwardCreds = credentials.NewTLS(clientTLS)
-		if cfg.Cluster.RaftTLS == nil {
-			// The same identity secures Raft: each node is both server and client there.
-			raftTLS := serverTLS.Clone()
-			raftTLS.RootCAs = clientTLS.RootCAs
-			cfg.Cluster.RaftTLS = raftTLS
+		httpTLS = serverTLS
+		if cfg.Cluster.PeerTLS == nil {
+			// The same identity secures Raft: each node is both server and client there, and
+			// a peer must present a certificate carrying the server SAN.
+			peerTLS, err := auth.PeerTLSConfig(cfg.TLS.CertFile, cfg.TLS.KeyFile, cfg.TLS.CAFile, cfg.ClusterName)
+			if err != nil {
+				return nil, err
+			}
+			cfg.Cluster.PeerTLS = peerTLS
 		}
 	}
-	var err error
 	if a.grpcLn, err = net.Listen("tcp", cfg.Cluster.GRPCAddr); err != nil {
 		return nil, fmt.Errorf("grpc address %q: %w", cfg.Cluster.GRPCAddr, err)
 	}
@@ -109,16 +176,20 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 			return nil, fmt.Errorf("http address %q: %w", cfg.Cluster.HTTPAddr, err)
 		}
 		cfg.Cluster.HTTPAddr = a.httpLn.Addr().String()
+		if httpTLS != nil {
+			a.httpLn = tls.NewListener(a.httpLn, httpTLS)
+		}
 	}
 	if a.node, err = cluster.NewNode(cfg.Cluster, a.fsm); err != nil {
 		a.closeListeners()
 		return nil, err
 	}
-	grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(adminAuth(cfg.AdminToken)))
+	grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(authn.unary), grpc.ChainStreamInterceptor(authn.stream))
 	if len(cfg.UnaryInterceptors) > 0 {
 		grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(cfg.UnaryInterceptors...))
 	}
 	a.server = NewServer(a.node, a.fsm, cfg.Proposer, forwardCreds, a.metrics)
+	a.server.SetWaiterCaps(cfg.Waiters)
 	a.registerGauges()
 
 	a.grpc = grpc.NewServer(grpcOpts...)
@@ -246,33 +317,39 @@ func (a *Agent) State() DebugState {
 	}
 }
 
+// httpHandler serves /metrics and /healthz to anyone; pprof and /debug/* only with
+// EnableDebug and then only to the admin; ExtraHTTP only to the admin.
 func (a *Agent) httpHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(a.metrics.Registry, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	mux.HandleFunc("/debug/state", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		if r.URL.Query().Get("hash") == "1" {
-			_ = json.NewEncoder(w).Encode(a.State())
-			return
-		}
-		_ = json.NewEncoder(w).Encode(a.Status())
-	})
-	mux.Handle("/debug/fair", a.server.fairHandler(a.cfg.Cluster.ID))
-	for path, h := range a.cfg.ExtraHTTP {
-		mux.Handle(path, h)
-	}
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		if id, _ := a.node.Leader(); id == "" {
-			http.Error(w, "no leader", http.StatusServiceUnavailable)
+		if reason := a.notReady(); reason != "" {
+			http.Error(w, "not ready: "+reason, http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ok")
 	})
+	if a.cfg.EnableDebug {
+		debug := http.NewServeMux()
+		debug.HandleFunc("/debug/pprof/", pprof.Index)
+		debug.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		debug.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		debug.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		debug.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		debug.HandleFunc("/debug/state", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			if r.URL.Query().Get("hash") == "1" {
+				_ = json.NewEncoder(w).Encode(a.State())
+				return
+			}
+			_ = json.NewEncoder(w).Encode(a.Status())
+		})
+		debug.Handle("/debug/fair", a.server.fairHandler(a.cfg.Cluster.ID))
+		mux.Handle("/debug/", a.requireAdmin(debug))
+	}
+	for path, h := range a.cfg.ExtraHTTP {
+		mux.Handle(path, a.requireAdmin(h))
+	}
 	return mux
 }
 

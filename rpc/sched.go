@@ -78,6 +78,7 @@ type fair struct {
 	usageSwept  time.Time               // last pruneUsage pass
 
 	nwait atomic.Int64 // waiters queued (fast check on the hot path)
+	slots waiterSlots  // waiting admissions by client and domain, for the waiter caps
 	kick  chan struct{}
 	stop  chan struct{}
 	done  chan struct{}
@@ -97,6 +98,7 @@ type fairQueue struct {
 // waiter is one waiting admission.
 type waiter struct {
 	id       uint64
+	owner    string // the caller's identity name (fsmv1.Acquire.owner)
 	clientID string
 	adm      *quotadv1.Admission
 	cost     uint64
@@ -167,7 +169,7 @@ func (f *fair) wake() {
 }
 
 // acquire is Server.Acquire on the leader when the scheduler is involved.
-func (f *fair) acquire(ctx context.Context, req *quotadv1.AcquireRequest) (*quotadv1.AcquireResponse, error) {
+func (f *fair) acquire(ctx context.Context, req *quotadv1.AcquireRequest, owner string) (*quotadv1.AcquireResponse, error) {
 	s := f.s
 	start := time.Now()
 	resp := &quotadv1.AcquireResponse{Decisions: make([]*quotadv1.Decision, len(req.Admissions))}
@@ -185,9 +187,17 @@ func (f *fair) acquire(ctx context.Context, req *quotadv1.AcquireRequest) (*quot
 		}
 		// A retry of a request the FSM already decided must get that decision back from the
 		// log, never the scheduler's fresh opinion: no gate, no queue.
-		known := s.fsm.Remembers(req.ClientId, adm.RequestId)
+		known := s.fsm.Remembers(owner, req.ClientId, adm.RequestId)
 		if adm.MaxWaitMs > 0 && !known {
-			wg.Go(func() { resp.Decisions[i], errs[i] = f.wait(ctx, req.ClientId, adm) })
+			waiter := clientKey(owner, req.ClientId)
+			if msg, scope := f.slots.take(waiter, adm.Domain); msg != "" {
+				resp.Decisions[i] = f.tooManyWaiters(adm.Domain, msg, scope)
+				continue
+			}
+			wg.Go(func() {
+				defer f.slots.put(waiter, adm.Domain)
+				resp.Decisions[i], errs[i] = f.wait(ctx, owner, req.ClientId, adm)
+			})
 			continue
 		}
 		if !known {
@@ -196,7 +206,7 @@ func (f *fair) acquire(ctx context.Context, req *quotadv1.AcquireRequest) (*quot
 				continue
 			}
 		}
-		ops = append(ops, fsm.AppendAcquireOp(nil, req.ClientId, adm))
+		ops = append(ops, fsm.AppendOwnedAcquireOp(nil, owner, req.ClientId, adm))
 		idx = append(idx, i)
 	}
 	if len(ops) > 0 {
@@ -466,10 +476,10 @@ func itoa(u uint64) string {
 }
 
 // wait decides one admission that may wait up to its max_wait_ms.
-func (f *fair) wait(ctx context.Context, clientID string, adm *quotadv1.Admission) (*quotadv1.Decision, error) {
+func (f *fair) wait(ctx context.Context, owner, clientID string, adm *quotadv1.Admission) (*quotadv1.Decision, error) {
 	arrived := time.Now()
 	deadline := arrived.Add(time.Duration(adm.MaxWaitMs) * time.Millisecond)
-	w := &waiter{clientID: clientID, adm: adm, cost: max(adm.Cost, 1), pathKey: pathKey(adm),
+	w := &waiter{owner: owner, clientID: clientID, adm: adm, cost: max(adm.Cost, 1), pathKey: pathKey(adm),
 		arrived: arrived, class: adm.WorkClass, ready: make(chan struct{}, 1), failed: make(chan struct{})}
 	es := entries(adm.Descriptors)
 	requeue := false
@@ -637,7 +647,7 @@ func (f *fair) recordAdmission(w *waiter, now time.Time) {
 }
 
 func (f *fair) propose(ctx context.Context, w *waiter) (*quotadv1.Decision, bool, error) {
-	op := &fsmv1.Op{Op: &fsmv1.Op_Acquire{Acquire: &fsmv1.Acquire{ClientId: w.clientID, Admission: w.adm}}}
+	op := &fsmv1.Op{Op: &fsmv1.Op_Acquire{Acquire: &fsmv1.Acquire{ClientId: w.clientID, Admission: w.adm, Owner: w.owner}}}
 	r, err := f.s.prop.propose(ctx, op)
 	if err != nil {
 		return nil, false, f.s.applyError(err)

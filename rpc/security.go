@@ -5,19 +5,25 @@ import (
 	"crypto/subtle"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"github.com/quotad/quotad/auth"
 )
 
-// TLSFiles names the PEM files of a node's TLS identity. With CAFile set, the node also
-// requires and verifies client certificates (mutual TLS) and verifies the leader's certificate
-// when it forwards calls.
+// TLSFiles names the PEM files of a node's TLS identity: its server certificate and key
+// (carrying auth.ServerName of the cluster) and the cluster's CA. One identity serves gRPC and
+// HTTP, dials the leader when forwarding, and secures Raft.
 type TLSFiles struct {
 	CertFile string
 	KeyFile  string
@@ -27,56 +33,225 @@ type TLSFiles struct {
 // Enabled reports whether any file is set.
 func (f TLSFiles) Enabled() bool { return f.CertFile != "" || f.KeyFile != "" || f.CAFile != "" }
 
-// Load builds the server and client (for forwarding) TLS configurations.
-func (f TLSFiles) Load() (server, client *tls.Config, err error) {
-	if f.CertFile == "" || f.KeyFile == "" {
-		return nil, nil, fmt.Errorf("TLS needs both a certificate (%q) and a key (%q)", f.CertFile, f.KeyFile)
+// Load builds the server configuration (gRPC and HTTP: a client certificate is verified
+// against the CA if the client sends one — callers may authenticate by token alone) and the
+// client configuration for dialing other nodes (verifies their server SAN
+// auth.ServerName(cluster)).
+func (f TLSFiles) Load(cluster string) (server, client *tls.Config, err error) {
+	if f.CertFile == "" || f.KeyFile == "" || f.CAFile == "" {
+		return nil, nil, fmt.Errorf("TLS needs a certificate (--tls-cert %q), its key (--tls-key %q) and the cluster's CA (--tls-ca %q)", f.CertFile, f.KeyFile, f.CAFile)
 	}
 	cert, err := tls.LoadX509KeyPair(f.CertFile, f.KeyFile)
 	if err != nil {
 		return nil, nil, fmt.Errorf("loading TLS certificate %q and key %q: %w", f.CertFile, f.KeyFile, err)
 	}
-	server = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-	client = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-	if f.CAFile != "" {
-		pem, err := os.ReadFile(f.CAFile)
-		if err != nil {
-			return nil, nil, fmt.Errorf("reading TLS CA %q: %w", f.CAFile, err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, nil, fmt.Errorf("TLS CA %q holds no PEM certificate", f.CAFile)
-		}
-		server.ClientCAs = pool
-		server.ClientAuth = tls.RequireAndVerifyClientCert
-		client.RootCAs = pool
+	pem, err := os.ReadFile(f.CAFile)
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading TLS CA %q: %w", f.CAFile, err)
 	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, nil, fmt.Errorf("TLS CA %q holds no PEM certificate", f.CAFile)
+	}
+	if !auth.IsServerCert(cert.Leaf, cluster) {
+		return nil, nil, fmt.Errorf("--tls-cert %q is not a server certificate of cluster %q (it lacks the DNS name %s); make one with `quotad tls cert create --server --cluster %s --name <node>`",
+			f.CertFile, cluster, auth.ServerName(cluster), cluster)
+	}
+	server = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12,
+		ClientCAs: pool, ClientAuth: tls.VerifyClientCertIfGiven}
+	client = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12,
+		RootCAs: pool, ServerName: auth.ServerName(cluster)}
 	return server, client, nil
 }
 
-// adminMethods change the cluster and need the admin token when one is configured. Reads
-// (GetLimits, Members) stay open so monitoring needs no secret.
-var adminMethods = map[string]bool{
-	"/quotad.v1.Admin/ApplyLimits":        true,
-	"/quotad.v1.Admin/TransferLeadership": true,
-}
+// Caller authentication (docs/security.md "Callers").
+//
+// Every gRPC call is mapped to an auth.Identity before its handler runs, then authorized by
+// auth.Authorize (the method → role table in auth/policy.go):
+//   - a bearer token, metadata "authorization: Bearer <token>": the bootstrap admin token
+//     (AgentConfig.BootstrapTokenFile; each node keeps only its hash) or a token an admin
+//     created (stored hashed in the replicated state);
+//   - else a client certificate that verified against the cluster's CA, mapped by
+//     auth.IdentityFromCert. If both are present the token wins: it is the more specific
+//     credential (a gateway holding a certificate may call with a tenant's token).
+//   - else, with AgentConfig.Insecure, the identity "insecure" with the admin role: --insecure
+//     gives up authorization along with encryption.
+//
+// A follower forwards a call to the leader with the caller's identity: a token call with its
+// authorization header (the leader authenticates it again), a certificate call with the
+// identity in metadata auth.PrincipalHeader, which the leader believes only from a peer
+// whose certificate carries the server role.
 
-// authorizationHeader carries "Bearer <admin token>".
+// authorizationHeader carries "Bearer <token>".
 const authorizationHeader = "authorization"
 
-// adminAuth returns an interceptor that refuses admin calls without the token.
-func adminAuth(token string) grpc.UnaryServerInterceptor {
-	want := []byte("Bearer " + token)
-	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		if token == "" || !adminMethods[info.FullMethod] {
-			return handler(ctx, req)
-		}
-		md, _ := metadata.FromIncomingContext(ctx)
-		got := md.Get(authorizationHeader)
-		if len(got) != 1 || subtle.ConstantTimeCompare([]byte(got[0]), want) != 1 {
-			method := info.FullMethod[strings.LastIndex(info.FullMethod, "/")+1:]
-			return nil, status.Errorf(codes.Unauthenticated, "%s needs the admin token: send metadata \"authorization: Bearer <token>\" (quotad ... --admin-token)", method)
-		}
-		return handler(ctx, req)
+// authenticator turns a call's credentials into an identity and authorizes it.
+type authenticator struct {
+	insecure bool
+	cluster  string
+	// bootstrap is the hash of the bootstrap admin token, if one is configured.
+	bootstrap *[32]byte
+	// token looks up a created token by hash (the FSM's table).
+	token func(hash [32]byte) (auth.Identity, bool)
+}
+
+// caller is what the interceptor stores in a call's context.
+type caller struct {
+	id auth.Identity
+	// viaToken: the identity came from the authorization header, which forwarding passes on.
+	viaToken bool
+}
+
+type callerKey struct{}
+
+// IdentityFrom returns the authenticated identity of the call whose context is ctx (the zero
+// Identity if the call was not authenticated, e.g. an open method).
+func IdentityFrom(ctx context.Context) auth.Identity {
+	c, _ := ctx.Value(callerKey{}).(caller)
+	return c.id
+}
+
+func callerFrom(ctx context.Context) caller {
+	c, _ := ctx.Value(callerKey{}).(caller)
+	return c
+}
+
+// identify authenticates a call. An error is a gRPC status (Unauthenticated).
+func (a *authenticator) identify(ctx context.Context, method string) (caller, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	if vals := md.Get(authorizationHeader); len(vals) > 0 {
+		id, err := a.fromToken(vals, method)
+		return caller{id: id, viaToken: true}, err
 	}
+	if cert := verifiedPeerCert(ctx); cert != nil {
+		id, err := auth.IdentityFromCert(cert, a.cluster)
+		if err != nil {
+			return caller{}, status.Errorf(codes.Unauthenticated, "%s: the client certificate (subject %q) carries no quotad role for cluster %q; issue it with quotad tls cert create --client --role ... or send a bearer token", method, cert.Subject.CommonName, a.cluster)
+		}
+		if id.Role == auth.RoleServer {
+			if p := md.Get(auth.PrincipalHeader); len(p) == 1 {
+				// A peer forwarding its caller's call: only a server certificate may say
+				// who the caller is.
+				fwd, err := auth.DecodePrincipal(p[0])
+				if err != nil {
+					return caller{}, status.Errorf(codes.Unauthenticated, "%s: server %s forwarded a bad principal: %v", method, id.Name, err)
+				}
+				return caller{id: fwd}, nil
+			}
+		}
+		return caller{id: id}, nil
+	}
+	if a.insecure {
+		return caller{id: auth.Identity{Name: "insecure", Role: auth.RoleAdmin}}, nil
+	}
+	return caller{}, nil // Authorize says what to send
+}
+
+// fromToken authenticates a bearer token.
+func (a *authenticator) fromToken(vals []string, method string) (auth.Identity, error) {
+	scheme, tok, _ := strings.Cut(vals[0], " ")
+	tok = strings.TrimSpace(tok)
+	if len(vals) != 1 || !strings.EqualFold(scheme, "bearer") || tok == "" {
+		return auth.Identity{}, status.Errorf(codes.Unauthenticated, "%s: metadata %q must be one value \"Bearer <token>\"", method, authorizationHeader)
+	}
+	h := auth.HashToken(tok)
+	if a.bootstrap != nil && subtle.ConstantTimeCompare(h[:], a.bootstrap[:]) == 1 {
+		return auth.Identity{Name: "bootstrap", Role: auth.RoleAdmin}, nil
+	}
+	if a.token != nil {
+		if id, ok := a.token(h); ok {
+			return id, nil
+		}
+	}
+	which := "the bearer token"
+	if acc, err := auth.TokenAccessor(tok); err == nil {
+		which += " with accessor " + acc
+	}
+	return auth.Identity{}, status.Errorf(codes.Unauthenticated, "%s: %s is not known to this cluster: revoked, mistyped, or from another cluster; ask an admin for a token (quotad token create)", method, which)
+}
+
+// verifiedPeerCert returns the caller's certificate if it verified against the CA.
+func verifiedPeerCert(ctx context.Context) *x509.Certificate {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return nil
+	}
+	info, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(info.State.VerifiedChains) == 0 || len(info.State.PeerCertificates) == 0 {
+		return nil
+	}
+	return info.State.PeerCertificates[0]
+}
+
+// authorize authenticates and authorizes one call and returns the context its handler gets.
+func (a *authenticator) authorize(ctx context.Context, fullMethod string) (context.Context, error) {
+	if auth.AccessOf(fullMethod).Open {
+		return ctx, nil
+	}
+	c, err := a.identify(ctx, auth.MethodName(fullMethod))
+	if err != nil {
+		return nil, err
+	}
+	if err := auth.Authorize(c.id, fullMethod); err != nil {
+		code := codes.PermissionDenied
+		if errors.Is(err, auth.ErrUnauthenticated) {
+			code = codes.Unauthenticated
+		}
+		return nil, status.Error(code, err.Error())
+	}
+	return context.WithValue(ctx, callerKey{}, c), nil
+}
+
+func (a *authenticator) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	ctx, err := a.authorize(ctx, info.FullMethod)
+	if err != nil {
+		return nil, err
+	}
+	return handler(ctx, req)
+}
+
+func (a *authenticator) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	ctx, err := a.authorize(ss.Context(), info.FullMethod)
+	if err != nil {
+		return err
+	}
+	return handler(srv, &identifiedStream{ServerStream: ss, ctx: ctx})
+}
+
+type identifiedStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *identifiedStream) Context() context.Context { return s.ctx }
+
+// permissionDenied is the error of a call whose identity may not act on what it names.
+func permissionDenied(format string, args ...any) error {
+	return status.Errorf(codes.PermissionDenied, format, args...)
+}
+
+// scopeProblem says why id may not act in domain on a path with descriptors ds, or "". A
+// tenant-scoped worker may only name its own tenant, and when it spends (spend) it must name
+// it: without a tenant entry it would spend the shared quota of every tenant.
+func scopeProblem(id auth.Identity, domain string, ds []*quotadv1.Entry, spend bool) string {
+	if !id.MayUseDomain(domain) {
+		return fmt.Sprintf("%s may not use domain %q", id, domain)
+	}
+	if id.Role != auth.RoleWorker || id.Tenant == "" {
+		return ""
+	}
+	named := false
+	for _, e := range ds {
+		if e.GetKey() != auth.TenantKey {
+			continue
+		}
+		if !id.MayActForTenant(e.GetValue()) {
+			return fmt.Sprintf("%s may act only for %s=%s, not %s=%.60q", id, auth.TenantKey, id.Tenant, auth.TenantKey, e.GetValue())
+		}
+		named = true
+	}
+	if spend && !named {
+		return fmt.Sprintf("%s must name its tenant: add the descriptor %s=%s", id, auth.TenantKey, id.Tenant)
+	}
+	return ""
 }

@@ -1,5 +1,5 @@
 // Package rpc serves quotad's gRPC API (quotad.v1 Quota and Admin, grpc.health.v1) and its HTTP
-// endpoints (/metrics, /debug/pprof, /debug/state) on top of one cluster node.
+// endpoints (/metrics, /healthz, and with EnableDebug /debug/pprof, /debug/state) on top of one cluster node.
 //
 // It owns leader routing (a follower forwards to the leader and names it in the
 // "x-quotad-leader" response header), group commit (concurrent calls share log entries) and
@@ -22,6 +22,7 @@ import (
 
 	fsmv1 "github.com/quotad/quotad/api/quotad/fsm/v1"
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"github.com/quotad/quotad/auth"
 	"github.com/quotad/quotad/cluster"
 	"github.com/quotad/quotad/config"
 	"github.com/quotad/quotad/fsm"
@@ -39,9 +40,9 @@ const (
 // Limits on one call, so one request cannot monopolise the leader.
 const (
 	MaxAdmissionsPerCall = 10000
-	MaxDescriptors       = 16
+	MaxDescriptors       = quota.MaxDescriptors
 	MaxCost              = 1 << 40
-	maxStringLen         = 256
+	maxStringLen         = quota.MaxFieldBytes
 )
 
 // Node is what the server needs of a cluster node (*cluster.Node implements it).
@@ -114,13 +115,21 @@ func (s *Server) route(ctx context.Context) (*grpc.ClientConn, error) {
 	return conn, nil
 }
 
-// forwardCtx marks a call as forwarded and passes the caller's credentials on to the leader.
+// forwardCtx marks a call as forwarded and passes the caller on to the leader: a token caller's
+// authorization header (the leader authenticates it again), any other caller's identity as a
+// principal, which the leader believes because this node's certificate has the server role.
+// Nothing the client sent besides the token is passed on (a principal it sent is not).
 func forwardCtx(ctx context.Context) context.Context {
 	kv := []string{forwardedHeader, "1"}
-	if md, ok := metadata.FromIncomingContext(ctx); ok {
+	c := callerFrom(ctx)
+	switch {
+	case c.viaToken:
+		md, _ := metadata.FromIncomingContext(ctx)
 		for _, v := range md.Get(authorizationHeader) {
 			kv = append(kv, authorizationHeader, v)
 		}
+	case !c.id.IsZero():
+		kv = append(kv, auth.PrincipalHeader, auth.EncodePrincipal(c.id))
 	}
 	return metadata.AppendToOutgoingContext(ctx, kv...)
 }
@@ -129,6 +138,15 @@ func forwardCtx(ctx context.Context) context.Context {
 func (s *Server) Acquire(ctx context.Context, req *quotadv1.AcquireRequest) (*quotadv1.AcquireResponse, error) {
 	if err := validateAcquire(req); err != nil {
 		return nil, err
+	}
+	id := IdentityFrom(ctx)
+	for i, adm := range req.Admissions {
+		if adm.GetDomain() == "" {
+			continue // answered as invalid below
+		}
+		if msg := scopeProblem(id, adm.GetDomain(), adm.GetDescriptors(), true); msg != "" {
+			return nil, permissionDenied("admissions[%d]: %s", i, msg)
+		}
 	}
 	if resp, ok := s.plantedFollowerDecides(req); ok {
 		return resp, nil
@@ -141,7 +159,7 @@ func (s *Server) Acquire(ctx context.Context, req *quotadv1.AcquireRequest) (*qu
 		return quotadv1.NewQuotaClient(conn).Acquire(forwardCtx(ctx), req)
 	}
 	if s.fair.handles(req) {
-		return s.fair.acquire(ctx, req)
+		return s.fair.acquire(ctx, req, id.Name)
 	}
 	start := time.Now()
 	n := len(req.Admissions)
@@ -151,7 +169,7 @@ func (s *Server) Acquire(ctx context.Context, req *quotadv1.AcquireRequest) (*qu
 	slab := make([]quotadv1.Decision, n)
 	ops := make([][]byte, 0, n)
 	idx := make([]int, 0, n)
-	buf := make([]byte, 0, n*(64+len(req.ClientId)))
+	buf := make([]byte, 0, n*(64+len(req.ClientId)+len(id.Name)))
 	for i, adm := range req.Admissions {
 		if msg := admissionProblem(adm); msg != "" {
 			slab[i] = quotadv1.Decision{Reason: string(quota.ReasonInvalid), Message: msg}
@@ -159,7 +177,7 @@ func (s *Server) Acquire(ctx context.Context, req *quotadv1.AcquireRequest) (*qu
 			continue
 		}
 		from := len(buf)
-		buf = fsm.AppendAcquireOp(buf, req.ClientId, adm)
+		buf = fsm.AppendOwnedAcquireOp(buf, id.Name, req.ClientId, adm)
 		ops = append(ops, buf[from:len(buf):len(buf)])
 		idx = append(idx, i)
 	}
@@ -215,7 +233,7 @@ func validateAcquire(req *quotadv1.AcquireRequest) error {
 	case req.ClientId == "":
 		return status.Error(codes.InvalidArgument, "client_id is empty; set a stable ID per client so retries can be deduplicated")
 	case len(req.ClientId) > maxStringLen:
-		return status.Errorf(codes.InvalidArgument, "client_id is %d bytes; the limit is %d", len(req.ClientId), maxStringLen)
+		return status.Errorf(codes.InvalidArgument, "client_id is %d bytes; the limit is %d bytes", len(req.ClientId), maxStringLen)
 	case len(req.Admissions) == 0:
 		return status.Error(codes.InvalidArgument, "no admissions in the request; send at least one")
 	case len(req.Admissions) > MaxAdmissionsPerCall:
@@ -234,9 +252,9 @@ func admissionProblem(adm *quotadv1.Admission) string {
 	case adm.Domain == "":
 		return "domain is empty; name the limits domain to charge"
 	case len(adm.Domain) > maxStringLen:
-		return fmt.Sprintf("domain is %d bytes; the limit is %d", len(adm.Domain), maxStringLen)
-	case len(adm.Descriptors) > MaxDescriptors:
-		return fmt.Sprintf("%d descriptor entries; at most %d are allowed", len(adm.Descriptors), MaxDescriptors)
+		return fieldProblem("domain", adm.Domain)
+	case len(adm.WorkClass) > maxStringLen:
+		return fieldProblem("work_class", adm.WorkClass)
 	case adm.Cost > MaxCost:
 		return fmt.Sprintf("cost %d is above the maximum %d", adm.Cost, uint64(MaxCost))
 	case adm.LeaseTtlMs < 0:
@@ -244,15 +262,7 @@ func admissionProblem(adm *quotadv1.Admission) string {
 	case adm.MaxWaitMs < 0:
 		return fmt.Sprintf("max_wait_ms %d is negative", adm.MaxWaitMs)
 	}
-	for i, e := range adm.Descriptors {
-		if e.GetKey() == "" {
-			return fmt.Sprintf("descriptors[%d] has an empty key; every entry needs key=value", i)
-		}
-		if len(e.Key) > maxStringLen || len(e.Value) > maxStringLen {
-			return fmt.Sprintf("descriptors[%d] (%.40q) is longer than %d bytes", i, e.Key, maxStringLen)
-		}
-	}
-	return ""
+	return entriesProblem("descriptors", adm.Descriptors)
 }
 
 func decisionToProto(d fsm.Decision) *quotadv1.Decision {
@@ -293,9 +303,12 @@ func (s *Server) Release(ctx context.Context, req *quotadv1.ReleaseRequest) (*qu
 		}
 		return quotadv1.NewQuotaClient(conn).Release(forwardCtx(ctx), req)
 	}
-	r, err := s.prop.propose(ctx, &fsmv1.Op{Op: &fsmv1.Op_Release{Release: &fsmv1.Release{LeaseId: req.LeaseId}}})
+	r, err := s.prop.propose(ctx, &fsmv1.Op{Op: &fsmv1.Op_Release{Release: &fsmv1.Release{LeaseId: req.LeaseId, Owner: leaseOwner(ctx)}}})
 	if err != nil {
 		return nil, s.applyError(err)
+	}
+	if errors.Is(r.Other.Err, quota.ErrNotOwner) {
+		return nil, notOwner(ctx, req.LeaseId)
 	}
 	return &quotadv1.ReleaseResponse{Released: r.Other.Released}, nil
 }
@@ -316,11 +329,14 @@ func (s *Server) Renew(ctx context.Context, req *quotadv1.RenewRequest) (*quotad
 		return quotadv1.NewQuotaClient(conn).Renew(forwardCtx(ctx), req)
 	}
 	ttl := time.Duration(req.LeaseTtlMs) * time.Millisecond
-	r, err := s.prop.propose(ctx, &fsmv1.Op{Op: &fsmv1.Op_Renew{Renew: &fsmv1.Renew{LeaseId: req.LeaseId, TtlNs: int64(ttl)}}})
+	r, err := s.prop.propose(ctx, &fsmv1.Op{Op: &fsmv1.Op_Renew{Renew: &fsmv1.Renew{LeaseId: req.LeaseId, TtlNs: int64(ttl), Owner: leaseOwner(ctx)}}})
 	if err != nil {
 		return nil, s.applyError(err)
 	}
 	if err := r.Other.Err; err != nil {
+		if errors.Is(err, quota.ErrNotOwner) {
+			return nil, notOwner(ctx, req.LeaseId)
+		}
 		if errors.Is(err, quota.ErrLeaseNotFound) {
 			return nil, status.Errorf(codes.NotFound, "lease %d expired or was released; acquire again", req.LeaseId)
 		}
@@ -334,6 +350,9 @@ func (s *Server) Refund(ctx context.Context, req *quotadv1.RefundRequest) (*quot
 	if req.ClientId == "" || req.RequestId == 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "client_id %q and request_id %d must both be set: they name the admitted request to refund", req.ClientId, req.RequestId)
 	}
+	if err := invalidArg(fieldProblem("client_id", req.ClientId)); err != nil {
+		return nil, err
+	}
 	conn, err := s.route(ctx)
 	if err != nil || conn != nil {
 		if err != nil {
@@ -341,31 +360,39 @@ func (s *Server) Refund(ctx context.Context, req *quotadv1.RefundRequest) (*quot
 		}
 		return quotadv1.NewQuotaClient(conn).Refund(forwardCtx(ctx), req)
 	}
-	r, err := s.prop.propose(ctx, &fsmv1.Op{Op: &fsmv1.Op_Refund{Refund: &fsmv1.Refund{ClientId: req.ClientId, RequestId: req.RequestId}}})
+	// The refund looks the request up in the caller's own namespace: another identity's
+	// request with the same IDs is not found (refunded 0).
+	owner := IdentityFrom(ctx).Name
+	r, err := s.prop.propose(ctx, &fsmv1.Op{Op: &fsmv1.Op_Refund{Refund: &fsmv1.Refund{ClientId: req.ClientId, RequestId: req.RequestId, Owner: owner}}})
 	if err != nil {
 		return nil, s.applyError(err)
 	}
 	return &quotadv1.RefundResponse{Refunded: r.Other.Refunded}, nil
 }
 
-// MaxPause bounds how long one feedback can pause a scope.
-const MaxPause = time.Hour
-
 // Feedback records a provider's 429/503 for the scope it names. The FSM decides (on every
 // replica) what it pauses and adapts; see quota.Engine.Feedback: a 429 without a reason for a
 // whole domain is not assumed global and changes nothing (it is counted as evidence only).
+//
+// The caller needs the worker role for the domain (and, if scoped to a tenant, must name its
+// tenant). A Retry-After longer than the domain's max_pause (default quota.DefaultMaxPause) is
+// clamped to it by the leader before the feedback enters the log; `quotad pause lift` ends a
+// pause early.
 func (s *Server) Feedback(ctx context.Context, req *quotadv1.FeedbackRequest) (*quotadv1.FeedbackResponse, error) {
 	if req.Domain == "" {
 		return nil, status.Error(codes.InvalidArgument, "domain is empty; name the limits domain the provider answered for")
 	}
-	if req.RetryAfterMs < 0 || time.Duration(req.RetryAfterMs)*time.Millisecond > MaxPause {
-		return nil, status.Errorf(codes.InvalidArgument, "retry_after_ms %d is outside 0..%d", req.RetryAfterMs, MaxPause.Milliseconds())
+	if req.RetryAfterMs < 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "retry_after_ms %d is negative; use 0 when the provider sent no Retry-After", req.RetryAfterMs)
 	}
 	if req.StatusCode != quota.StatusTooManyRequests && req.StatusCode != quota.StatusServiceUnavailable {
 		return nil, status.Errorf(codes.InvalidArgument, "status_code %d is not 429 or 503; report only the provider's throttling answers", req.StatusCode)
 	}
-	if len(req.Descriptors) > MaxDescriptors || len(req.Reason) > maxStringLen {
-		return nil, status.Errorf(codes.InvalidArgument, "at most %d descriptors and a reason of at most %d bytes", MaxDescriptors, maxStringLen)
+	if err := invalidArg(firstProblem(fieldProblem("domain", req.Domain), entriesProblem("descriptors", req.Descriptors), fieldProblem("reason", req.Reason))); err != nil {
+		return nil, err
+	}
+	if msg := scopeProblem(IdentityFrom(ctx), req.Domain, req.Descriptors, true); msg != "" {
+		return nil, permissionDenied("feedback: %s", msg)
 	}
 	conn, err := s.route(ctx)
 	if err != nil || conn != nil {
@@ -374,7 +401,10 @@ func (s *Server) Feedback(ctx context.Context, req *quotadv1.FeedbackRequest) (*
 		}
 		return quotadv1.NewQuotaClient(conn).Feedback(forwardCtx(ctx), req)
 	}
-	d := time.Duration(req.RetryAfterMs) * time.Millisecond
+	d := s.fsm.Limits().MaxPauseOf(req.Domain)
+	if req.RetryAfterMs < d.Milliseconds() {
+		d = time.Duration(req.RetryAfterMs) * time.Millisecond
+	}
 	r, err := s.prop.propose(ctx, &fsmv1.Op{Op: &fsmv1.Op_Feedback{Feedback: &fsmv1.Feedback{Domain: req.Domain, Prefix: req.Descriptors,
 		StatusCode: req.StatusCode, RetryAfterNs: int64(d), Reason: req.Reason}}})
 	if err != nil {
@@ -397,6 +427,12 @@ func (s *Server) Feedback(ctx context.Context, req *quotadv1.FeedbackRequest) (*
 func (s *Server) Status(ctx context.Context, req *quotadv1.StatusRequest) (*quotadv1.StatusResponse, error) {
 	if req.Domain == "" {
 		return nil, status.Error(codes.InvalidArgument, "domain is empty")
+	}
+	if err := invalidArg(firstProblem(fieldProblem("domain", req.Domain), entriesProblem("descriptors", req.Descriptors))); err != nil {
+		return nil, err
+	}
+	if msg := scopeProblem(IdentityFrom(ctx), req.Domain, req.Descriptors, false); msg != "" {
+		return nil, permissionDenied("status: %s", msg)
 	}
 	conn, err := s.route(ctx)
 	if err != nil || conn != nil {
@@ -518,4 +554,18 @@ func (s *Server) TransferLeadership(ctx context.Context, req *quotadv1.TransferL
 	}
 	id, _ := s.node.Leader()
 	return &quotadv1.TransferLeadershipResponse{LeaderId: id}, nil
+}
+
+// leaseOwner is the owner a Release or Renew acts as: the caller, or "" (any lease) for an
+// admin.
+func leaseOwner(ctx context.Context) string {
+	id := IdentityFrom(ctx)
+	if id.Role == auth.RoleAdmin {
+		return ""
+	}
+	return id.Name
+}
+
+func notOwner(ctx context.Context, lease uint64) error {
+	return permissionDenied("lease %d belongs to another caller, not %s; only its owner (or an admin) may release or renew it", lease, IdentityFrom(ctx))
 }

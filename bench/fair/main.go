@@ -179,7 +179,7 @@ func main() {
 }
 
 func newClient(c *proccluster.Cluster) *client.Client {
-	cl, err := client.New(client.Config{Addrs: c.GRPCAddrs()})
+	cl, err := client.New(c.ClientConfig())
 	check(err)
 	return cl
 }

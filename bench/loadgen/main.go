@@ -73,6 +73,7 @@ func main() {
 		defer pprof.StopCPUProfile()
 	}
 	cfg := client.DefaultConfig(strings.Split(*addrs, ",")...)
+	cfg.LoadEnv() // credentials: QUOTAD_TOKEN, QUOTAD_CACERT, QUOTAD_CLIENT_CERT, QUOTAD_CLIENT_KEY
 	if *window > 0 {
 		cfg.Batch.Window = *window
 	}

@@ -16,7 +16,7 @@ import (
 // a call that started after the kill. The killed node is restarted and caught up between
 // trials.
 func failover(c *proccluster.Cluster, kills int) []time.Duration {
-	cfg := client.DefaultConfig(c.GRPCAddrs()...)
+	cfg := c.ClientConfig()
 	cfg.AttemptTimeout = 300 * time.Millisecond
 	cfg.Backoff = client.BackoffConfig{Initial: 5 * time.Millisecond, Max: 50 * time.Millisecond, Factor: 2}
 	cl, err := client.New(cfg)

@@ -1,8 +1,9 @@
 // Command run is `make bench`: it builds quotad and the load generator, starts a real 3-node
 // cluster of separate agent processes (fsync on, the binary's defaults), and measures
 // throughput and latency (a concurrency sweep, median of several runs), serial latency,
-// failover after kill -9 of the leader, memory with 1M active buckets, and snapshot + restore
-// of 1M buckets. It prints a table and writes bench/results/latest.json.
+// failover after kill -9 of the leader, both Raft log store backends side by side
+// (log_store_compare), memory with 1M active buckets, and snapshot + restore of 1M buckets. It
+// prints a table and writes bench/results/latest.json.
 //
 // Run it from the module root: go run ./bench/run [-runs 3] [-duration 4s].
 package main
@@ -14,7 +15,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,14 +28,17 @@ import (
 
 // benchLimits: "bench" is roomy (the load measures deciding, not refusing; every decision
 // still goes through the domain ceiling and a per-tenant bucket); "buckets" refills so slowly
-// that each of the 1M tenant buckets the populate step creates stays stored (active).
+// that each of the 1M tenant buckets the populate step creates stays stored (active), and its
+// max_keys lets it hold them (the default is 100000).
 const benchLimits = `domain: bench
 rate_limit: {unit: second, requests_per_unit: 100000000}
+max_keys: 10000000
 descriptors:
   - key: tenant
     rate_limit: {unit: second, requests_per_unit: 1000000}
 ---
 domain: buckets
+max_keys: 2000000
 descriptors:
   - key: tenant
     rate_limit: {unit: hour, requests_per_unit: 10}
@@ -58,6 +61,12 @@ type Report struct {
 	SoakSeconds       float64 `json:"soak_seconds,omitempty"`
 	SoakDecisions     int64   `json:"soak_decisions,omitempty"`
 	SoakLeaderChanges *int    `json:"soak_leader_changes,omitempty"`
+	// log_store_compare (docs/performance.md, "Log store"): both --raft-log-store backends in
+	// one run, alternating; the 1-minute load average at its start and end; the fsync probe
+	// beside it.
+	LogStoreCompare     map[string]*LogStorePoint `json:"log_store_compare,omitempty"`
+	LogStoreCompareLoad []float64                 `json:"log_store_compare_load_avg,omitempty"`
+	LogStoreCompareDisk *DiskProbe                `json:"log_store_compare_disk_fsync,omitempty"`
 }
 
 // SweepPoint is the median over runs at one concurrency.
@@ -91,7 +100,8 @@ func main() {
 		concs       = flag.String("concurrency", "1,64,256,512,1024", "concurrency sweep")
 		kills       = flag.Int("kills", 5, "leader kill -9 trials")
 		buckets     = flag.Int("buckets", 1_000_000, "active buckets for the memory step")
-		only        = flag.String("only", "", "comma-separated steps to run (sweep,failover,memory,snapshot,soak); empty: all but soak")
+		only        = flag.String("only", "", "comma-separated steps to run (sweep,failover,log_store_compare,memory,snapshot,soak); empty: all but soak")
+		cmpRounds   = flag.Int("compare-rounds", 4, "log_store_compare: rounds (each runs both backends, the order alternating)")
 		soak        = flag.Duration("soak", 10*time.Minute, "length of the soak step (alternating 30 s of load and 30 s of idle)")
 		soakBuckets = flag.Int("soak-buckets", 0, "stored buckets to create before the soak (e.g. 1000000: snapshots of a large state under load)")
 		out         = flag.String("out", "bench/results/latest.json", "JSON report path")
@@ -124,8 +134,13 @@ func main() {
 
 	var rep Report
 	var c *proccluster.Cluster
-	defer func() { c.KillAll() }()
-	atExit = append(atExit, func() { c.KillAll() })
+	killC := func() {
+		if c != nil {
+			c.KillAll()
+		}
+	}
+	defer killC()
+	atExit = append(atExit, killC)
 	// startCluster starts a fresh cluster in a new directory (replacing c).
 	startCluster := func(name string) {
 		if c != nil {
@@ -139,10 +154,18 @@ func main() {
 		check(err)
 		leader, err := c.WaitLeader(20 * time.Second)
 		check(err)
+		// The loadgen processes connect with the cluster's admin credentials (client.LoadEnv).
+		for _, kv := range c.ClientEnv() {
+			k, v, _ := strings.Cut(kv, "=")
+			check(os.Setenv(k, v))
+		}
 		logf("cluster %s up: leader %s, nodes %v", name, c.Nodes[leader].ID, c.GRPCAddrs())
 	}
-	startCluster("cluster1")
-	addrs := strings.Join(c.GRPCAddrs(), ",")
+	var addrs string
+	if want("soak") || want("sweep") || want("failover") {
+		startCluster("cluster1")
+		addrs = strings.Join(c.GRPCAddrs(), ",")
+	}
 
 	if want("soak") {
 		if *soakBuckets > 0 {
@@ -185,6 +208,21 @@ func main() {
 			rep.FailoverMedianMs, rep.FailoverMaxMs = median(ms), slices.Max(ms)
 		}
 	}
+	if want("log_store_compare") {
+		killC() // its own two clusters only
+		stop := make(chan struct{})
+		probed := make(chan DiskProbe, 1)
+		go func() {
+			p, err := probeDisk(dir, stop)
+			check(err)
+			probed <- p
+		}()
+		rep.LogStoreCompare, rep.LogStoreCompareLoad = logStoreCompare(bin, loadgen, limits, dir,
+			strings.Fields(*agentArgs), *cmpRounds, *duration)
+		close(stop)
+		p := <-probed
+		rep.LogStoreCompareDisk = &p
+	}
 	if want("memory") {
 		// A fresh cluster, so the dedup records of the load above (a 2-minute window of
 		// them) do not count as memory for buckets.
@@ -196,9 +234,11 @@ func main() {
 		check(err)
 		rep.SnapshotRestoreS = s
 	}
-	hits, _ := c.ScanLogs("panic", "fatal error")
-	for _, h := range hits {
-		logf("agent log: %s", h)
+	if c != nil {
+		hits, _ := c.ScanLogs("panic", "fatal error")
+		for _, h := range hits {
+			logf("agent log: %s", h)
+		}
 	}
 	printTable(&rep)
 	data, err := json.MarshalIndent(&rep, "", "  ")
@@ -206,8 +246,8 @@ func main() {
 	check(os.MkdirAll(filepath.Dir(*out), 0o755))
 	check(os.WriteFile(*out, append(data, '\n'), 0o644))
 	logf("wrote %s", *out)
-	if *keep {
-		logf("cluster kept running (HTTP %s); interrupt to stop", c.Nodes[0].HTTPAddr)
+	if *keep && c != nil {
+		logf("cluster kept running (HTTPS %s, admin credentials in %s); interrupt to stop", c.Nodes[0].HTTPAddr, c.Credentials().Dir)
 		select {}
 	}
 }
@@ -272,7 +312,7 @@ func memory(c *proccluster.Cluster, loadgen, addrs string, n int) []float64 {
 	}
 	var mbs []float64
 	for i, nd := range c.Nodes {
-		rss, err := scrapeRSS(nd.HTTPAddr)
+		rss, err := scrapeRSS(c, i)
 		check(err)
 		st, _ := c.State(context.Background(), i)
 		mb := rss / (1 << 20)
@@ -291,13 +331,14 @@ func populate(loadgen, addrs string, n int) {
 	logf("populate: %d decisions in %.1fs (%.0f/s), %d RPCs, errors %d %s", res.Decisions, res.Seconds, res.PerSec, res.RPCs, res.Errors, res.FirstError)
 }
 
-func scrapeRSS(httpAddr string) (float64, error) {
-	return scrapeMetric(httpAddr, "process_resident_memory_bytes")
+func scrapeRSS(c *proccluster.Cluster, i int) (float64, error) {
+	return scrapeMetric(c, i, "process_resident_memory_bytes")
 }
 
-// scrapeMetric reads one unlabelled sample from a node's /metrics.
-func scrapeMetric(httpAddr, name string) (float64, error) {
-	resp, err := http.Get("http://" + httpAddr + "/metrics")
+// scrapeMetric reads one unlabelled sample from node i's /metrics.
+func scrapeMetric(c *proccluster.Cluster, i int, name string) (float64, error) {
+	httpAddr := c.Nodes[i].HTTPAddr
+	resp, err := c.HTTPClient().Get(c.URL(i, "/metrics"))
 	if err != nil {
 		return 0, err
 	}
@@ -338,6 +379,7 @@ func printTable(r *Report) {
 			*r.SoakLeaderChanges, r.SoakSeconds, r.SoakDecisions)
 	}
 	fmt.Println()
+	printLogStoreCompare(r)
 }
 
 func median(xs []float64) float64 {

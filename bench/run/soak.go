@@ -14,8 +14,8 @@ import (
 func soakRun(c *proccluster.Cluster, loadgen, addrs string, d time.Duration) (changes int, decisions int64) {
 	changesNow := func() []float64 {
 		var out []float64
-		for _, nd := range c.Nodes {
-			v, err := scrapeMetric(nd.HTTPAddr, "quotad_leader_changes_total")
+		for i := range c.Nodes {
+			v, err := scrapeMetric(c, i, "quotad_leader_changes_total")
 			check(err)
 			out = append(out, v)
 		}

@@ -25,8 +25,8 @@ type Identity struct {
 // shown to the caller).
 type IdentifyFunc func(r *http.Request) (Identity, error)
 
-// DefaultStripHeaders are the inbound headers Middleware removes by default: identity
-// headers a caller could forge.
+// DefaultStripHeaders are the inbound headers Middleware always removes: identity headers a
+// caller could forge.
 var DefaultStripHeaders = []string{
 	"X-Tenant", "X-Tenant-Id", "X-Consumer", "X-Consumer-Id",
 	"X-Quotad-Tenant", "X-Quotad-Consumer",
@@ -46,8 +46,10 @@ type MiddlewareConfig struct {
 	Descriptors func(r *http.Request, id Identity) []client.Entry
 	// Cost returns a request's cost in units. Default: 1.
 	Cost func(r *http.Request) uint64
-	// StripHeaders are removed from every inbound request before Identify runs.
-	// Default: DefaultStripHeaders.
+	// StripHeaders are removed from every inbound request before Identify runs, on top of
+	// DefaultStripHeaders, TenantHeader and ConsumerHeader, which are always removed. A header
+	// matches whatever its case and whether it spells separators '-', '_' or '.' (X_Tenant,
+	// x-tenant and X.TENANT are all X-Tenant): proxies and frameworks treat them alike.
 	StripHeaders []string
 	// TenantHeader and ConsumerHeader are set on the request passed to the next handler
 	// from the verified identity, for upstream services. Defaults: "X-Tenant" and
@@ -84,9 +86,6 @@ func Middleware(cfg MiddlewareConfig) (func(http.Handler) http.Handler, error) {
 	if cfg.Descriptors == nil {
 		cfg.Descriptors = defaultDescriptors
 	}
-	if cfg.StripHeaders == nil {
-		cfg.StripHeaders = DefaultStripHeaders
-	}
 	if cfg.TenantHeader == "" {
 		cfg.TenantHeader = "X-Tenant"
 	}
@@ -99,7 +98,7 @@ func Middleware(cfg MiddlewareConfig) (func(http.Handler) http.Handler, error) {
 	if cfg.ProblemType == "" {
 		cfg.ProblemType = defaultProblemTypePrefix
 	}
-	m := &middleware{cfg: cfg}
+	m := &middleware{cfg: cfg, strip: stripSet(cfg)}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, next) })
 	}, nil
@@ -114,15 +113,48 @@ func defaultDescriptors(_ *http.Request, id Identity) []client.Entry {
 }
 
 type middleware struct {
-	cfg MiddlewareConfig
+	cfg   MiddlewareConfig
+	strip map[string]bool // headerID of every header to strip
+}
+
+// stripSet is the set of headers cfg strips: the defaults, cfg.StripHeaders, and the headers
+// the middleware itself sets from the verified identity.
+func stripSet(cfg MiddlewareConfig) map[string]bool {
+	set := make(map[string]bool)
+	for _, list := range [][]string{DefaultStripHeaders, cfg.StripHeaders, {cfg.TenantHeader, cfg.ConsumerHeader}} {
+		for _, h := range list {
+			if id := headerID(h); id != "" && h != "-" {
+				set[id] = true
+			}
+		}
+	}
+	return set
+}
+
+// headerID folds a header name to what identifies it for stripping: lower case, without the
+// separators '-', '_' and '.'.
+func headerID(name string) string {
+	b := make([]byte, 0, len(name))
+	for i := 0; i < len(name); i++ {
+		switch c := name[i]; {
+		case c == '-' || c == '_' || c == '.':
+		case 'A' <= c && c <= 'Z':
+			b = append(b, c+'a'-'A')
+		default:
+			b = append(b, c)
+		}
+	}
+	return string(b)
 }
 
 func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	// Strip first, so neither Identify nor next can see a forged identity header. The
 	// request is cloned: a handler must not modify the request it was given.
 	r = r.Clone(r.Context())
-	for _, h := range m.cfg.StripHeaders {
-		r.Header.Del(h)
+	for h := range r.Header {
+		if m.strip[headerID(h)] {
+			delete(r.Header, h) // the key as sent: Del would canonicalize it
+		}
 	}
 	id, err := m.cfg.Identify(r)
 	if err != nil || id.Tenant == "" {

@@ -7,6 +7,8 @@
 package clustertest
 
 import (
+	"crypto/rand"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,7 +19,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotad/quotad/auth"
 	"github.com/quotad/quotad/cluster"
+	"github.com/quotad/quotad/internal/testpki"
 )
 
 // Cluster is a set of in-process nodes named node0, node1, ... Node i may be stopped
@@ -49,9 +53,13 @@ func WithConfig(f func(i int, c *cluster.Config)) Option {
 
 // TestConfig returns DefaultConfig with loopback addresses on port 0, a fresh data dir and
 // faster membership timings, so tests finish quickly. Raft timeouts stay the production
-// defaults so failover tests measure what production gets.
+// defaults so failover tests measure what production gets. Peers are secured as in
+// production: mutual TLS with a server certificate of the test CA (PKI) and a gossip key.
 func TestConfig(t testing.TB, id string) cluster.Config {
+	p := PKI(t)
 	c := cluster.DefaultConfig()
+	c.PeerTLS = p.PeerTLS.Clone()
+	c.GossipSecretKey = append([]byte(nil), p.GossipKey...)
 	c.ID = id
 	c.DataDir = t.TempDir()
 	c.RaftAddr = "127.0.0.1:0"
@@ -64,6 +72,54 @@ func TestConfig(t testing.TB, id string) cluster.Config {
 	c.JoinRetryMin = 50 * time.Millisecond
 	c.JoinRetryMax = 500 * time.Millisecond
 	return c
+}
+
+// TestPKI is the test process's cluster CA, a server certificate of cluster "quotad", the
+// peer TLS configuration built from it and a gossip key.
+type TestPKI struct {
+	CA        *testpki.CA
+	Server    testpki.Pair
+	PeerTLS   *tls.Config
+	GossipKey []byte
+}
+
+var (
+	pkiOnce sync.Once
+	pki     *TestPKI
+	pkiErr  error
+)
+
+// PKI returns the test process's TestPKI, made on first use (one CA per process: generating
+// keys per node would cost more than many tests).
+func PKI(t testing.TB) *TestPKI {
+	t.Helper()
+	pkiOnce.Do(func() {
+		ca, err := testpki.NewCA("quotad test CA")
+		if err != nil {
+			pkiErr = err
+			return
+		}
+		srv, err := ca.Server("quotad", "test-server")
+		if err != nil {
+			pkiErr = err
+			return
+		}
+		peerTLS, err := auth.PeerTLSConfigFromPEM(srv.CertPEM, srv.KeyPEM, ca.PEM, "quotad")
+		if err != nil {
+			pkiErr = err
+			return
+		}
+		key := make([]byte, 32)
+		if _, err := rand.Read(key); err != nil {
+			pkiErr = err
+			return
+		}
+		pki = &TestPKI{CA: ca, Server: srv, PeerTLS: peerTLS, GossipKey: key}
+	})
+	if pkiErr != nil {
+		t.Fatalf("clustertest: test PKI: %v", pkiErr)
+	}
+	return pki
 }
 
 // Start starts n nodes that form a new cluster through BootstrapExpect=n and gossip join,

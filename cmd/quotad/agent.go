@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/base64"
 	"fmt"
 	"log/slog"
 	"os"
@@ -13,8 +12,10 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/quotad/quotad/auth"
 	"github.com/quotad/quotad/cluster"
 	"github.com/quotad/quotad/internal/gctune"
+	"github.com/quotad/quotad/internal/pkifiles"
 	"github.com/quotad/quotad/rpc"
 )
 
@@ -25,13 +26,15 @@ func agentCmd() *cobra.Command {
 		limits     string
 		logLevel   string
 		logFormat  string
-		gossipKey  string
-		adminToken string
-		tlsFiles   rpc.TLSFiles
 		gcPercent  int
 		memLimit   string
 		gcHeadroom string
 		proposer   = rpc.DefaultProposerConfig()
+		caps       = capFlags{maxRequestBytes: rpc.DefaultMaxRequestBytes}
+	)
+	var (
+		acfg          rpc.AgentConfig // security settings; the rest is filled in at run
+		gossipKeyFile string
 	)
 	cmd := &cobra.Command{
 		Use:   "agent",
@@ -52,17 +55,17 @@ promoted once caught up. A node restarted with its --data-dir resumes where it s
 			cc.Logger = slog.New(h).With("node", cc.ID)
 			cc.Join = splitList(join)
 			cc.Clock = nodeClock()
-			if gossipKey != "" {
-				key, err := base64.StdEncoding.DecodeString(gossipKey)
-				if err != nil {
-					return fmt.Errorf("--gossip-key: not base64 (%v); generate one with: head -c 32 /dev/urandom | base64", err)
-				}
-				cc.GossipSecretKey = key
+			key, err := gossipKey(gossipKeyFile)
+			if err != nil {
+				return err
 			}
-			if adminToken == "" {
-				adminToken = os.Getenv("QUOTAD_ADMIN_TOKEN")
+			cc.GossipSecretKey = key
+			if acfg.BootstrapTokenFile == "" {
+				acfg.BootstrapToken = os.Getenv(rpc.EnvBootstrapToken)
 			}
-			if err := cc.Validate(); err != nil {
+			cc.Insecure = acfg.Insecure
+			acfg.Cluster, acfg.LimitsFile, acfg.Proposer = cc, limits, proposer
+			if err := acfg.CheckSecurity(); err != nil {
 				return err
 			}
 			if err := proposer.Validate(); err != nil {
@@ -71,7 +74,9 @@ promoted once caught up. A node restarted with its --data-dir resumes where it s
 			if err := setGC(gcPercent, memLimit, gcHeadroom); err != nil {
 				return err
 			}
-			acfg := rpc.AgentConfig{Cluster: cc, LimitsFile: limits, TLS: tlsFiles, AdminToken: adminToken, Proposer: proposer}
+			if err := caps.apply(&acfg); err != nil {
+				return err
+			}
 			chaosHooks(&acfg)
 			agent, err := rpc.StartAgent(acfg)
 			if err != nil {
@@ -91,7 +96,7 @@ promoted once caught up. A node restarted with its --data-dir resumes where it s
 	f.StringVar(&cc.GRPCAddr, "grpc-addr", "127.0.0.1:7101", "gRPC API listen address")
 	f.StringVar(&cc.RaftAddr, "raft-addr", "127.0.0.1:7201", "Raft transport address (advertised to peers)")
 	f.StringVar(&cc.GossipAddr, "gossip-addr", "127.0.0.1:7301", "gossip (memberlist) address")
-	f.StringVar(&cc.HTTPAddr, "http-addr", "127.0.0.1:7401", "HTTP address for /metrics, /debug/pprof, /debug/state (empty: off)")
+	f.StringVar(&cc.HTTPAddr, "http-addr", "127.0.0.1:7401", "HTTP address for /metrics, /healthz and, with --enable-debug, /debug/* (empty: off)")
 	f.IntVar(&cc.BootstrapExpect, "bootstrap-expect", 0, "number of nodes that form a new cluster (0: join an existing one)")
 	f.StringVar(&join, "join", "", "comma-separated gossip addresses of other nodes")
 	f.StringVar(&limits, "limits", "", "limits YAML applied if the cluster has none yet")
@@ -104,18 +109,23 @@ promoted once caught up. A node restarted with its --data-dir resumes where it s
 	f.DurationVar(&cc.ElectionTimeout, "raft-election-timeout", cc.ElectionTimeout, "how long a candidate waits for votes before retrying (>= --raft-heartbeat-timeout)")
 	f.DurationVar(&cc.LeaderLeaseTimeout, "raft-leader-lease-timeout", cc.LeaderLeaseTimeout, "a leader that cannot reach a quorum for this long steps down (<= --raft-heartbeat-timeout)")
 	f.Uint64Var(&cc.TrailingLogs, "trailing-logs", cc.TrailingLogs, "log entries kept after a snapshot for slow followers")
+	f.StringVar(&cc.LogStore, "raft-log-store", cc.LogStore, "Raft log storage: boltdb (raft.db) or wal (hashicorp/raft-wal, experimental: README \"Raft log store\"); both fsync every append. A data dir keeps the one it was created with (README: \"Raft log store\")")
 	f.IntVar(&proposer.MaxInflight, "max-entries-in-flight", proposer.MaxInflight, "group commit: log entries the leader lets commit at once (more queue and ride in the next entry)")
 	f.IntVar(&proposer.MaxBatch, "max-entry-ops", proposer.MaxBatch, "group commit: most operations in one log entry")
-	f.StringVar(&gossipKey, "gossip-key", "", "base64 AES key (16, 24 or 32 bytes) encrypting gossip; the same on every node")
-	f.StringVar(&adminToken, "admin-token", "", "token required by limits apply and leadership transfer (or $QUOTAD_ADMIN_TOKEN)")
-	f.StringVar(&tlsFiles.CertFile, "tls-cert", "", "PEM certificate for the gRPC API")
-	f.StringVar(&tlsFiles.KeyFile, "tls-key", "", "PEM key for --tls-cert")
-	f.StringVar(&tlsFiles.CAFile, "tls-ca", "", "PEM CA: require and verify client certificates (mutual TLS)")
+	f.StringVar(&acfg.ClusterName, "cluster-name", rpc.DefaultClusterName, "cluster name in certificates: node certificates carry server.<name>.quotad")
+	f.StringVar(&acfg.TLS.CertFile, "tls-cert", "", "PEM node certificate (quotad tls cert create --server) for gRPC, HTTP and Raft")
+	f.StringVar(&acfg.TLS.KeyFile, "tls-key", "", "PEM key for --tls-cert")
+	f.StringVar(&acfg.TLS.CAFile, "tls-ca", "", "PEM CA of the cluster (quotad tls ca create): verifies peers and client certificates")
+	f.StringVar(&gossipKeyFile, "gossip-key-file", "", "file holding the base64 gossip encryption key (quotad keygen), the same on every node (or $QUOTAD_GOSSIP_KEY)")
+	f.StringVar(&acfg.BootstrapTokenFile, "bootstrap-token-file", "", "file holding the bootstrap admin token (quotad keygen --token) (or $QUOTAD_BOOTSTRAP_TOKEN)")
+	f.BoolVar(&acfg.Insecure, "insecure", false, "run without TLS and gossip encryption, calls without credentials act as admin: a throwaway cluster on a trusted network only")
+	f.BoolVar(&acfg.EnableDebug, "enable-debug", false, "serve /debug/pprof, /debug/state and /debug/fair on the HTTP port (admin credential required)")
 	f.IntVar(&gcPercent, "gc-percent", defaultGCPercent, "Go GC target: heap growth in percent over the live heap between collections (GOGC; -1 keeps $GOGC or Go's 100)")
 	f.StringVar(&memLimit, "memory-limit", "", "soft memory limit for the Go runtime, e.g. 2GiB (GOMEMLIMIT; empty keeps $GOMEMLIMIT or none)")
 	f.StringVar(&gcHeadroom, "gc-headroom", "64MiB", "once the live heap is large, let it grow at most this much between collections (0: GOGC alone decides)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")
+	caps.register(f)
 	return cmd
 }
 
@@ -172,4 +182,24 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// gossipKey reads the gossip key from file, else from $QUOTAD_GOSSIP_KEY (nil if neither).
+func gossipKey(file string) ([]byte, error) {
+	s, what := os.Getenv("QUOTAD_GOSSIP_KEY"), "$QUOTAD_GOSSIP_KEY"
+	if file != "" {
+		var err error
+		if s, err = pkifiles.ReadSecret(file); err != nil {
+			return nil, fmt.Errorf("--gossip-key-file: %w", err)
+		}
+		what = "--gossip-key-file " + file
+	}
+	if s == "" {
+		return nil, nil
+	}
+	key, err := auth.DecodeGossipKey(s)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return key, nil
 }

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,78 +12,44 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 	"github.com/quotad/quotad/client"
-	"github.com/quotad/quotad/rpc"
 )
 
-// Connection settings of the client commands (persistent flags).
+// Connection settings of the client commands (persistent flags; the environment fills what
+// they leave empty: client.Config.LoadEnv).
 var (
-	cliTLS        rpc.TLSFiles
-	cliAdminToken string
+	cliTLS       client.TLSFiles
+	cliTokenFile string
 )
 
-// tlsConfig builds the client commands' TLS settings from the flags; nil means plaintext.
-func tlsConfig() (*tls.Config, error) {
-	if cliTLS.CAFile == "" && cliTLS.CertFile == "" {
-		return nil, nil
+// defaultAddrs is the --addr default: $QUOTAD_ADDR, else the nodes of `quotad dev`.
+func defaultAddrs() string {
+	if a := os.Getenv(client.EnvAddr); a != "" {
+		return a
 	}
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
-	if cliTLS.CAFile != "" {
-		pem, err := os.ReadFile(cliTLS.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("--ca: %w", err)
-		}
-		cfg.RootCAs = x509.NewCertPool()
-		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("--ca %q holds no PEM certificate", cliTLS.CAFile)
-		}
-	}
-	if cliTLS.CertFile != "" {
-		cert, err := tls.LoadX509KeyPair(cliTLS.CertFile, cliTLS.KeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("--cert/--key: %w", err)
-		}
-		cfg.Certificates = []tls.Certificate{cert}
-	}
-	return cfg, nil
+	return "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103"
 }
 
-func dialOptions() ([]grpc.DialOption, error) {
-	cfg, err := tlsConfig()
-	if err != nil || cfg == nil {
-		return []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, err
-	}
-	return []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(cfg))}, nil
+// connConfig is the client configuration of the client commands for addrs: flags, then the
+// environment.
+func connConfig(addrs string) client.Config {
+	cfg := client.DefaultConfig(splitList(addrs)...)
+	cfg.TLSFiles, cfg.TokenFile = cliTLS, cliTokenFile
+	cfg.LoadEnv()
+	return cfg
 }
+
+func dialOptions() ([]grpc.DialOption, error) { return connConfig("").DialCredentials() }
 
 // newClient returns a client library instance for the quota commands (leader discovery,
 // retries with one request ID, backoff).
 func newClient(addrs string) (*client.Client, error) {
-	cfg := client.DefaultConfig(splitList(addrs)...)
+	cfg := connConfig(addrs)
 	cfg.Batch.Disabled = true // one decision per invocation: nothing to batch
-	tlsCfg, err := tlsConfig()
-	if err != nil {
-		return nil, err
-	}
-	cfg.TLS = tlsCfg
 	return client.New(cfg)
-}
-
-func withToken(ctx context.Context) context.Context {
-	token := cliAdminToken
-	if token == "" {
-		token = os.Getenv("QUOTAD_ADMIN_TOKEN")
-	}
-	if token == "" {
-		return ctx
-	}
-	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
 }
 
 // call runs fn against each address in turn until one gives an answer that is not
@@ -106,7 +70,7 @@ func call(ctx context.Context, addrs string, fn func(ctx context.Context, conn *
 			if err != nil {
 				return fmt.Errorf("--addr %q: %w", a, err)
 			}
-			cctx, cancel := context.WithTimeout(withToken(ctx), 2*time.Second)
+			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			err = fn(cctx, conn)
 			cancel()
 			conn.Close()
@@ -121,10 +85,18 @@ func call(ctx context.Context, addrs string, fn func(ctx context.Context, conn *
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("no node answered in time: %w", last)
+			return fmt.Errorf("no node answered in time: %w%s", last, plaintextHint())
 		case <-time.After(time.Duration(100*(attempt+1)) * time.Millisecond):
 		}
 	}
+}
+
+// plaintextHint explains the likely cause of unanswered plaintext calls: a secure cluster.
+func plaintextHint() string {
+	if tlsCfg, err := connConfig("").TLSConfig(); err == nil && tlsCfg == nil {
+		return "\n(no TLS configured: a secure cluster needs the CA that signed its certificates, --cacert or $QUOTAD_CACERT; for `quotad dev`, source DATA_DIR/dev.env)"
+	}
+	return ""
 }
 
 // decisionView prints a client.Decision in the API's millisecond units (rounded up, so a
@@ -172,6 +144,9 @@ func acquireCmd() *cobra.Command {
 			defer cancel()
 			dec, err := c.Allow(ctx, req)
 			if err != nil && !errors.Is(err, client.ErrDenied) {
+				if errors.Is(err, client.ErrUnavailable) {
+					return fmt.Errorf("%w%s", err, plaintextHint())
+				}
 				return err
 			}
 			err = nil // a denial is an answer: printed below, exit code 3
@@ -180,7 +155,7 @@ func acquireCmd() *cobra.Command {
 				err = printJSON(map[string]any{
 					"admitted": d.Admitted, "reason": d.Reason, "scope": d.Scope, "limit": d.Limit,
 					"remaining": d.Remaining, "reset_after_ms": d.ResetAfterMs(), "retry_after_ms": d.RetryAfterMs(),
-					"lease_id": d.LeaseID,
+					"lease_id": d.LeaseID, "message": d.Message,
 				})
 			} else {
 				verdict := "denied"
@@ -206,7 +181,7 @@ func acquireCmd() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&addr, "addr", "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103", "comma-separated node gRPC addresses (any nodes)")
+	f.StringVar(&addr, "addr", defaultAddrs(), "comma-separated node gRPC addresses (any nodes)")
 	f.StringVar(&domain, "domain", "", "limits domain (required)")
 	f.StringArrayVar(&descs, "descriptor", nil, "descriptor entry key=value, outermost first (repeatable)")
 	f.Uint64Var(&cost, "cost", 1, "units to spend")
@@ -240,7 +215,7 @@ func releaseCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103", "comma-separated node gRPC addresses")
+	cmd.Flags().StringVar(&addr, "addr", defaultAddrs(), "comma-separated node gRPC addresses")
 	cmd.Flags().Uint64Var(&leaseID, "lease-id", 0, "lease ID from an admitted acquire")
 	return cmd
 }
@@ -287,7 +262,7 @@ func limitsCmd() *cobra.Command {
 			})
 		},
 	}
-	cmd.PersistentFlags().StringVar(&addr, "addr", "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103", "comma-separated node gRPC addresses")
+	cmd.PersistentFlags().StringVar(&addr, "addr", defaultAddrs(), "comma-separated node gRPC addresses")
 	cmd.AddCommand(apply, get)
 	return cmd
 }
@@ -350,7 +325,7 @@ func statusCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103", "comma-separated node gRPC addresses")
+	cmd.Flags().StringVar(&addr, "addr", defaultAddrs(), "comma-separated node gRPC addresses")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -15,20 +16,29 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/quotad/quotad/auth"
 	"github.com/quotad/quotad/config"
+	"github.com/quotad/quotad/internal/pkifiles"
+	"github.com/quotad/quotad/rpc"
 )
 
 func devCmd() *cobra.Command {
 	var (
-		nodes   int
-		limits  string
-		dataDir string
-		host    string
-		base    int
+		nodes    int
+		limits   string
+		dataDir  string
+		host     string
+		base     int
+		insecure bool
 	)
 	cmd := &cobra.Command{
 		Use:   "dev",
 		Short: "Run a local cluster of separate agent processes (Ctrl-C stops them all)",
+		Long: `Run a local cluster of separate agent processes. It makes a throwaway CA, a certificate per
+node, an admin client certificate, a gossip key and a bootstrap admin token in
+DATA_DIR/credentials, starts the nodes in secure mode with them (and --enable-debug), and writes
+DATA_DIR/dev.env: source it to point the quotad CLI and the examples at the cluster as admin.
+Ctrl-C stops all nodes.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if nodes < 1 || nodes > 9 {
 				return fmt.Errorf("--nodes %d: use 1 to 9", nodes)
@@ -45,6 +55,10 @@ func devCmd() *cobra.Command {
 				}
 				dataDir = d
 			}
+			dataDir, err := filepath.Abs(dataDir)
+			if err != nil {
+				return err
+			}
 			self, err := os.Executable()
 			if err != nil {
 				return err
@@ -54,6 +68,18 @@ func devCmd() *cobra.Command {
 			for i := 0; i < nodes; i++ {
 				gossip = append(gossip, addr(2, i))
 				grpcs = append(grpcs, addr(0, i))
+			}
+			// A throwaway PKI, gossip key and bootstrap admin token in the data dir, and the
+			// client settings for them in dev.env.
+			var creds *pkifiles.Local
+			envFile := filepath.Join(dataDir, "dev.env")
+			if !insecure {
+				if creds, err = pkifiles.EnsureLocal(filepath.Join(dataDir, "credentials"), rpc.DefaultClusterName); err != nil {
+					return fmt.Errorf("making the dev credentials: %w", err)
+				}
+				if err := writeDevEnv(envFile, creds.Env(grpcs)); err != nil {
+					return err
+				}
 			}
 			var procs []*exec.Cmd
 			var wg sync.WaitGroup
@@ -68,6 +94,17 @@ func devCmd() *cobra.Command {
 				}
 				if limits != "" {
 					args = append(args, "--limits", limits)
+				}
+				args = append(args, "--enable-debug")
+				if insecure {
+					args = append(args, "--insecure")
+				} else {
+					sec, err := creds.AgentArgs(id, host)
+					if err != nil {
+						stopAll(procs, &wg)
+						return err
+					}
+					args = append(args, sec...)
 				}
 				p := exec.Command(self, args...)
 				stderr, _ := p.StderrPipe()
@@ -86,8 +123,14 @@ func devCmd() *cobra.Command {
 				}()
 				fmt.Printf("%s  grpc %s  raft %s  gossip %s  http %s  data %s\n", id, addr(0, i), addr(1, i), addr(2, i), addr(3, i), filepath.Join(dataDir, id))
 			}
-			fmt.Printf("\ncluster of %d: try\n  quotad status --addr %s\n  quotad acquire --addr %s --domain provider --descriptor endpoint=charges\nCtrl-C stops all nodes (data stays in %s).\n\n",
-				nodes, strings.Join(grpcs, ","), strings.Join(grpcs, ","), dataDir)
+			if insecure {
+				fmt.Printf("\ninsecure cluster of %d (plaintext, no credentials needed): try\n  export QUOTAD_ADDR=%s\n  quotad status\n",
+					nodes, strings.Join(grpcs, ","))
+			} else {
+				fmt.Printf("\ncluster of %d (TLS; credentials in %s): in another shell\n  source %s\n  quotad status\n  quotad acquire --domain provider --descriptor endpoint=charges\n",
+					nodes, creds.Dir, envFile)
+			}
+			fmt.Printf("Ctrl-C stops all nodes (data stays in %s).\n\n", dataDir)
 			sig := make(chan os.Signal, 1)
 			signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 			for alive := nodes; alive > 0; {
@@ -108,6 +151,7 @@ func devCmd() *cobra.Command {
 	f.StringVar(&limits, "limits", "examples/limits.yaml", "limits file applied at first start")
 	f.StringVar(&dataDir, "data-dir", "", "parent directory for the nodes' data (default: a new temp dir)")
 	f.StringVar(&host, "host", "127.0.0.1", "address the nodes listen on")
+	f.BoolVar(&insecure, "insecure", false, "run the nodes with --insecure (plaintext, no credentials) instead of with a throwaway CA, gossip key and admin token")
 	f.IntVar(&base, "port-base", 7100, "node i listens on grpc base+1+i, raft base+101+i, gossip base+201+i, http base+301+i")
 	return cmd
 }
@@ -139,4 +183,12 @@ func prefixLines(w io.Writer, r io.Reader, prefix string) {
 	for s.Scan() {
 		fmt.Fprintf(w, "[%s] %s\n", prefix, s.Text())
 	}
+}
+
+// writeDevEnv (re)writes the dev.env file, readable by its owner only (it holds the token).
+func writeDevEnv(path, content string) error {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return auth.WriteSecretFile(path, []byte("# quotad dev: source this file to use the local cluster as admin\n"+content))
 }

@@ -25,11 +25,11 @@ func main() {
 		SilenceErrors: true,
 	}
 	pf := root.PersistentFlags()
-	pf.StringVar(&cliTLS.CAFile, "ca", "", "client commands: PEM CA to verify nodes (enables TLS)")
-	pf.StringVar(&cliTLS.CertFile, "cert", "", "client commands: PEM client certificate (mutual TLS)")
-	pf.StringVar(&cliTLS.KeyFile, "key", "", "client commands: PEM key for --cert")
-	pf.StringVar(&cliAdminToken, "token", "", "client commands: admin token (or $QUOTAD_ADMIN_TOKEN)")
-	root.AddCommand(agentCmd(), devCmd(), acquireCmd(), releaseCmd(), limitsCmd(), statusCmd(), topCmd())
+	pf.StringVar(&cliTLS.CAFile, "cacert", "", "client commands: PEM CA that signed the nodes' certificates (or $QUOTAD_CACERT)")
+	pf.StringVar(&cliTLS.CertFile, "client-cert", "", "client commands: PEM client certificate (or $QUOTAD_CLIENT_CERT)")
+	pf.StringVar(&cliTLS.KeyFile, "client-key", "", "client commands: PEM key for --client-cert (or $QUOTAD_CLIENT_KEY)")
+	pf.StringVar(&cliTokenFile, "token-file", "", "client commands: file holding a bearer token (or the token in $QUOTAD_TOKEN)")
+	root.AddCommand(agentCmd(), devCmd(), acquireCmd(), releaseCmd(), limitsCmd(), statusCmd(), topCmd(), tlsCmd(), keygenCmd(), tokenCmd(), pauseCmd())
 	if err := root.Execute(); err != nil {
 		var ee exitError
 		if errors.As(err, &ee) {

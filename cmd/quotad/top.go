@@ -49,14 +49,53 @@ func topCmd() *cobra.Command {
 				return err
 			}
 			defer conn.Close()
-			src = top.Source{Admin: quotadv1.NewAdminClient(conn), HTTP: &http.Client{Timeout: 3 * time.Second}}
+			hc, scheme, err := httpClient()
+			if err != nil {
+				return err
+			}
+			src = top.Source{Admin: quotadv1.NewAdminClient(conn), HTTP: hc, Scheme: scheme}
 			return top.Run(ctx, cmd.OutOrStdout(), src, ratio, interval)
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&addr, "addr", "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103", "comma-separated node gRPC addresses")
+	f.StringVar(&addr, "addr", defaultAddrs(), "comma-separated node gRPC addresses")
 	f.DurationVar(&interval, "interval", time.Second, "refresh interval")
 	f.Float64Var(&ratio, "max-oversubscription", 1.5, "warn when a parent's children's limits sum to more than this multiple of its rate")
 	f.BoolVar(&once, "once", false, "print one frame and exit")
 	return cmd
+}
+
+// httpClient reaches the nodes' HTTP endpoints (/debug/fair needs the admin credential) with
+// the client commands' credentials: https when a CA or certificate is configured.
+func httpClient() (*http.Client, string, error) {
+	cfg := connConfig("")
+	tlsCfg, err := cfg.TLSConfig()
+	if err != nil {
+		return nil, "", err
+	}
+	tok, err := cfg.BearerToken()
+	if err != nil {
+		return nil, "", err
+	}
+	scheme := "http"
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	if tlsCfg != nil {
+		scheme, tr.TLSClientConfig = "https", tlsCfg
+	}
+	return &http.Client{Timeout: 3 * time.Second, Transport: bearerTransport{tr, tok}}, scheme, nil
+}
+
+// bearerTransport adds "Authorization: Bearer <token>" to every request (if token is set).
+type bearerTransport struct {
+	http.RoundTripper
+	token string
+}
+
+func (b bearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if b.token == "" {
+		return b.RoundTripper.RoundTrip(r)
+	}
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return b.RoundTripper.RoundTrip(r)
 }

@@ -35,7 +35,7 @@ import (
 )
 
 func main() {
-	addrs := flag.String("addrs", "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103", "comma-separated quotad gRPC addresses")
+	conn := client.Flags(flag.CommandLine, "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103") // and $QUOTAD_* (source dev.env)
 	listen := flag.String("listen", "127.0.0.1:8080", "HTTP listen address")
 	domain := flag.String("domain", "platform", "quota domain")
 	secret := flag.String("secret", "demo-secret", "HMAC key that signs bearer tokens")
@@ -50,7 +50,8 @@ func main() {
 		return
 	}
 
-	qc, err := client.New(client.Config{Addrs: strings.Split(*addrs, ",")})
+	qcfg := conn()
+	qc, err := client.New(qcfg)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -80,7 +81,7 @@ func main() {
 		defer cancel()
 		srv.Shutdown(sctx)
 	}()
-	log.Printf("gateway on http://%s (domain %q, quotad %s)", *listen, *domain, *addrs)
+	log.Printf("gateway on http://%s (domain %q, quotad %s)", *listen, *domain, strings.Join(qcfg.Addrs, ","))
 	if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		log.Fatal(err)
 	}

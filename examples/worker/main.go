@@ -26,7 +26,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,7 +43,7 @@ type job struct {
 type tenantKey struct{}
 
 func main() {
-	addrs := flag.String("addrs", "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103", "comma-separated quotad gRPC addresses")
+	conn := client.Flags(flag.CommandLine, "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103") // and $QUOTAD_* (source dev.env)
 	domain := flag.String("domain", "provider", "quota domain of the provider")
 	endpoint := flag.String("endpoint", "sync", "descriptor endpoint=VALUE before tenant=...; empty: tenant only")
 	tenants := flag.Int("tenants", 4, "number of tenants; tenant 0 submits half of all jobs")
@@ -71,7 +70,7 @@ func main() {
 		}
 	}
 
-	qc, err := client.New(client.Config{Addrs: strings.Split(*addrs, ",")})
+	qc, err := client.New(conn())
 	if err != nil {
 		log.Fatal(err)
 	}

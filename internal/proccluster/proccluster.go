@@ -23,6 +23,12 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/quotad/quotad/auth"
+	"github.com/quotad/quotad/client"
+	"github.com/quotad/quotad/internal/pkifiles"
 )
 
 // Build compiles ./cmd/quotad from the module at moduleDir into dir and returns the binary's
@@ -139,7 +145,17 @@ type Config struct {
 	LogDir string
 	// LogFormat is the agents' --log-format (default "json").
 	LogFormat string
+	// Insecure starts the agents with --insecure (plaintext, no credentials). By default they
+	// run secure: TLS with a throwaway CA, an encrypted gossip, a bootstrap admin token
+	// (Credentials). Either way they serve the debug endpoints (--enable-debug) the harness
+	// polls.
+	Insecure bool
+	// Credentials of a secure cluster; nil: made once in Dir/credentials by Start.
+	Credentials *pkifiles.Local
 }
+
+// ClusterName is the cluster name of the credentials Start makes.
+const ClusterName = "quotad"
 
 // Node is one agent process slot: its addresses and data survive restarts.
 type Node struct {
@@ -169,6 +185,7 @@ func (n *Node) Starts() int {
 type Cluster struct {
 	cfg   Config
 	Nodes []*Node
+	http  *http.Client
 }
 
 // FreePorts returns n distinct ports on 127.0.0.1 that are free for both TCP and UDP right now
@@ -204,7 +221,21 @@ func FreePorts(n int) ([]int, error) {
 // Start starts cfg.Nodes agents that bootstrap a cluster together. It does not wait for a
 // leader; use WaitLeader.
 func Start(cfg Config) (*Cluster, error) {
-	c := &Cluster{cfg: cfg}
+	if !cfg.Insecure && cfg.Credentials == nil {
+		creds, err := pkifiles.EnsureLocal(filepath.Join(cfg.Dir, "credentials"), ClusterName)
+		if err != nil {
+			return nil, fmt.Errorf("proccluster: credentials: %w", err)
+		}
+		cfg.Credentials = creds
+	}
+	if cfg.Insecure {
+		cfg.Credentials = nil
+	}
+	hc, err := HTTPClient(cfg.Credentials, time.Second)
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{cfg: cfg, http: hc}
 	for range cfg.Nodes {
 		if _, err := c.newNode(); err != nil {
 			c.KillAll()
@@ -289,6 +320,16 @@ func (c *Cluster) startWith(i, bootstrapExpect int) error {
 	if c.cfg.LimitsFile != "" {
 		args = append(args, "--limits", c.cfg.LimitsFile)
 	}
+	args = append(args, "--enable-debug")
+	if c.cfg.Credentials == nil {
+		args = append(args, "--insecure")
+	} else {
+		sec, err := c.cfg.Credentials.AgentArgs(n.ID)
+		if err != nil {
+			return err
+		}
+		args = append(args, sec...)
+	}
 	args = append(args, c.cfg.ExtraArgs...)
 	env := append(os.Environ(), c.cfg.Env...)
 	if c.cfg.NodeArgs != nil {
@@ -324,6 +365,17 @@ func (c *Cluster) startWith(i, bootstrapExpect int) error {
 	n.cmd, n.exited, n.stopped = cmd, exited, false
 	n.mu.Unlock()
 	return nil
+}
+
+// Pid returns node i's process ID (0 if it never started).
+func (c *Cluster) Pid(i int) int {
+	n := c.Nodes[i]
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cmd == nil || n.cmd.Process == nil {
+		return 0
+	}
+	return n.cmd.Process.Pid
 }
 
 // Paused reports whether node i is alive and stopped by Pause.
@@ -439,16 +491,14 @@ type State struct {
 	LimitsVersion uint64 `json:"limits_version"`
 }
 
-var httpClient = &http.Client{Timeout: time.Second}
-
 // State fetches node i's /debug/state.
 func (c *Cluster) State(ctx context.Context, i int) (State, error) {
 	var s State
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+c.Nodes[i].HTTPAddr+"/debug/state", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.URL(i, "/debug/state"), nil)
 	if err != nil {
 		return s, err
 	}
-	resp, err := httpClient.Do(req)
+	resp, err := c.http.Do(req)
 	if err != nil {
 		return s, err
 	}
@@ -531,4 +581,82 @@ func scan(r io.Reader, id string, words []string) []string {
 		}
 	}
 	return hits
+}
+
+// Credentials returns the credentials of a secure cluster (nil if Insecure).
+func (c *Cluster) Credentials() *pkifiles.Local { return c.cfg.Credentials }
+
+// ClientConfig returns a client configuration for every node, with the admin credentials of
+// a secure cluster.
+func (c *Cluster) ClientConfig() client.Config { return ClientConfig(c.cfg.Credentials, c.GRPCAddrs()) }
+
+// DialOptions returns the gRPC dial options with the admin credentials (for raw API clients).
+func (c *Cluster) DialOptions() ([]grpc.DialOption, error) { return c.ClientConfig().DialCredentials() }
+
+// ClientEnv returns the environment that gives the quotad CLI the admin credentials.
+func (c *Cluster) ClientEnv() []string { return ClientEnv(c.cfg.Credentials) }
+
+// HTTPClient returns an HTTP client for the nodes' HTTP endpoints with the admin credentials.
+func (c *Cluster) HTTPClient() *http.Client { return c.http }
+
+// URL returns the URL of path on node i's HTTP endpoint (https on a secure cluster).
+func (c *Cluster) URL(i int, path string) string {
+	return URL(c.cfg.Credentials, c.Nodes[i].HTTPAddr, path)
+}
+
+// ClientConfig returns a client configuration for addrs with creds' admin certificate and
+// bootstrap token (plaintext if creds is nil). Node certificates are verified by their
+// server SAN, so any address works.
+func ClientConfig(creds *pkifiles.Local, addrs []string) client.Config {
+	cfg := client.DefaultConfig(addrs...)
+	if creds != nil {
+		cfg.TLSFiles = client.TLSFiles{CAFile: creds.CAFile, CertFile: creds.AdminCertFile, KeyFile: creds.AdminKeyFile,
+			ServerName: auth.ServerName(creds.Cluster)}
+		cfg.Token = creds.Token
+	}
+	return cfg
+}
+
+// ClientEnv returns the QUOTAD_* variables that give the quotad CLI creds' admin certificate
+// and token (nil if creds is nil).
+func ClientEnv(creds *pkifiles.Local) []string {
+	if creds == nil {
+		return nil
+	}
+	return []string{client.EnvCACert + "=" + creds.CAFile, client.EnvClientCert + "=" + creds.AdminCertFile,
+		client.EnvClientKey + "=" + creds.AdminKeyFile, client.EnvToken + "=" + creds.Token}
+}
+
+// HTTPClient returns an HTTP client that presents creds' admin certificate and bearer token
+// (a plain client if creds is nil).
+func HTTPClient(creds *pkifiles.Local, timeout time.Duration) (*http.Client, error) {
+	if creds == nil {
+		return &http.Client{Timeout: timeout}, nil
+	}
+	tlsCfg, err := ClientConfig(creds, nil).TLSConfig()
+	if err != nil {
+		return nil, err
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = tlsCfg
+	return &http.Client{Timeout: timeout, Transport: bearer{tr, creds.Token}}, nil
+}
+
+// URL returns the URL of path at an HTTP address of a cluster with creds.
+func URL(creds *pkifiles.Local, addr, path string) string {
+	if creds == nil {
+		return "http://" + addr + path
+	}
+	return "https://" + addr + path
+}
+
+type bearer struct {
+	http.RoundTripper
+	token string
+}
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return b.RoundTripper.RoundTrip(r)
 }

@@ -119,6 +119,22 @@ func TestProcessLifecycleArgsEnvLogs(t *testing.T) {
 			t.Errorf("node1.log lacks %q:\n%s", want, log)
 		}
 	}
+	// Secure by default: credentials by file, never a secret on the command line.
+	creds := c.Credentials()
+	if creds == nil {
+		t.Fatal("no credentials for a secure cluster")
+	}
+	for _, want := range []string{"--enable-debug", "--tls-ca " + creds.CAFile, "--gossip-key-file", "--bootstrap-token-file"} {
+		if !strings.Contains(log, want) {
+			t.Errorf("node1.log lacks %q", want)
+		}
+	}
+	if strings.Contains(log, creds.Token) || strings.Contains(log, "--insecure") {
+		t.Errorf("the token or --insecure on the command line:\n%s", log)
+	}
+	if u := c.URL(0, "/x"); !strings.HasPrefix(u, "https://") {
+		t.Errorf("URL %s", u)
+	}
 	b, _ = os.ReadFile(filepath.Join(logDir, "node3.log"))
 	if !strings.Contains(string(b), "--bootstrap-expect 0") {
 		t.Errorf("an added node must join (--bootstrap-expect 0):\n%s", b)

@@ -7,6 +7,7 @@
 package top
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -80,6 +81,8 @@ func CheckOversubscription(l *quota.Limits, maxRatio float64) []Oversubscription
 type Source struct {
 	Admin quotadv1.AdminClient
 	HTTP  *http.Client
+	// Scheme of the nodes' HTTP endpoints: "https" for a secure cluster (default "http").
+	Scheme string
 }
 
 // Fetch reads the leader's fair view and the limits.
@@ -92,7 +95,7 @@ func (s Source) Fetch(ctx context.Context) (rpc.FairView, *quota.Limits, error) 
 	if m.GetLeader().GetHttpAddr() == "" {
 		return v, nil, fmt.Errorf("no leader with an HTTP address is known; is the cluster electing?")
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+m.Leader.HttpAddr+"/debug/fair", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, cmp.Or(s.Scheme, "http")+"://"+m.Leader.HttpAddr+"/debug/fair", nil)
 	if err != nil {
 		return v, nil, err
 	}
@@ -102,7 +105,14 @@ func (s Source) Fetch(ctx context.Context) (rpc.FairView, *quota.Limits, error) 
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return v, nil, fmt.Errorf("%s/debug/fair: %s", m.Leader.HttpAddr, resp.Status)
+		hint := ""
+		switch resp.StatusCode {
+		case http.StatusNotFound:
+			hint = " (start the agents with --enable-debug)"
+		case http.StatusUnauthorized, http.StatusForbidden:
+			hint = " (it needs the admin credential: $QUOTAD_TOKEN or an admin client certificate)"
+		}
+		return v, nil, fmt.Errorf("%s/debug/fair: %s%s", m.Leader.HttpAddr, resp.Status, hint)
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
 		return v, nil, err

@@ -15,8 +15,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotad/quotad/auth"
 	"github.com/quotad/quotad/cluster"
 	"github.com/quotad/quotad/cluster/clustertest"
+	"github.com/quotad/quotad/internal/pkifiles"
 	"github.com/quotad/quotad/rpc"
 )
 
@@ -49,7 +51,8 @@ func Start(t testing.TB, n int, limitsYAML string, opts ...Option) *Cluster {
 		cc.BootstrapExpect = n
 		cc.GRPCAddr = "127.0.0.1:0"
 		cc.HTTPAddr = "127.0.0.1:0"
-		cfg := rpc.AgentConfig{Cluster: cc, LimitsFile: limitsFile}
+		// Plaintext and debug endpoints on: the API tests; a test of security turns them off.
+		cfg := rpc.AgentConfig{Cluster: cc, LimitsFile: limitsFile, Insecure: true, EnableDebug: true}
 		for _, o := range opts {
 			o(i, &cfg)
 		}
@@ -192,3 +195,28 @@ func (c *Cluster) Close() {
 
 // ClusterConfig returns agent i's cluster configuration as last started.
 func (c *Cluster) ClusterConfig(i int) cluster.Config { return c.cfgs[i].Cluster }
+
+// Secure is an Option that runs every agent in secure mode with creds: its own node
+// certificate (named after the node), the cluster's CA, the gossip key and the bootstrap
+// admin token, debug endpoints off.
+func Secure(t testing.TB, creds *pkifiles.Local) Option {
+	keyB64, err := pkifiles.ReadSecret(creds.GossipKeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := auth.DecodeGossipKey(keyB64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func(_ int, cfg *rpc.AgentConfig) {
+		cert, certKey, err := creds.ServerCert(cfg.Cluster.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Insecure, cfg.EnableDebug = false, false
+		cfg.ClusterName = creds.Cluster
+		cfg.TLS = rpc.TLSFiles{CertFile: cert, KeyFile: certKey, CAFile: creds.CAFile}
+		cfg.Cluster.GossipSecretKey = key
+		cfg.BootstrapTokenFile = creds.TokenFile
+	}
+}

@@ -92,7 +92,9 @@ type Admission struct {
 	Descriptors []*Entry `protobuf:"bytes,3,rep,name=descriptors,proto3" json:"descriptors,omitempty"`
 	// cost in the bucket's units; 0 means 1.
 	Cost uint64 `protobuf:"varint,4,opt,name=cost,proto3" json:"cost,omitempty"`
-	// lease_ttl_ms for concurrency permits; 0 uses the limit's configured lease_ttl.
+	// lease_ttl_ms for concurrency permits; 0 uses the limit's configured lease_ttl, and so does
+	// a longer TTL (a lease never outlives lease_ttl without renewing; the decision's
+	// lease_ttl_ms is what was granted).
 	LeaseTtlMs int64 `protobuf:"varint,5,opt,name=lease_ttl_ms,json=leaseTtlMs,proto3" json:"lease_ttl_ms,omitempty"`
 	// attempt is 1 for a first try and >1 for a retry of the caller's own work (not a transport
 	// retry of the same request_id); retries draw on the domain's retry budget.
@@ -248,7 +250,9 @@ type Decision struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Admitted bool                   `protobuf:"varint,1,opt,name=admitted,proto3" json:"admitted,omitempty"`
 	// reason: ok, rate_limited, concurrency_limited, paused, unknown_domain, invalid,
-	// retry_budget_exhausted.
+	// retry_budget_exhausted, too_many_keys (the domain holds max_keys buckets and this would
+	// add one), too_many_waiters (the client_id or domain has as many admissions waiting on the
+	// leader as it may), request_id_conflict (the request ID was used for a different request).
 	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
 	// scope is the level that decided a denial: "domain" or a descriptor key such as "tenant".
 	Scope string `protobuf:"bytes,3,opt,name=scope,proto3" json:"scope,omitempty"`
@@ -264,7 +268,8 @@ type Decision struct {
 	LeaseId uint64 `protobuf:"varint,8,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
 	// lease_ttl_ms is the lease's TTL when lease_id is set.
 	LeaseTtlMs int64 `protobuf:"varint,9,opt,name=lease_ttl_ms,json=leaseTtlMs,proto3" json:"lease_ttl_ms,omitempty"`
-	// message explains reason=invalid or unknown_domain in words.
+	// message explains reason=invalid, unknown_domain, too_many_keys, too_many_waiters and
+	// request_id_conflict in words.
 	Message string `protobuf:"bytes,10,opt,name=message,proto3" json:"message,omitempty"`
 	// window_ms is the refusing/tightest limit's unit length (for RateLimit-Policy w=).
 	WindowMs      int64 `protobuf:"varint,11,opt,name=window_ms,json=windowMs,proto3" json:"window_ms,omitempty"`
@@ -512,9 +517,11 @@ func (x *ReleaseResponse) GetReleased() bool {
 }
 
 type RenewRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	LeaseId       uint64                 `protobuf:"varint,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
-	LeaseTtlMs    int64                  `protobuf:"varint,2,opt,name=lease_ttl_ms,json=leaseTtlMs,proto3" json:"lease_ttl_ms,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	LeaseId uint64                 `protobuf:"varint,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// lease_ttl_ms extends the lease to now + this; 0 reuses its granted TTL. It is clamped to the
+	// limit's lease_ttl; the response says what was applied.
+	LeaseTtlMs    int64 `protobuf:"varint,2,opt,name=lease_ttl_ms,json=leaseTtlMs,proto3" json:"lease_ttl_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1569,6 +1576,481 @@ func (x *TransferLeadershipResponse) GetLeaderId() string {
 	return ""
 }
 
+type CreateTokenRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// role: admin, worker or reader.
+	Role string `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
+	// domains a worker may spend in ("*": all); required for workers, refused for other roles.
+	Domains []string `protobuf:"bytes,2,rep,name=domains,proto3" json:"domains,omitempty"`
+	// tenant, if set, limits a worker to descriptors tenant=<tenant>.
+	Tenant        string `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Description   string `protobuf:"bytes,4,opt,name=description,proto3" json:"description,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateTokenRequest) Reset() {
+	*x = CreateTokenRequest{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateTokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateTokenRequest) ProtoMessage() {}
+
+func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
+func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *CreateTokenRequest) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *CreateTokenRequest) GetDomains() []string {
+	if x != nil {
+		return x.Domains
+	}
+	return nil
+}
+
+func (x *CreateTokenRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *CreateTokenRequest) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+type CreateTokenResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// token is the bearer credential ("qd_<accessor>_<secret>"); shown once.
+	Token         string `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	Accessor      string `protobuf:"bytes,2,opt,name=accessor,proto3" json:"accessor,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateTokenResponse) Reset() {
+	*x = CreateTokenResponse{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateTokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateTokenResponse) ProtoMessage() {}
+
+func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
+func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *CreateTokenResponse) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *CreateTokenResponse) GetAccessor() string {
+	if x != nil {
+		return x.Accessor
+	}
+	return ""
+}
+
+type ListTokensRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTokensRequest) Reset() {
+	*x = ListTokensRequest{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTokensRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTokensRequest) ProtoMessage() {}
+
+func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
+func (*ListTokensRequest) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{27}
+}
+
+type TokenInfo struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Accessor    string                 `protobuf:"bytes,1,opt,name=accessor,proto3" json:"accessor,omitempty"`
+	Role        string                 `protobuf:"bytes,2,opt,name=role,proto3" json:"role,omitempty"`
+	Domains     []string               `protobuf:"bytes,3,rep,name=domains,proto3" json:"domains,omitempty"`
+	Tenant      string                 `protobuf:"bytes,4,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Description string                 `protobuf:"bytes,5,opt,name=description,proto3" json:"description,omitempty"`
+	// created_unix_ms is the leader's wall clock when the token was created.
+	CreatedUnixMs int64 `protobuf:"varint,6,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenInfo) Reset() {
+	*x = TokenInfo{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenInfo) ProtoMessage() {}
+
+func (x *TokenInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
+func (*TokenInfo) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *TokenInfo) GetAccessor() string {
+	if x != nil {
+		return x.Accessor
+	}
+	return ""
+}
+
+func (x *TokenInfo) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *TokenInfo) GetDomains() []string {
+	if x != nil {
+		return x.Domains
+	}
+	return nil
+}
+
+func (x *TokenInfo) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *TokenInfo) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+func (x *TokenInfo) GetCreatedUnixMs() int64 {
+	if x != nil {
+		return x.CreatedUnixMs
+	}
+	return 0
+}
+
+type ListTokensResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tokens        []*TokenInfo           `protobuf:"bytes,1,rep,name=tokens,proto3" json:"tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTokensResponse) Reset() {
+	*x = ListTokensResponse{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTokensResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTokensResponse) ProtoMessage() {}
+
+func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
+func (*ListTokensResponse) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *ListTokensResponse) GetTokens() []*TokenInfo {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
+type RevokeTokenRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Accessor      string                 `protobuf:"bytes,1,opt,name=accessor,proto3" json:"accessor,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeTokenRequest) Reset() {
+	*x = RevokeTokenRequest{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeTokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeTokenRequest) ProtoMessage() {}
+
+func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
+func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *RevokeTokenRequest) GetAccessor() string {
+	if x != nil {
+		return x.Accessor
+	}
+	return ""
+}
+
+type RevokeTokenResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeTokenResponse) Reset() {
+	*x = RevokeTokenResponse{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeTokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeTokenResponse) ProtoMessage() {}
+
+func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
+func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{31}
+}
+
+type LiftPauseRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Domain string                 `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
+	// descriptors name the paused scope: empty = the whole domain.
+	Descriptors   []*Entry `protobuf:"bytes,2,rep,name=descriptors,proto3" json:"descriptors,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LiftPauseRequest) Reset() {
+	*x = LiftPauseRequest{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LiftPauseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LiftPauseRequest) ProtoMessage() {}
+
+func (x *LiftPauseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LiftPauseRequest.ProtoReflect.Descriptor instead.
+func (*LiftPauseRequest) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *LiftPauseRequest) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
+}
+
+func (x *LiftPauseRequest) GetDescriptors() []*Entry {
+	if x != nil {
+		return x.Descriptors
+	}
+	return nil
+}
+
+type LiftPauseResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// lifted: a pause was active on that scope and has ended.
+	Lifted        bool   `protobuf:"varint,1,opt,name=lifted,proto3" json:"lifted,omitempty"`
+	Scope         string `protobuf:"bytes,2,opt,name=scope,proto3" json:"scope,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LiftPauseResponse) Reset() {
+	*x = LiftPauseResponse{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LiftPauseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LiftPauseResponse) ProtoMessage() {}
+
+func (x *LiftPauseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LiftPauseResponse.ProtoReflect.Descriptor instead.
+func (*LiftPauseResponse) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *LiftPauseResponse) GetLifted() bool {
+	if x != nil {
+		return x.Lifted
+	}
+	return false
+}
+
+func (x *LiftPauseResponse) GetScope() string {
+	if x != nil {
+		return x.Scope
+	}
+	return ""
+}
+
 var File_quotad_v1_quotad_proto protoreflect.FileDescriptor
 
 const file_quotad_v1_quotad_proto_rawDesc = "" +
@@ -1688,19 +2170,51 @@ const file_quotad_v1_quotad_proto_rawDesc = "" +
 	"\x19TransferLeadershipRequest\x12\x0e\n" +
 	"\x02to\x18\x01 \x01(\tR\x02to\"9\n" +
 	"\x1aTransferLeadershipResponse\x12\x1b\n" +
-	"\tleader_id\x18\x01 \x01(\tR\bleaderId2\x8a\x03\n" +
+	"\tleader_id\x18\x01 \x01(\tR\bleaderId\"|\n" +
+	"\x12CreateTokenRequest\x12\x12\n" +
+	"\x04role\x18\x01 \x01(\tR\x04role\x12\x18\n" +
+	"\adomains\x18\x02 \x03(\tR\adomains\x12\x16\n" +
+	"\x06tenant\x18\x03 \x01(\tR\x06tenant\x12 \n" +
+	"\vdescription\x18\x04 \x01(\tR\vdescription\"G\n" +
+	"\x13CreateTokenResponse\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\tR\x05token\x12\x1a\n" +
+	"\baccessor\x18\x02 \x01(\tR\baccessor\"\x13\n" +
+	"\x11ListTokensRequest\"\xb7\x01\n" +
+	"\tTokenInfo\x12\x1a\n" +
+	"\baccessor\x18\x01 \x01(\tR\baccessor\x12\x12\n" +
+	"\x04role\x18\x02 \x01(\tR\x04role\x12\x18\n" +
+	"\adomains\x18\x03 \x03(\tR\adomains\x12\x16\n" +
+	"\x06tenant\x18\x04 \x01(\tR\x06tenant\x12 \n" +
+	"\vdescription\x18\x05 \x01(\tR\vdescription\x12&\n" +
+	"\x0fcreated_unix_ms\x18\x06 \x01(\x03R\rcreatedUnixMs\"B\n" +
+	"\x12ListTokensResponse\x12,\n" +
+	"\x06tokens\x18\x01 \x03(\v2\x14.quotad.v1.TokenInfoR\x06tokens\"0\n" +
+	"\x12RevokeTokenRequest\x12\x1a\n" +
+	"\baccessor\x18\x01 \x01(\tR\baccessor\"\x15\n" +
+	"\x13RevokeTokenResponse\"^\n" +
+	"\x10LiftPauseRequest\x12\x16\n" +
+	"\x06domain\x18\x01 \x01(\tR\x06domain\x122\n" +
+	"\vdescriptors\x18\x02 \x03(\v2\x10.quotad.v1.EntryR\vdescriptors\"A\n" +
+	"\x11LiftPauseResponse\x12\x16\n" +
+	"\x06lifted\x18\x01 \x01(\bR\x06lifted\x12\x14\n" +
+	"\x05scope\x18\x02 \x01(\tR\x05scope2\x8a\x03\n" +
 	"\x05Quota\x12@\n" +
 	"\aAcquire\x12\x19.quotad.v1.AcquireRequest\x1a\x1a.quotad.v1.AcquireResponse\x12@\n" +
 	"\aRelease\x12\x19.quotad.v1.ReleaseRequest\x1a\x1a.quotad.v1.ReleaseResponse\x12:\n" +
 	"\x05Renew\x12\x17.quotad.v1.RenewRequest\x1a\x18.quotad.v1.RenewResponse\x12=\n" +
 	"\x06Refund\x12\x18.quotad.v1.RefundRequest\x1a\x19.quotad.v1.RefundResponse\x12=\n" +
 	"\x06Status\x12\x18.quotad.v1.StatusRequest\x1a\x19.quotad.v1.StatusResponse\x12C\n" +
-	"\bFeedback\x12\x1a.quotad.v1.FeedbackRequest\x1a\x1b.quotad.v1.FeedbackResponse2\xc2\x02\n" +
+	"\bFeedback\x12\x1a.quotad.v1.FeedbackRequest\x1a\x1b.quotad.v1.FeedbackResponse2\xf1\x04\n" +
 	"\x05Admin\x12L\n" +
 	"\vApplyLimits\x12\x1d.quotad.v1.ApplyLimitsRequest\x1a\x1e.quotad.v1.ApplyLimitsResponse\x12F\n" +
 	"\tGetLimits\x12\x1b.quotad.v1.GetLimitsRequest\x1a\x1c.quotad.v1.GetLimitsResponse\x12@\n" +
 	"\aMembers\x12\x19.quotad.v1.MembersRequest\x1a\x1a.quotad.v1.MembersResponse\x12a\n" +
-	"\x12TransferLeadership\x12$.quotad.v1.TransferLeadershipRequest\x1a%.quotad.v1.TransferLeadershipResponseB1Z/github.com/quotad/quotad/api/quotad/v1;quotadv1b\x06proto3"
+	"\x12TransferLeadership\x12$.quotad.v1.TransferLeadershipRequest\x1a%.quotad.v1.TransferLeadershipResponse\x12L\n" +
+	"\vCreateToken\x12\x1d.quotad.v1.CreateTokenRequest\x1a\x1e.quotad.v1.CreateTokenResponse\x12I\n" +
+	"\n" +
+	"ListTokens\x12\x1c.quotad.v1.ListTokensRequest\x1a\x1d.quotad.v1.ListTokensResponse\x12L\n" +
+	"\vRevokeToken\x12\x1d.quotad.v1.RevokeTokenRequest\x1a\x1e.quotad.v1.RevokeTokenResponse\x12F\n" +
+	"\tLiftPause\x12\x1b.quotad.v1.LiftPauseRequest\x1a\x1c.quotad.v1.LiftPauseResponseB1Z/github.com/quotad/quotad/api/quotad/v1;quotadv1b\x06proto3"
 
 var (
 	file_quotad_v1_quotad_proto_rawDescOnce sync.Once
@@ -1714,7 +2228,7 @@ func file_quotad_v1_quotad_proto_rawDescGZIP() []byte {
 	return file_quotad_v1_quotad_proto_rawDescData
 }
 
-var file_quotad_v1_quotad_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_quotad_v1_quotad_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_quotad_v1_quotad_proto_goTypes = []any{
 	(*Entry)(nil),                      // 0: quotad.v1.Entry
 	(*Admission)(nil),                  // 1: quotad.v1.Admission
@@ -1741,6 +2255,15 @@ var file_quotad_v1_quotad_proto_goTypes = []any{
 	(*MembersResponse)(nil),            // 22: quotad.v1.MembersResponse
 	(*TransferLeadershipRequest)(nil),  // 23: quotad.v1.TransferLeadershipRequest
 	(*TransferLeadershipResponse)(nil), // 24: quotad.v1.TransferLeadershipResponse
+	(*CreateTokenRequest)(nil),         // 25: quotad.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),        // 26: quotad.v1.CreateTokenResponse
+	(*ListTokensRequest)(nil),          // 27: quotad.v1.ListTokensRequest
+	(*TokenInfo)(nil),                  // 28: quotad.v1.TokenInfo
+	(*ListTokensResponse)(nil),         // 29: quotad.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),         // 30: quotad.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),        // 31: quotad.v1.RevokeTokenResponse
+	(*LiftPauseRequest)(nil),           // 32: quotad.v1.LiftPauseRequest
+	(*LiftPauseResponse)(nil),          // 33: quotad.v1.LiftPauseResponse
 }
 var file_quotad_v1_quotad_proto_depIdxs = []int32{
 	0,  // 0: quotad.v1.Admission.descriptors:type_name -> quotad.v1.Entry
@@ -1751,31 +2274,41 @@ var file_quotad_v1_quotad_proto_depIdxs = []int32{
 	0,  // 5: quotad.v1.FeedbackRequest.descriptors:type_name -> quotad.v1.Entry
 	21, // 6: quotad.v1.MembersResponse.leader:type_name -> quotad.v1.Member
 	21, // 7: quotad.v1.MembersResponse.members:type_name -> quotad.v1.Member
-	2,  // 8: quotad.v1.Quota.Acquire:input_type -> quotad.v1.AcquireRequest
-	5,  // 9: quotad.v1.Quota.Release:input_type -> quotad.v1.ReleaseRequest
-	7,  // 10: quotad.v1.Quota.Renew:input_type -> quotad.v1.RenewRequest
-	9,  // 11: quotad.v1.Quota.Refund:input_type -> quotad.v1.RefundRequest
-	11, // 12: quotad.v1.Quota.Status:input_type -> quotad.v1.StatusRequest
-	14, // 13: quotad.v1.Quota.Feedback:input_type -> quotad.v1.FeedbackRequest
-	16, // 14: quotad.v1.Admin.ApplyLimits:input_type -> quotad.v1.ApplyLimitsRequest
-	18, // 15: quotad.v1.Admin.GetLimits:input_type -> quotad.v1.GetLimitsRequest
-	20, // 16: quotad.v1.Admin.Members:input_type -> quotad.v1.MembersRequest
-	23, // 17: quotad.v1.Admin.TransferLeadership:input_type -> quotad.v1.TransferLeadershipRequest
-	4,  // 18: quotad.v1.Quota.Acquire:output_type -> quotad.v1.AcquireResponse
-	6,  // 19: quotad.v1.Quota.Release:output_type -> quotad.v1.ReleaseResponse
-	8,  // 20: quotad.v1.Quota.Renew:output_type -> quotad.v1.RenewResponse
-	10, // 21: quotad.v1.Quota.Refund:output_type -> quotad.v1.RefundResponse
-	13, // 22: quotad.v1.Quota.Status:output_type -> quotad.v1.StatusResponse
-	15, // 23: quotad.v1.Quota.Feedback:output_type -> quotad.v1.FeedbackResponse
-	17, // 24: quotad.v1.Admin.ApplyLimits:output_type -> quotad.v1.ApplyLimitsResponse
-	19, // 25: quotad.v1.Admin.GetLimits:output_type -> quotad.v1.GetLimitsResponse
-	22, // 26: quotad.v1.Admin.Members:output_type -> quotad.v1.MembersResponse
-	24, // 27: quotad.v1.Admin.TransferLeadership:output_type -> quotad.v1.TransferLeadershipResponse
-	18, // [18:28] is the sub-list for method output_type
-	8,  // [8:18] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	28, // 8: quotad.v1.ListTokensResponse.tokens:type_name -> quotad.v1.TokenInfo
+	0,  // 9: quotad.v1.LiftPauseRequest.descriptors:type_name -> quotad.v1.Entry
+	2,  // 10: quotad.v1.Quota.Acquire:input_type -> quotad.v1.AcquireRequest
+	5,  // 11: quotad.v1.Quota.Release:input_type -> quotad.v1.ReleaseRequest
+	7,  // 12: quotad.v1.Quota.Renew:input_type -> quotad.v1.RenewRequest
+	9,  // 13: quotad.v1.Quota.Refund:input_type -> quotad.v1.RefundRequest
+	11, // 14: quotad.v1.Quota.Status:input_type -> quotad.v1.StatusRequest
+	14, // 15: quotad.v1.Quota.Feedback:input_type -> quotad.v1.FeedbackRequest
+	16, // 16: quotad.v1.Admin.ApplyLimits:input_type -> quotad.v1.ApplyLimitsRequest
+	18, // 17: quotad.v1.Admin.GetLimits:input_type -> quotad.v1.GetLimitsRequest
+	20, // 18: quotad.v1.Admin.Members:input_type -> quotad.v1.MembersRequest
+	23, // 19: quotad.v1.Admin.TransferLeadership:input_type -> quotad.v1.TransferLeadershipRequest
+	25, // 20: quotad.v1.Admin.CreateToken:input_type -> quotad.v1.CreateTokenRequest
+	27, // 21: quotad.v1.Admin.ListTokens:input_type -> quotad.v1.ListTokensRequest
+	30, // 22: quotad.v1.Admin.RevokeToken:input_type -> quotad.v1.RevokeTokenRequest
+	32, // 23: quotad.v1.Admin.LiftPause:input_type -> quotad.v1.LiftPauseRequest
+	4,  // 24: quotad.v1.Quota.Acquire:output_type -> quotad.v1.AcquireResponse
+	6,  // 25: quotad.v1.Quota.Release:output_type -> quotad.v1.ReleaseResponse
+	8,  // 26: quotad.v1.Quota.Renew:output_type -> quotad.v1.RenewResponse
+	10, // 27: quotad.v1.Quota.Refund:output_type -> quotad.v1.RefundResponse
+	13, // 28: quotad.v1.Quota.Status:output_type -> quotad.v1.StatusResponse
+	15, // 29: quotad.v1.Quota.Feedback:output_type -> quotad.v1.FeedbackResponse
+	17, // 30: quotad.v1.Admin.ApplyLimits:output_type -> quotad.v1.ApplyLimitsResponse
+	19, // 31: quotad.v1.Admin.GetLimits:output_type -> quotad.v1.GetLimitsResponse
+	22, // 32: quotad.v1.Admin.Members:output_type -> quotad.v1.MembersResponse
+	24, // 33: quotad.v1.Admin.TransferLeadership:output_type -> quotad.v1.TransferLeadershipResponse
+	26, // 34: quotad.v1.Admin.CreateToken:output_type -> quotad.v1.CreateTokenResponse
+	29, // 35: quotad.v1.Admin.ListTokens:output_type -> quotad.v1.ListTokensResponse
+	31, // 36: quotad.v1.Admin.RevokeToken:output_type -> quotad.v1.RevokeTokenResponse
+	33, // 37: quotad.v1.Admin.LiftPause:output_type -> quotad.v1.LiftPauseResponse
+	24, // [24:38] is the sub-list for method output_type
+	10, // [10:24] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_quotad_v1_quotad_proto_init() }
@@ -1789,7 +2322,7 @@ func file_quotad_v1_quotad_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quotad_v1_quotad_proto_rawDesc), len(file_quotad_v1_quotad_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   25,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -98,6 +98,9 @@ type Op struct {
 	//	*Op_SetLimits
 	//	*Op_Pause
 	//	*Op_Feedback
+	//	*Op_CreateToken
+	//	*Op_RevokeToken
+	//	*Op_LiftPause
 	Op            isOp_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -203,6 +206,33 @@ func (x *Op) GetFeedback() *Feedback {
 	return nil
 }
 
+func (x *Op) GetCreateToken() *CreateToken {
+	if x != nil {
+		if x, ok := x.Op.(*Op_CreateToken); ok {
+			return x.CreateToken
+		}
+	}
+	return nil
+}
+
+func (x *Op) GetRevokeToken() *RevokeToken {
+	if x != nil {
+		if x, ok := x.Op.(*Op_RevokeToken); ok {
+			return x.RevokeToken
+		}
+	}
+	return nil
+}
+
+func (x *Op) GetLiftPause() *LiftPause {
+	if x != nil {
+		if x, ok := x.Op.(*Op_LiftPause); ok {
+			return x.LiftPause
+		}
+	}
+	return nil
+}
+
 type isOp_Op interface {
 	isOp_Op()
 }
@@ -235,6 +265,18 @@ type Op_Feedback struct {
 	Feedback *Feedback `protobuf:"bytes,7,opt,name=feedback,proto3,oneof"`
 }
 
+type Op_CreateToken struct {
+	CreateToken *CreateToken `protobuf:"bytes,8,opt,name=create_token,json=createToken,proto3,oneof"`
+}
+
+type Op_RevokeToken struct {
+	RevokeToken *RevokeToken `protobuf:"bytes,9,opt,name=revoke_token,json=revokeToken,proto3,oneof"`
+}
+
+type Op_LiftPause struct {
+	LiftPause *LiftPause `protobuf:"bytes,10,opt,name=lift_pause,json=liftPause,proto3,oneof"`
+}
+
 func (*Op_Acquire) isOp_Op() {}
 
 func (*Op_Release) isOp_Op() {}
@@ -249,10 +291,22 @@ func (*Op_Pause) isOp_Op() {}
 
 func (*Op_Feedback) isOp_Op() {}
 
+func (*Op_CreateToken) isOp_Op() {}
+
+func (*Op_RevokeToken) isOp_Op() {}
+
+func (*Op_LiftPause) isOp_Op() {}
+
+// owner, in Acquire, Release, Renew and Refund, is the authenticated caller's identity name,
+// set by the leader (never taken from a client). Leases belong to their owner and request IDs
+// are namespaced by it: (owner, client_id, request_id) names a decision. Empty in entries
+// written before ownership existed; on Release and Renew empty also means "any owner" (the
+// leader sends it for admins).
 type Acquire struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ClientId      string                 `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
 	Admission     *v1.Admission          `protobuf:"bytes,2,opt,name=admission,proto3" json:"admission,omitempty"`
+	Owner         string                 `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -301,9 +355,17 @@ func (x *Acquire) GetAdmission() *v1.Admission {
 	return nil
 }
 
+func (x *Acquire) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
 type Release struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	LeaseId       uint64                 `protobuf:"varint,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	Owner         string                 `protobuf:"bytes,2,opt,name=owner,proto3" json:"owner,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -345,10 +407,18 @@ func (x *Release) GetLeaseId() uint64 {
 	return 0
 }
 
+func (x *Release) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
 type Renew struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	LeaseId       uint64                 `protobuf:"varint,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
 	TtlNs         int64                  `protobuf:"varint,2,opt,name=ttl_ns,json=ttlNs,proto3" json:"ttl_ns,omitempty"`
+	Owner         string                 `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -397,10 +467,18 @@ func (x *Renew) GetTtlNs() int64 {
 	return 0
 }
 
+func (x *Renew) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
 type Refund struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ClientId      string                 `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
 	RequestId     uint64                 `protobuf:"varint,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Owner         string                 `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -447,6 +525,13 @@ func (x *Refund) GetRequestId() uint64 {
 		return x.RequestId
 	}
 	return 0
+}
+
+func (x *Refund) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
 }
 
 type SetLimits struct {
@@ -635,6 +720,203 @@ func (x *Feedback) GetReason() string {
 	return ""
 }
 
+// CreateToken stores a bearer token: only its SHA-256 (the secret never enters the log).
+type CreateToken struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// accessor is the token's public name (auth.TokenAccessor).
+	Accessor string `protobuf:"bytes,1,opt,name=accessor,proto3" json:"accessor,omitempty"`
+	// hash is auth.HashToken of the whole token (32 bytes).
+	Hash []byte `protobuf:"bytes,2,opt,name=hash,proto3" json:"hash,omitempty"`
+	// role: admin, worker or reader.
+	Role string `protobuf:"bytes,3,opt,name=role,proto3" json:"role,omitempty"`
+	// domains a worker may use ("*": all).
+	Domains []string `protobuf:"bytes,4,rep,name=domains,proto3" json:"domains,omitempty"`
+	// tenant, if set, is the only tenant descriptor value a worker may send.
+	Tenant      string `protobuf:"bytes,5,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Description string `protobuf:"bytes,6,opt,name=description,proto3" json:"description,omitempty"`
+	// created_unix_ms is the leader's wall clock when it proposed the token (for listings only).
+	CreatedUnixMs int64 `protobuf:"varint,7,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateToken) Reset() {
+	*x = CreateToken{}
+	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateToken) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateToken) ProtoMessage() {}
+
+func (x *CreateToken) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateToken.ProtoReflect.Descriptor instead.
+func (*CreateToken) Descriptor() ([]byte, []int) {
+	return file_quotad_fsm_v1_fsm_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *CreateToken) GetAccessor() string {
+	if x != nil {
+		return x.Accessor
+	}
+	return ""
+}
+
+func (x *CreateToken) GetHash() []byte {
+	if x != nil {
+		return x.Hash
+	}
+	return nil
+}
+
+func (x *CreateToken) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *CreateToken) GetDomains() []string {
+	if x != nil {
+		return x.Domains
+	}
+	return nil
+}
+
+func (x *CreateToken) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *CreateToken) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+func (x *CreateToken) GetCreatedUnixMs() int64 {
+	if x != nil {
+		return x.CreatedUnixMs
+	}
+	return 0
+}
+
+// RevokeToken deletes a token; calls carrying it are refused once the entry is applied.
+type RevokeToken struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Accessor      string                 `protobuf:"bytes,1,opt,name=accessor,proto3" json:"accessor,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeToken) Reset() {
+	*x = RevokeToken{}
+	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeToken) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeToken) ProtoMessage() {}
+
+func (x *RevokeToken) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeToken.ProtoReflect.Descriptor instead.
+func (*RevokeToken) Descriptor() ([]byte, []int) {
+	return file_quotad_fsm_v1_fsm_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *RevokeToken) GetAccessor() string {
+	if x != nil {
+		return x.Accessor
+	}
+	return ""
+}
+
+// LiftPause ends a pause on exactly the scope named (quota.Engine.Resume).
+type LiftPause struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Domain        string                 `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
+	Prefix        []*v1.Entry            `protobuf:"bytes,2,rep,name=prefix,proto3" json:"prefix,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LiftPause) Reset() {
+	*x = LiftPause{}
+	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LiftPause) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LiftPause) ProtoMessage() {}
+
+func (x *LiftPause) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LiftPause.ProtoReflect.Descriptor instead.
+func (*LiftPause) Descriptor() ([]byte, []int) {
+	return file_quotad_fsm_v1_fsm_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *LiftPause) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
+}
+
+func (x *LiftPause) GetPrefix() []*v1.Entry {
+	if x != nil {
+		return x.Prefix
+	}
+	return nil
+}
+
 var File_quotad_fsm_v1_fsm_proto protoreflect.FileDescriptor
 
 const file_quotad_fsm_v1_fsm_proto_rawDesc = "" +
@@ -643,7 +925,7 @@ const file_quotad_fsm_v1_fsm_proto_rawDesc = "" +
 	"\aCommand\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x0e\n" +
 	"\x02ts\x18\x02 \x01(\x03R\x02ts\x12#\n" +
-	"\x03ops\x18\x03 \x03(\v2\x11.quotad.fsm.v1.OpR\x03ops\"\xf1\x02\n" +
+	"\x03ops\x18\x03 \x03(\v2\x11.quotad.fsm.v1.OpR\x03ops\"\xae\x04\n" +
 	"\x02Op\x122\n" +
 	"\aacquire\x18\x01 \x01(\v2\x16.quotad.fsm.v1.AcquireH\x00R\aacquire\x122\n" +
 	"\arelease\x18\x02 \x01(\v2\x16.quotad.fsm.v1.ReleaseH\x00R\arelease\x12,\n" +
@@ -652,20 +934,29 @@ const file_quotad_fsm_v1_fsm_proto_rawDesc = "" +
 	"\n" +
 	"set_limits\x18\x05 \x01(\v2\x18.quotad.fsm.v1.SetLimitsH\x00R\tsetLimits\x12,\n" +
 	"\x05pause\x18\x06 \x01(\v2\x14.quotad.fsm.v1.PauseH\x00R\x05pause\x125\n" +
-	"\bfeedback\x18\a \x01(\v2\x17.quotad.fsm.v1.FeedbackH\x00R\bfeedbackB\x04\n" +
-	"\x02op\"Z\n" +
+	"\bfeedback\x18\a \x01(\v2\x17.quotad.fsm.v1.FeedbackH\x00R\bfeedback\x12?\n" +
+	"\fcreate_token\x18\b \x01(\v2\x1a.quotad.fsm.v1.CreateTokenH\x00R\vcreateToken\x12?\n" +
+	"\frevoke_token\x18\t \x01(\v2\x1a.quotad.fsm.v1.RevokeTokenH\x00R\vrevokeToken\x129\n" +
+	"\n" +
+	"lift_pause\x18\n" +
+	" \x01(\v2\x18.quotad.fsm.v1.LiftPauseH\x00R\tliftPauseB\x04\n" +
+	"\x02op\"p\n" +
 	"\aAcquire\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x122\n" +
-	"\tadmission\x18\x02 \x01(\v2\x14.quotad.v1.AdmissionR\tadmission\"$\n" +
+	"\tadmission\x18\x02 \x01(\v2\x14.quotad.v1.AdmissionR\tadmission\x12\x14\n" +
+	"\x05owner\x18\x03 \x01(\tR\x05owner\":\n" +
 	"\aRelease\x12\x19\n" +
-	"\blease_id\x18\x01 \x01(\x04R\aleaseId\"9\n" +
+	"\blease_id\x18\x01 \x01(\x04R\aleaseId\x12\x14\n" +
+	"\x05owner\x18\x02 \x01(\tR\x05owner\"O\n" +
 	"\x05Renew\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\x04R\aleaseId\x12\x15\n" +
-	"\x06ttl_ns\x18\x02 \x01(\x03R\x05ttlNs\"D\n" +
+	"\x06ttl_ns\x18\x02 \x01(\x03R\x05ttlNs\x12\x14\n" +
+	"\x05owner\x18\x03 \x01(\tR\x05owner\"Z\n" +
 	"\x06Refund\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x02 \x01(\x04R\trequestId\",\n" +
+	"request_id\x18\x02 \x01(\x04R\trequestId\x12\x14\n" +
+	"\x05owner\x18\x03 \x01(\tR\x05owner\",\n" +
 	"\tSetLimits\x12\x1f\n" +
 	"\vlimits_json\x18\x01 \x01(\fR\n" +
 	"limitsJson\"j\n" +
@@ -680,7 +971,20 @@ const file_quotad_fsm_v1_fsm_proto_rawDesc = "" +
 	"\vstatus_code\x18\x03 \x01(\rR\n" +
 	"statusCode\x12$\n" +
 	"\x0eretry_after_ns\x18\x04 \x01(\x03R\fretryAfterNs\x12\x16\n" +
-	"\x06reason\x18\x05 \x01(\tR\x06reasonB2Z0github.com/quotad/quotad/api/quotad/fsm/v1;fsmv1b\x06proto3"
+	"\x06reason\x18\x05 \x01(\tR\x06reason\"\xcd\x01\n" +
+	"\vCreateToken\x12\x1a\n" +
+	"\baccessor\x18\x01 \x01(\tR\baccessor\x12\x12\n" +
+	"\x04hash\x18\x02 \x01(\fR\x04hash\x12\x12\n" +
+	"\x04role\x18\x03 \x01(\tR\x04role\x12\x18\n" +
+	"\adomains\x18\x04 \x03(\tR\adomains\x12\x16\n" +
+	"\x06tenant\x18\x05 \x01(\tR\x06tenant\x12 \n" +
+	"\vdescription\x18\x06 \x01(\tR\vdescription\x12&\n" +
+	"\x0fcreated_unix_ms\x18\a \x01(\x03R\rcreatedUnixMs\")\n" +
+	"\vRevokeToken\x12\x1a\n" +
+	"\baccessor\x18\x01 \x01(\tR\baccessor\"M\n" +
+	"\tLiftPause\x12\x16\n" +
+	"\x06domain\x18\x01 \x01(\tR\x06domain\x12(\n" +
+	"\x06prefix\x18\x02 \x03(\v2\x10.quotad.v1.EntryR\x06prefixB2Z0github.com/quotad/quotad/api/quotad/fsm/v1;fsmv1b\x06proto3"
 
 var (
 	file_quotad_fsm_v1_fsm_proto_rawDescOnce sync.Once
@@ -694,7 +998,7 @@ func file_quotad_fsm_v1_fsm_proto_rawDescGZIP() []byte {
 	return file_quotad_fsm_v1_fsm_proto_rawDescData
 }
 
-var file_quotad_fsm_v1_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_quotad_fsm_v1_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_quotad_fsm_v1_fsm_proto_goTypes = []any{
 	(*Command)(nil),      // 0: quotad.fsm.v1.Command
 	(*Op)(nil),           // 1: quotad.fsm.v1.Op
@@ -705,8 +1009,11 @@ var file_quotad_fsm_v1_fsm_proto_goTypes = []any{
 	(*SetLimits)(nil),    // 6: quotad.fsm.v1.SetLimits
 	(*Pause)(nil),        // 7: quotad.fsm.v1.Pause
 	(*Feedback)(nil),     // 8: quotad.fsm.v1.Feedback
-	(*v1.Admission)(nil), // 9: quotad.v1.Admission
-	(*v1.Entry)(nil),     // 10: quotad.v1.Entry
+	(*CreateToken)(nil),  // 9: quotad.fsm.v1.CreateToken
+	(*RevokeToken)(nil),  // 10: quotad.fsm.v1.RevokeToken
+	(*LiftPause)(nil),    // 11: quotad.fsm.v1.LiftPause
+	(*v1.Admission)(nil), // 12: quotad.v1.Admission
+	(*v1.Entry)(nil),     // 13: quotad.v1.Entry
 }
 var file_quotad_fsm_v1_fsm_proto_depIdxs = []int32{
 	1,  // 0: quotad.fsm.v1.Command.ops:type_name -> quotad.fsm.v1.Op
@@ -717,14 +1024,18 @@ var file_quotad_fsm_v1_fsm_proto_depIdxs = []int32{
 	6,  // 5: quotad.fsm.v1.Op.set_limits:type_name -> quotad.fsm.v1.SetLimits
 	7,  // 6: quotad.fsm.v1.Op.pause:type_name -> quotad.fsm.v1.Pause
 	8,  // 7: quotad.fsm.v1.Op.feedback:type_name -> quotad.fsm.v1.Feedback
-	9,  // 8: quotad.fsm.v1.Acquire.admission:type_name -> quotad.v1.Admission
-	10, // 9: quotad.fsm.v1.Pause.prefix:type_name -> quotad.v1.Entry
-	10, // 10: quotad.fsm.v1.Feedback.prefix:type_name -> quotad.v1.Entry
-	11, // [11:11] is the sub-list for method output_type
-	11, // [11:11] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	9,  // 8: quotad.fsm.v1.Op.create_token:type_name -> quotad.fsm.v1.CreateToken
+	10, // 9: quotad.fsm.v1.Op.revoke_token:type_name -> quotad.fsm.v1.RevokeToken
+	11, // 10: quotad.fsm.v1.Op.lift_pause:type_name -> quotad.fsm.v1.LiftPause
+	12, // 11: quotad.fsm.v1.Acquire.admission:type_name -> quotad.v1.Admission
+	13, // 12: quotad.fsm.v1.Pause.prefix:type_name -> quotad.v1.Entry
+	13, // 13: quotad.fsm.v1.Feedback.prefix:type_name -> quotad.v1.Entry
+	13, // 14: quotad.fsm.v1.LiftPause.prefix:type_name -> quotad.v1.Entry
+	15, // [15:15] is the sub-list for method output_type
+	15, // [15:15] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_quotad_fsm_v1_fsm_proto_init() }
@@ -740,6 +1051,9 @@ func file_quotad_fsm_v1_fsm_proto_init() {
 		(*Op_SetLimits)(nil),
 		(*Op_Pause)(nil),
 		(*Op_Feedback)(nil),
+		(*Op_CreateToken)(nil),
+		(*Op_RevokeToken)(nil),
+		(*Op_LiftPause)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -747,7 +1061,7 @@ func file_quotad_fsm_v1_fsm_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quotad_fsm_v1_fsm_proto_rawDesc), len(file_quotad_fsm_v1_fsm_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

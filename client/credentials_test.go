@@ -1,0 +1,139 @@
+package client
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"github.com/quotad/quotad/internal/pkifiles"
+	"github.com/quotad/quotad/rpc/rpctest"
+)
+
+func TestCredentialsValidate(t *testing.T) {
+	for name, tc := range map[string]struct {
+		cfg  Config
+		want string // "" = valid
+	}{
+		"token without TLS":           {Config{Addrs: []string{"a:1"}, Token: "t"}, "only sent over TLS"},
+		"token file without TLS":      {Config{Addrs: []string{"a:1"}, TokenFile: "f"}, "QUOTAD_CACERT"},
+		"token over plaintext, said":  {Config{Addrs: []string{"a:1"}, Token: "t", Insecure: true}, ""},
+		"token with a CA":             {Config{Addrs: []string{"a:1"}, Token: "t", TLSFiles: TLSFiles{CAFile: "ca.pem"}}, ""},
+		"token with a tls.Config":     {Config{Addrs: []string{"a:1"}, Token: "t", TLS: &tls.Config{}}, ""},
+		"both TLS and TLSFiles":       {Config{Addrs: []string{"a:1"}, TLS: &tls.Config{}, TLSFiles: TLSFiles{CAFile: "x"}}, "both TLS and TLSFiles"},
+		"both Token and TokenFile":    {Config{Addrs: []string{"a:1"}, Token: "t", TokenFile: "f", Insecure: true}, "both Token and TokenFile"},
+		"plaintext without a token":   {Config{Addrs: []string{"a:1"}}, ""},
+		"client certificate, no key?": {Config{Addrs: []string{"a:1"}, TLSFiles: TLSFiles{CertFile: "c.pem"}}, ""}, // caught at load
+	} {
+		err := tc.cfg.Validate()
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%s: %v, want %q", name, err, tc.want)
+		}
+	}
+	if _, err := New(Config{Addrs: []string{"a:1"}, TLSFiles: TLSFiles{CertFile: "c.pem"}}); err == nil || !strings.Contains(err.Error(), "both a certificate") {
+		t.Errorf("a certificate without a key: %v", err)
+	}
+	if _, err := New(Config{Addrs: []string{"a:1"}, TokenFile: filepath.Join(t.TempDir(), "none"), Insecure: true}); err == nil || !strings.Contains(err.Error(), "token file") {
+		t.Errorf("a missing token file: %v", err)
+	}
+}
+
+func TestLoadEnvFillsOnlyWhatIsEmpty(t *testing.T) {
+	t.Setenv(EnvAddr, "10.0.0.1:7101, 10.0.0.2:7101")
+	t.Setenv(EnvToken, "qd_env")
+	t.Setenv(EnvCACert, "/env/ca.pem")
+	t.Setenv(EnvClientCert, "/env/c.pem")
+	t.Setenv(EnvClientKey, "/env/k.pem")
+	var cfg Config
+	cfg.LoadEnv()
+	if !slices.Equal(cfg.Addrs, []string{"10.0.0.1:7101", "10.0.0.2:7101"}) || cfg.Token != "qd_env" ||
+		cfg.TLSFiles != (TLSFiles{CAFile: "/env/ca.pem", CertFile: "/env/c.pem", KeyFile: "/env/k.pem"}) {
+		t.Fatalf("from env: %+v", cfg)
+	}
+	// Flags first: -addrs and -token-file win over the environment.
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	conn := Flags(fs, "127.0.0.1:7101")
+	if err := fs.Parse([]string{"-addrs", "h:1", "-token-file", "/flag/token", "-cacert", "/flag/ca.pem"}); err != nil {
+		t.Fatal(err)
+	}
+	cfg = conn()
+	if !slices.Equal(cfg.Addrs, []string{"h:1"}) || cfg.TokenFile != "/flag/token" || cfg.Token != "" ||
+		cfg.TLSFiles.CAFile != "/flag/ca.pem" || cfg.TLSFiles.CertFile != "/env/c.pem" {
+		t.Fatalf("flags over env: %+v", cfg)
+	}
+	os.Unsetenv(EnvAddr)
+	fs = flag.NewFlagSet("y", flag.ContinueOnError)
+	conn = Flags(fs, "127.0.0.1:7101")
+	_ = fs.Parse(nil)
+	if got := conn().Addrs; !slices.Equal(got, []string{"127.0.0.1:7101"}) {
+		t.Fatalf("default addrs: %v", got)
+	}
+}
+
+// TestClientAgainstSecureCluster: the client verifies the nodes with the CA, presents a
+// client certificate and sends its token; without the CA it gets no decision.
+func TestClientAgainstSecureCluster(t *testing.T) {
+	creds, err := pkifiles.EnsureLocal(filepath.Join(t.TempDir(), "creds"), "quotad")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := rpctest.Start(t, 3, testLimits, rpctest.Secure(t, creds))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	tokenFile := creds.TokenFile
+	qc := newTestClient(t, c.Addrs(), func(cfg *Config) {
+		cfg.TLSFiles = TLSFiles{CAFile: creds.CAFile, CertFile: creds.AdminCertFile, KeyFile: creds.AdminKeyFile}
+		cfg.TokenFile = tokenFile
+	})
+	if _, err := qc.Allow(ctx, Request{Domain: "fixed"}); err != nil {
+		t.Fatalf("allow over mutual TLS: %v", err)
+	}
+
+	// The token really travels: the admin call that needs it passes with DialCredentials.
+	cfg := Config{Addrs: c.Addrs(), TLSFiles: TLSFiles{CAFile: creds.CAFile}, TokenFile: tokenFile}
+	opts, err := cfg.DialCredentials()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := grpc.NewClient(c.Addrs()[0], opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	limits, err := quotadv1.NewAdminClient(cc).GetLimits(ctx, &quotadv1.GetLimitsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := quotadv1.NewAdminClient(cc).ApplyLimits(ctx, &quotadv1.ApplyLimitsRequest{Yaml: limits.Yaml}); err != nil {
+		t.Fatalf("apply limits with the bootstrap token: %v", err)
+	}
+	noToken, _ := Config{TLSFiles: TLSFiles{CAFile: creds.CAFile}}.DialCredentials()
+	cc2, err := grpc.NewClient(c.Addrs()[0], noToken...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc2.Close()
+	if _, err := quotadv1.NewAdminClient(cc2).ApplyLimits(ctx, &quotadv1.ApplyLimitsRequest{Yaml: limits.Yaml}); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("apply limits without a token: %v, want Unauthenticated", err)
+	}
+
+	// Plaintext against TLS: no decision.
+	plain := newTestClient(t, c.Addrs(), nil)
+	sctx, scancel := context.WithTimeout(ctx, time.Second)
+	defer scancel()
+	if _, err := plain.Allow(sctx, Request{Domain: "fixed"}); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("plaintext client against a secure cluster: %v", err)
+	}
+}

@@ -1,0 +1,473 @@
+package cluster
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+)
+
+var backends = []string{LogStoreBoltDB, LogStoreWAL}
+
+// entryData is the deterministic payload of log entry index in these tests (term 1): 100 B to
+// ~8 KB, no zero bytes, so a reader can tell any entry's content from its index.
+func entryData(index uint64, term uint64) []byte {
+	n := 100 + int(index*7919%8000)
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(1 + (index+uint64(i)+term*31)%250)
+	}
+	return b
+}
+
+type testStores struct {
+	stable *raftboltdb.BoltStore
+	logs   raft.LogStore
+	close  func() error
+}
+
+func openTestStores(t testing.TB, dir, backend string, segmentSize int) testStores {
+	t.Helper()
+	s, err := tryOpenTestStores(dir, backend, segmentSize)
+	if err != nil {
+		t.Fatalf("open %s log store in %s: %v", backend, dir, err)
+	}
+	return s
+}
+
+func tryOpenTestStores(dir, backend string, segmentSize int) (testStores, error) {
+	l := slog.New(slog.NewTextHandler(io.Discard, nil))
+	stable, logs, w, err := openLogStoreSized(dir, backend, l, slog.LevelWarn, segmentSize)
+	if err != nil {
+		return testStores{}, err
+	}
+	return testStores{stable: stable, logs: logs, close: func() error {
+		var errs []error
+		if w != nil {
+			errs = append(errs, w.Close())
+		}
+		errs = append(errs, stable.Close())
+		return errors.Join(errs...)
+	}}, nil
+}
+
+func storeRange(t testing.TB, s raft.LogStore, from, to, term uint64, maxBatch int, rng *rand.Rand) {
+	t.Helper()
+	for i := from; i <= to; {
+		n := uint64(1 + rng.IntN(maxBatch))
+		var logs []*raft.Log
+		for ; n > 0 && i <= to; n-- {
+			logs = append(logs, &raft.Log{Index: i, Term: term, Type: raft.LogCommand, Data: entryData(i, term)})
+			i++
+		}
+		if err := s.StoreLogs(logs); err != nil {
+			t.Fatalf("StoreLogs [%d, %d]: %v", logs[0].Index, logs[len(logs)-1].Index, err)
+		}
+	}
+}
+
+// checkLog verifies that s holds exactly [first, last] and that every entry has its index's
+// payload (term 1 up to termChange-1, term 2 from termChange on).
+func checkLog(t testing.TB, s raft.LogStore, first, last, termChange uint64) {
+	t.Helper()
+	f, err := s.FirstIndex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := s.LastIndex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f != first || l != last {
+		t.Fatalf("log holds [%d, %d], want [%d, %d]", f, l, first, last)
+	}
+	for i := first; i <= last && last > 0; i++ {
+		term := uint64(1)
+		if termChange > 0 && i >= termChange {
+			term = 2
+		}
+		var e raft.Log
+		if err := s.GetLog(i, &e); err != nil {
+			t.Fatalf("GetLog(%d): %v", i, err)
+		}
+		if e.Index != i || e.Term != term || !bytes.Equal(e.Data, entryData(i, term)) {
+			t.Fatalf("entry %d: index %d term %d, %d bytes; want term %d and its %d bytes",
+				i, e.Index, e.Term, len(e.Data), term, len(entryData(i, term)))
+		}
+	}
+	if first > 1 {
+		var e raft.Log
+		if err := s.GetLog(first-1, &e); !errors.Is(err, raft.ErrLogNotFound) {
+			t.Fatalf("GetLog(%d) below the first index: %v, want ErrLogNotFound", first-1, err)
+		}
+	}
+	var e raft.Log
+	if err := s.GetLog(last+1, &e); !errors.Is(err, raft.ErrLogNotFound) {
+		t.Fatalf("GetLog(%d) past the last index: %v, want ErrLogNotFound", last+1, err)
+	}
+}
+
+// TestLogStoreAppendReadDelete runs what raft does to a log store on real files, for both
+// backends: appends in batches, reads, compaction (head DeleteRange), conflict truncation
+// (tail DeleteRange) and appending a different term over it, reopen, the stable store, and
+// the whole log deleted then restarted at a later index (what raft does after installing a
+// snapshot into a monotonic store). The WAL uses 64 KB segments so it rotates many times.
+func TestLogStoreAppendReadDelete(t *testing.T) {
+	t.Parallel()
+	for _, backend := range backends {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			dir := t.TempDir()
+			rng := rand.New(rand.NewPCG(1, 2))
+			s := openTestStores(t, dir, backend, 64<<10)
+			storeRange(t, s.logs, 1, 300, 1, 17, rng)
+			checkLog(t, s.logs, 1, 300, 0)
+
+			if err := s.logs.DeleteRange(1, 120); err != nil { // compaction after a snapshot
+				t.Fatal(err)
+			}
+			checkLog(t, s.logs, 121, 300, 0)
+			if err := s.logs.DeleteRange(281, 300); err != nil { // a follower drops a conflicting suffix
+				t.Fatal(err)
+			}
+			checkLog(t, s.logs, 121, 280, 0)
+			storeRange(t, s.logs, 281, 310, 2, 5, rng)
+			checkLog(t, s.logs, 121, 310, 281)
+			if err := s.stable.SetUint64([]byte("CurrentTerm"), 2); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.stable.Set([]byte("LastVoteCand"), []byte("node1")); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.close(); err != nil {
+				t.Fatal(err)
+			}
+
+			s = openTestStores(t, dir, backend, 64<<10)
+			defer s.close()
+			checkLog(t, s.logs, 121, 310, 281)
+			if term, err := s.stable.GetUint64([]byte("CurrentTerm")); err != nil || term != 2 {
+				t.Fatalf("CurrentTerm after reopen: %d, %v; want 2", term, err)
+			}
+			if v, err := s.stable.Get([]byte("LastVoteCand")); err != nil || string(v) != "node1" {
+				t.Fatalf("LastVoteCand after reopen: %q, %v", v, err)
+			}
+
+			// A snapshot install into a monotonic store: raft deletes everything, then appends
+			// from the snapshot's index + 1.
+			mono := false
+			if m, ok := s.logs.(raft.MonotonicLogStore); ok {
+				mono = m.IsMonotonic()
+			}
+			if want := backend == LogStoreWAL; mono != want {
+				t.Fatalf("%s IsMonotonic %v, want %v", backend, mono, want)
+			}
+			cache, err := raft.NewLogCache(16, s.logs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cache.IsMonotonic() != mono {
+				t.Fatalf("the LogCache hides IsMonotonic of the %s store", backend)
+			}
+			if err := s.logs.DeleteRange(121, 310); err != nil {
+				t.Fatal(err)
+			}
+			checkLog(t, s.logs, 0, 0, 0)
+			storeRange(t, s.logs, 1000, 1040, 2, 4, rng)
+			checkLog(t, s.logs, 1000, 1040, 1)
+
+			if backend == LogStoreWAL {
+				segs, _ := filepath.Glob(filepath.Join(dir, walLogDir, "*.wal"))
+				if len(segs) == 0 {
+					t.Fatalf("no segment files in %s", filepath.Join(dir, walLogDir))
+				}
+				if _, err := os.Stat(filepath.Join(dir, boltLogFile)); !errors.Is(err, os.ErrNotExist) {
+					t.Fatalf("wal backend created %s (stat: %v)", boltLogFile, err)
+				}
+			}
+		})
+	}
+}
+
+// TestWALTornTailRecovery damages the last append of a closed WAL the ways a crash during
+// the write can leave it — the batch cut off, its commit frame missing, a byte of it wrong — and
+// reopens: the WAL must come back with exactly the batches before it (the damaged one was never
+// acknowledged), read them intact, and take new appends after them.
+func TestWALTornTailRecovery(t *testing.T) {
+	t.Parallel()
+	const seg = 1 << 20 // one segment: no rotation, the file is the whole log
+	base := t.TempDir()
+	rng := rand.New(rand.NewPCG(3, 4))
+	s := openTestStores(t, base, LogStoreWAL, seg)
+	storeRange(t, s.logs, 1, 40, 1, 6, rng)
+	if err := s.close(); err != nil {
+		t.Fatal(err)
+	}
+	segs, err := filepath.Glob(filepath.Join(base, walLogDir, "*.wal"))
+	if err != nil || len(segs) != 1 {
+		t.Fatalf("segment files %v, %v; want one", segs, err)
+	}
+	before, err := os.ReadFile(segs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The last batch: entries 41..45 in one append.
+	s = openTestStores(t, base, LogStoreWAL, seg)
+	storeRange(t, s.logs, 41, 45, 1, 1000, rng)
+	if err := s.close(); err != nil {
+		t.Fatal(err)
+	}
+	after, err := os.ReadFile(segs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	start, end := -1, -1
+	for i := range after {
+		if i >= len(before) || after[i] != before[i] {
+			if start < 0 {
+				start = i
+			}
+			end = i + 1
+		}
+	}
+	if start < 0 || end-start < 5*100 {
+		t.Fatalf("the last append changed bytes [%d, %d) of the segment; want a batch of 5 entries", start, end)
+	}
+	t.Logf("last batch at bytes [%d, %d) of %s", start, end, filepath.Base(segs[0]))
+
+	for _, tc := range []struct {
+		name     string
+		damage   func(b []byte)
+		wantLast uint64
+	}{
+		{"intact", func([]byte) {}, 45},
+		{"cut mid-batch", func(b []byte) { clear(b[start+(end-start)/2 : end]) }, 40},
+		{"commit frame missing", func(b []byte) { clear(b[end-8 : end]) }, 40},
+		{"only the first bytes written", func(b []byte) { clear(b[start+1 : end]) }, 40},
+		{"byte flipped in the batch", func(b []byte) { b[start+(end-start)/3] ^= 0x5a }, 40},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			copyDir(t, base, dir)
+			b := bytes.Clone(after)
+			tc.damage(b)
+			if err := os.WriteFile(filepath.Join(dir, walLogDir, filepath.Base(segs[0])), b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			s := openTestStores(t, dir, LogStoreWAL, seg)
+			checkLog(t, s.logs, 1, tc.wantLast, 0)
+			storeRange(t, s.logs, tc.wantLast+1, tc.wantLast+10, 1, 3, rng)
+			if err := s.close(); err != nil {
+				t.Fatal(err)
+			}
+			s = openTestStores(t, dir, LogStoreWAL, seg)
+			defer s.close()
+			checkLog(t, s.logs, 1, tc.wantLast+10, 0)
+		})
+	}
+}
+
+// TestWALGetLogBelowFirstIndex: after a compaction, entries below FirstIndex are gone for
+// raft, also while they are still in the WAL's tail segment (walLogStore; raft-wal alone
+// serves them).
+func TestWALGetLogBelowFirstIndex(t *testing.T) {
+	t.Parallel()
+	s := openTestStores(t, t.TempDir(), LogStoreWAL, 4<<20)
+	defer s.close()
+	storeRange(t, s.logs, 1, 100, 1, 10, rand.New(rand.NewPCG(7, 8)))
+	if err := s.logs.DeleteRange(1, 50); err != nil {
+		t.Fatal(err)
+	}
+	checkLog(t, s.logs, 51, 100, 0)
+	var e raft.Log
+	if err := s.logs.GetLog(10, &e); !errors.Is(err, raft.ErrLogNotFound) {
+		t.Fatalf("GetLog(10) after DeleteRange(1, 50): %v, want ErrLogNotFound", err)
+	}
+	if err := s.logs.(walLogStore).WAL.GetLog(10, &e); err == nil {
+		t.Logf("raft-wal itself still returns entry 10 (index %d) after its deletion: walLogStore is needed", e.Index)
+	} else {
+		t.Logf("raft-wal itself now refuses entry 10 (%v): walLogStore's check may be redundant", err)
+	}
+}
+
+func copyDir(t *testing.T, from, to string) {
+	t.Helper()
+	err := filepath.WalkDir(from, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(from, path)
+		if d.IsDir() {
+			return os.MkdirAll(filepath.Join(to, rel), 0o755)
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(to, rel), b, 0o644)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// childEnv makes the test binary a log-store writer (TestLogStoreWriterProcess) for
+// TestLogStoreSurvivesKill9.
+const childEnv = "QUOTAD_LOGSTORE_WRITER"
+
+// TestLogStoreSurvivesKill9 kills a separate process that appends to a real log store (batches
+// of 1–8 entries of up to 8 KB, a compaction every 40 batches, 256 KB WAL segments so
+// rotations happen too) with SIGKILL at a random point, five times in a row, each time
+// reopening the store: every append the writer saw acknowledged (it prints the last index
+// after StoreLogs returns) must be there with its exact payload, and the next writer continues
+// after the last entry. The writer is almost always inside StoreLogs (fsync-bound), so most
+// kills land mid-append. A killed process leaves its writes in the page cache, so this checks
+// what a process crash leaves (partial batches, a rotation or compaction cut short); what a
+// power loss leaves (a torn write on disk) is TestWALTornTailRecovery's.
+//
+// Known defect (raft-wal v0.4.0): a kill after StoreLogs sealed the tail segment but before the
+// background rotation recorded the new tail in wal-meta.db leaves a WAL whose every append
+// fails with "segment is sealed" after restart — the node cannot write its log again. The WAL
+// backend fails this test at random (round 1–4 of 5, about one run in two here), so it runs
+// only with QUOTAD_WAL_KILL9=1 until that is fixed; `--raft-log-store wal` is experimental
+// (README, docs/performance.md "Log store").
+func TestLogStoreSurvivesKill9(t *testing.T) {
+	t.Parallel()
+	tested := []string{LogStoreBoltDB}
+	if os.Getenv("QUOTAD_WAL_KILL9") == "1" {
+		tested = backends
+	}
+	for _, backend := range tested {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			dir := t.TempDir()
+			rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 5))
+			var acked uint64
+			for round := range 5 {
+				cmd := exec.Command(os.Args[0], "-test.run=^TestLogStoreWriterProcess$", "-test.v=false")
+				cmd.Env = append(os.Environ(), childEnv+"="+backend+","+dir)
+				cmd.Stderr = os.Stderr
+				out, err := cmd.StdoutPipe()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
+				}
+				killAfter := 30 + rng.IntN(120) // acknowledged batches before the kill
+				sc := bufio.NewScanner(out)
+				batches, killed := 0, false
+				for sc.Scan() {
+					idx, err := strconv.ParseUint(strings.TrimPrefix(sc.Text(), "acked "), 10, 64)
+					if err != nil {
+						t.Fatalf("writer printed %q", sc.Text())
+					}
+					if idx < acked {
+						t.Fatalf("writer acknowledged %d after %d", idx, acked)
+					}
+					acked = idx
+					if batches++; batches == killAfter && !killed {
+						_ = cmd.Process.Signal(syscall.SIGKILL)
+						killed = true
+					}
+				}
+				// Lines printed before the process died count too (the scanner read them all).
+				err = cmd.Wait()
+				if !killed {
+					t.Fatalf("round %d: writer exited by itself after %d batches: %v", round, batches, err)
+				}
+				s := openTestStores(t, dir, backend, 256<<10)
+				first, _ := s.logs.FirstIndex()
+				last, _ := s.logs.LastIndex()
+				if last < acked {
+					t.Fatalf("round %d: after kill -9 the log ends at %d, but the writer saw %d acknowledged", round, last, acked)
+				}
+				checkLog(t, s.logs, first, last, 0)
+				t.Logf("round %d: killed after %d batches; acknowledged %d, log [%d, %d]", round, batches, acked, first, last)
+				if err := s.close(); err != nil {
+					t.Fatal(err)
+				}
+				acked = last
+			}
+		})
+	}
+}
+
+// TestLogStoreWriterProcess is the writer process of TestLogStoreSurvivesKill9 (it skips
+// unless started by it).
+func TestLogStoreWriterProcess(t *testing.T) {
+	spec := os.Getenv(childEnv)
+	if spec == "" {
+		t.Skip("the writer process of TestLogStoreSurvivesKill9")
+	}
+	backend, dir, _ := strings.Cut(spec, ",")
+	s, err := tryOpenTestStores(dir, backend, 256<<10)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "writer:", err)
+		os.Exit(2)
+	}
+	last, _ := s.logs.LastIndex()
+	rng := rand.New(rand.NewPCG(uint64(os.Getpid()), 6))
+	deadline := time.Now().Add(60 * time.Second)
+	for b := 1; time.Now().Before(deadline); b++ {
+		n := 1 + rng.IntN(8)
+		logs := make([]*raft.Log, n)
+		for i := range logs {
+			last++
+			logs[i] = &raft.Log{Index: last, Term: 1, Type: raft.LogCommand, Data: entryData(last, 1)}
+		}
+		if err := s.logs.StoreLogs(logs); err != nil {
+			fmt.Fprintln(os.Stderr, "writer: StoreLogs:", err)
+			os.Exit(2)
+		}
+		fmt.Fprintf(os.Stdout, "acked %d\n", last) // os.Stdout is unbuffered
+		if b%40 == 0 {
+			first, _ := s.logs.FirstIndex()
+			if last > first+100 {
+				if err := s.logs.DeleteRange(first, last-100); err != nil {
+					fmt.Fprintln(os.Stderr, "writer: DeleteRange:", err)
+					os.Exit(2)
+				}
+			}
+		}
+	}
+	os.Exit(3) // never killed: the parent reports it
+}
+
+// BenchmarkLogStoreAppend is one StoreLogs of one entry at a time, fsync on, as the leader
+// and each follower do for a serial decision — the raw cost of the two backends on this disk.
+//
+//	go test ./cluster -run X -bench LogStoreAppend -benchtime 2s
+func BenchmarkLogStoreAppend(b *testing.B) {
+	for _, size := range []int{1 << 10, 20 << 10} {
+		for _, backend := range backends {
+			b.Run(fmt.Sprintf("%s/%dKB", backend, size>>10), func(b *testing.B) {
+				s := openTestStores(b, b.TempDir(), backend, 64<<20)
+				defer s.close()
+				data := make([]byte, size)
+				var index uint64
+				b.SetBytes(int64(size))
+				for b.Loop() {
+					index++
+					if err := s.logs.StoreLogs([]*raft.Log{{Index: index, Term: 1, Type: raft.LogCommand, Data: data}}); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}

@@ -1,0 +1,37 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/quotad/quotad/rpc"
+)
+
+// capFlags are the agent's caps on what one caller can make a node hold.
+type capFlags struct {
+	maxRequestBytes int
+	waiters         rpc.WaiterCaps
+}
+
+// intFlags is the part of a *pflag.FlagSet register uses.
+type intFlags interface {
+	IntVar(p *int, name string, value int, usage string)
+}
+
+func (c *capFlags) register(f intFlags) {
+	f.IntVar(&c.maxRequestBytes, "max-request-bytes", c.maxRequestBytes, "largest gRPC message accepted, in bytes")
+	f.IntVar(&c.waiters.PerClient, "max-waiters-per-client", rpc.DefaultMaxWaitersPerClient, "admissions of one client_id that may wait on the leader at once (more are denied: too_many_waiters)")
+	f.IntVar(&c.waiters.PerDomain, "max-waiters-per-domain", rpc.DefaultMaxWaitersPerDomain, "admissions of one domain that may wait on the leader at once (more are denied: too_many_waiters)")
+}
+
+func (c *capFlags) apply(cfg *rpc.AgentConfig) error {
+	switch {
+	case c.maxRequestBytes < 1024:
+		return fmt.Errorf("--max-request-bytes %d: use at least 1024 (default %d)", c.maxRequestBytes, rpc.DefaultMaxRequestBytes)
+	case c.waiters.PerClient < 1:
+		return fmt.Errorf("--max-waiters-per-client %d: use at least 1 (default %d)", c.waiters.PerClient, rpc.DefaultMaxWaitersPerClient)
+	case c.waiters.PerDomain < 1:
+		return fmt.Errorf("--max-waiters-per-domain %d: use at least 1 (default %d)", c.waiters.PerDomain, rpc.DefaultMaxWaitersPerDomain)
+	}
+	cfg.MaxRequestBytes, cfg.Waiters = c.maxRequestBytes, c.waiters
+	return nil
+}

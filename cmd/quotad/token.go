@@ -1,0 +1,153 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+)
+
+func tokenCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "token", Short: "Create, list and revoke bearer tokens (admin)"}
+	var addr string
+	cmd.PersistentFlags().StringVar(&addr, "addr", defaultAddrs(), "comma-separated node gRPC addresses")
+
+	var (
+		role, tenant, description string
+		domains                   []string
+	)
+	create := &cobra.Command{
+		Use:   "create",
+		Short: "Create a token and print it (once: the cluster keeps only its hash)",
+		Example: `  quotad token create --role worker --domain provider --description "checkout workers"
+  quotad token create --role worker --domain provider --tenant acme
+  quotad token create --role reader`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := context.WithTimeout(cmd.Context(), 15*time.Second)
+			defer cancel()
+			return call(ctx, addr, func(ctx context.Context, conn *grpc.ClientConn) error {
+				resp, err := quotadv1.NewAdminClient(conn).CreateToken(ctx, &quotadv1.CreateTokenRequest{
+					Role: role, Domains: domains, Tenant: tenant, Description: description})
+				if err != nil {
+					return err
+				}
+				fmt.Printf("token:    %s\naccessor: %s\n", resp.Token, resp.Accessor)
+				fmt.Println("Store the token now: it is not shown again. Callers send it with --token-file or $QUOTAD_TOKEN.")
+				return nil
+			})
+		},
+	}
+	f := create.Flags()
+	f.StringVar(&role, "role", "", "admin, worker or reader (required)")
+	f.StringArrayVar(&domains, "domain", nil, "worker: a limits domain it may spend in (repeatable; \"*\" for all)")
+	f.StringVar(&tenant, "tenant", "", "worker: the only tenant descriptor value it may send (default: any)")
+	f.StringVar(&description, "description", "", "what the token is for (shown by token list)")
+
+	var asJSON bool
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List tokens (accessor, role, scope; never the secrets)",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
+			defer cancel()
+			return call(ctx, addr, func(ctx context.Context, conn *grpc.ClientConn) error {
+				resp, err := quotadv1.NewAdminClient(conn).ListTokens(ctx, &quotadv1.ListTokensRequest{})
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					type token struct {
+						Accessor    string   `json:"accessor"`
+						Role        string   `json:"role"`
+						Domains     []string `json:"domains,omitempty"`
+						Tenant      string   `json:"tenant,omitempty"`
+						Description string   `json:"description,omitempty"`
+						Created     string   `json:"created"`
+					}
+					out := []token{}
+					for _, t := range resp.Tokens {
+						out = append(out, token{t.Accessor, t.Role, t.Domains, t.Tenant, t.Description, created(t)})
+					}
+					return printJSON(out)
+				}
+				fmt.Printf("%-16s  %-6s  %-20s  %-10s  %-20s  %s\n", "ACCESSOR", "ROLE", "DOMAINS", "TENANT", "CREATED", "DESCRIPTION")
+				for _, t := range resp.Tokens {
+					fmt.Printf("%-16s  %-6s  %-20s  %-10s  %-20s  %s\n", t.Accessor, t.Role, strings.Join(t.Domains, ","), t.Tenant, created(t), t.Description)
+				}
+				return nil
+			})
+		},
+	}
+	list.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+
+	revoke := &cobra.Command{
+		Use:   "revoke ACCESSOR",
+		Short: "Revoke a token: calls carrying it are refused from then on",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := context.WithTimeout(cmd.Context(), 15*time.Second)
+			defer cancel()
+			return call(ctx, addr, func(ctx context.Context, conn *grpc.ClientConn) error {
+				if _, err := quotadv1.NewAdminClient(conn).RevokeToken(ctx, &quotadv1.RevokeTokenRequest{Accessor: args[0]}); err != nil {
+					return err
+				}
+				fmt.Printf("revoked %s\n", args[0])
+				return nil
+			})
+		},
+	}
+	cmd.AddCommand(create, list, revoke)
+	return cmd
+}
+
+func created(t *quotadv1.TokenInfo) string {
+	return time.UnixMilli(t.CreatedUnixMs).UTC().Format(time.RFC3339)
+}
+
+func pauseCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "pause", Short: "Manage pauses set by provider feedback (admin)"}
+	var (
+		addr, domain string
+		descs        []string
+	)
+	lift := &cobra.Command{
+		Use:   "lift",
+		Short: "End a pause now, on exactly the scope named",
+		Example: `  quotad pause lift --domain provider
+  quotad pause lift --domain provider --descriptor endpoint=charges`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			req := &quotadv1.LiftPauseRequest{Domain: domain}
+			for _, d := range descs {
+				k, v, ok := strings.Cut(d, "=")
+				if !ok || k == "" {
+					return fmt.Errorf("--descriptor %q: use key=value, e.g. --descriptor endpoint=charges", d)
+				}
+				req.Descriptors = append(req.Descriptors, &quotadv1.Entry{Key: k, Value: v})
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), 15*time.Second)
+			defer cancel()
+			return call(ctx, addr, func(ctx context.Context, conn *grpc.ClientConn) error {
+				resp, err := quotadv1.NewAdminClient(conn).LiftPause(ctx, req)
+				if err != nil {
+					return err
+				}
+				if resp.Lifted {
+					fmt.Printf("lifted the pause on %s (scope %s)\n", domain, resp.Scope)
+				} else {
+					fmt.Printf("no pause was active on that scope of %s (scope %s)\n", domain, resp.Scope)
+				}
+				return nil
+			})
+		},
+	}
+	lift.Flags().StringVar(&domain, "domain", "", "limits domain (required)")
+	lift.Flags().StringArrayVar(&descs, "descriptor", nil, "descriptor entry key=value of the paused scope, outermost first (repeatable; none: the whole domain)")
+	cmd.PersistentFlags().StringVar(&addr, "addr", defaultAddrs(), "comma-separated node gRPC addresses")
+	cmd.AddCommand(lift)
+	return cmd
+}
