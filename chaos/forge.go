@@ -70,7 +70,10 @@ func (nm *nemesis) forge(ctx context.Context, leader *Node, hold time.Duration) 
 		}
 	}
 	fg := Forgery{Start: nm.rec.now(), Leaders: []string{leader.ID}}
-	fg.VotersBefore, _ = nm.c.Voters(ctx)
+	var err error
+	if fg.VotersBefore, err = nm.voters(ctx); err != nil {
+		return nodes, "", "voters unreadable before the attack: " + err.Error()
+	}
 	args := []string{"--raft", strings.Join(raftAddrs, ","), "--gossip", strings.Join(gossipAddrs, ","),
 		"--duration", hold.String(), "--client-cert", cert, "--client-key", key}
 	sctx, cancel := context.WithTimeout(ctx, time.Second)
@@ -112,10 +115,15 @@ watch:
 	}{&fg.Vectors}); err != nil {
 		fg.Error = fmt.Sprintf("forger report unreadable: %v: %s", err, truncate(stdout.String(), 300))
 	}
-	if l, err := nm.c.Leader(ctx, 20*time.Second); err == nil && l.ID != fg.Leaders[len(fg.Leaders)-1] {
+	// Observed with their own deadline: the fault period may have ended meanwhile.
+	octx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if l, err := nm.c.Leader(octx, 20*time.Second); err == nil && l.ID != fg.Leaders[len(fg.Leaders)-1] {
 		fg.Leaders = append(fg.Leaders, l.ID)
 	}
-	fg.VotersAfter, _ = nm.c.Voters(ctx)
+	if fg.VotersAfter, err = nm.voters(octx); err != nil {
+		fg.Error = strings.TrimPrefix(fg.Error+"; voters after the attack unreadable: "+err.Error(), "; ")
+	}
 	nm.rec.add(func(h *History) { h.Forgeries = append(h.Forgeries, fg) })
 	var parts []string
 	for _, name := range slices.Sorted(maps.Keys(fg.Vectors)) {
@@ -127,6 +135,21 @@ watch:
 		detail += "; " + fg.Error
 	}
 	return nodes, detail, ""
+}
+
+// voters reads the voters, retrying for a few seconds.
+func (nm *nemesis) voters(ctx context.Context) ([]string, error) {
+	var err error
+	for range 10 {
+		var v []string
+		if v, err = nm.c.Voters(ctx); err == nil {
+			return v, nil
+		}
+		if !sleepCtx(ctx, 500*time.Millisecond) {
+			break
+		}
+	}
+	return nil, err
 }
 
 // CheckForgeries checks the forge faults: no forged peer traffic was accepted (no Raft RPC
