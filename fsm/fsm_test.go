@@ -3,12 +3,12 @@ package fsm
 import (
 	"bytes"
 	"encoding/json"
-	"google.golang.org/protobuf/proto"
 	"io"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
+	"google.golang.org/protobuf/proto"
 
 	fsmv1 "github.com/quotad/quotad/api/quotad/fsm/v1"
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
