@@ -67,7 +67,7 @@ const (
 	// The release horizon: how far ahead of a bucket's next unit its grant is released. It
 	// must cover the time from release to the entry's timestamp (waiting for a commit slot),
 	// or the bucket fills meanwhile and units are lost; beyond that it only delays newcomers.
-	// It follows 1.5 × the longest recent release-to-stamp delay + 1 ms, within these bounds.
+	// It follows 1.5 × the longest recent release-to-stamp delay + 2 ms, within these bounds.
 	fairHorizonMin     = 2 * time.Millisecond
 	fairHorizonMax     = 100 * time.Millisecond
 	fairHorizonInitial = 10 * time.Millisecond
@@ -806,10 +806,13 @@ func (f *fair) submit(ws []*waiter) {
 	}()
 }
 
-// observeStamp feeds the release horizon with one release-to-stamp delay (ns). f.mu held.
+// observeStamp feeds the release horizon with one release-to-stamp delay (ns). The horizon
+// also covers the pump's own lateness (timers on a loaded machine), a fixed 2 ms. It is not
+// measured from when a grant was due: a longer horizon makes larger entries, which commit
+// slower, which would lengthen it again. f.mu held.
 func (f *fair) observeStamp(d int64) {
-	f.stampMax = max(float64(max(d, 0)), f.stampMax*0.98)
-	h := time.Duration(1.5*f.stampMax) + time.Millisecond
+	f.stampMax = max(float64(max(d, 0)), f.stampMax*0.99)
+	h := time.Duration(1.5*f.stampMax) + 2*time.Millisecond
 	f.horizon = min(max(h, fairHorizonMin), fairHorizonMax)
 }
 

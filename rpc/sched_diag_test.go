@@ -47,7 +47,11 @@ func TestFairRateDiagnosis(t *testing.T) {
 	if os.Getenv("QUOTAD_FAIR_DIAG") == "" {
 		t.Skip("set QUOTAD_FAIR_DIAG=1 to measure")
 	}
-	for _, tc := range []struct{ rate, burst int }{{100, 1}, {1000, 1}, {1000, 8}, {1000, 32}} {
+	cases := []struct{ rate, burst int }{{100, 1}, {1000, 1}, {1000, 8}, {1000, 32}}
+	if os.Getenv("QUOTAD_FAIR_DIAG") == "10000" {
+		cases = []struct{ rate, burst int }{{10000, 1}}
+	}
+	for _, tc := range cases {
 		t.Run(fmt.Sprintf("rate%d_burst%d", tc.rate, tc.burst), func(t *testing.T) {
 			c := rpctest.Start(t, 3, fmt.Sprintf(`
 domain: fair
@@ -60,14 +64,16 @@ descriptors:
 			ctx, cancel := context.WithCancel(context.Background())
 			var wg sync.WaitGroup
 			var id atomic.Uint64
-			var admitted atomic.Int64
+			var admitted, refused atomic.Int64
 			for k, tenant := range []string{"A", "B"} {
-				for range 100 - 50*k {
+				for range max(100, tc.rate/5) / (1 + k*2) {
 					wg.Go(func() {
 						for ctx.Err() == nil {
 							d, err := acquireOne(ctx, q, tenant, waitingAdmission(id.Add(1), tenant, 20*time.Second))
 							if err == nil && d.Admitted {
 								admitted.Add(1)
+							} else if ctx.Err() == nil {
+								refused.Add(1)
 							}
 						}
 					})
@@ -82,7 +88,18 @@ descriptors:
 			names := []string{"quotad_raft_commit_seconds_sum", "quotad_raft_commit_seconds_count", "quotad_entry_ops_sum", "quotad_entry_ops_count"}
 			m0 := scrape(t, c.Agent(leader).HTTPAddr(), names...)
 			a0, t0 := admitted.Load(), time.Now()
-			time.Sleep(3 * time.Second)
+			var minWaiting, samples int
+			var horizon float64
+			for time.Since(t0) < 3*time.Second {
+				time.Sleep(50 * time.Millisecond)
+				v := c.Agent(leader).FairView()
+				if samples == 0 || v.Waiting < minWaiting {
+					minWaiting = v.Waiting
+				}
+				horizon += v.ReleaseHorizonMs
+				samples++
+			}
+			t.Logf("waiting at least %d; release horizon mean %.1f ms; %d refused or failed", minWaiting, horizon/float64(samples), refused.Load())
 			a1, el := admitted.Load(), time.Since(t0)
 			m1 := scrape(t, c.Agent(leader).HTTPAddr(), names...)
 			cancel()
