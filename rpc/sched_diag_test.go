@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -48,8 +50,8 @@ func TestFairRateDiagnosis(t *testing.T) {
 		t.Skip("set QUOTAD_FAIR_DIAG=1 to measure")
 	}
 	cases := []struct{ rate, burst int }{{100, 1}, {1000, 1}, {1000, 8}, {1000, 32}}
-	if os.Getenv("QUOTAD_FAIR_DIAG") == "10000" {
-		cases = []struct{ rate, burst int }{{10000, 1}}
+	if r, err := strconv.Atoi(os.Getenv("QUOTAD_FAIR_DIAG")); err == nil && r > 1 {
+		cases = []struct{ rate, burst int }{{r, 1}}
 	}
 	for _, tc := range cases {
 		t.Run(fmt.Sprintf("rate%d_burst%d", tc.rate, tc.burst), func(t *testing.T) {
@@ -87,10 +89,30 @@ descriptors:
 			})
 			names := []string{"quotad_raft_commit_seconds_sum", "quotad_raft_commit_seconds_count", "quotad_entry_ops_sum", "quotad_entry_ops_count"}
 			m0 := scrape(t, c.Agent(leader).HTTPAddr(), names...)
+			var smallMu sync.Mutex
+			var smallWaits []time.Duration
+			for i := range 6 {
+				wg.Go(func() {
+					for ctx.Err() == nil {
+						time.Sleep(time.Duration(50+rand.IntN(100)) * time.Second / time.Duration(tc.rate))
+						start := time.Now()
+						d, err := acquireOne(ctx, q, "small", waitingAdmission(id.Add(1), fmt.Sprint("s", i), 20*time.Second))
+						if err == nil && d.Admitted {
+							smallMu.Lock()
+							smallWaits = append(smallWaits, time.Since(start))
+							smallMu.Unlock()
+						}
+					}
+				})
+			}
 			a0, t0 := admitted.Load(), time.Now()
 			var minWaiting, samples int
 			var horizon float64
-			for time.Since(t0) < 3*time.Second {
+			measure := 3 * time.Second
+			if secs, err := strconv.Atoi(os.Getenv("QUOTAD_FAIR_DIAG_SECS")); err == nil && secs > 0 {
+				measure = time.Duration(secs) * time.Second
+			}
+			for time.Since(t0) < measure {
 				time.Sleep(50 * time.Millisecond)
 				v := c.Agent(leader).FairView()
 				if samples == 0 || v.Waiting < minWaiting {
@@ -104,6 +126,10 @@ descriptors:
 			m1 := scrape(t, c.Agent(leader).HTTPAddr(), names...)
 			cancel()
 			wg.Wait()
+			slices.Sort(smallWaits)
+			if n := len(smallWaits); n > 0 {
+				t.Logf("small waits: n %d p50 %v p90 %v p99 %v max %v", n, smallWaits[n/2], smallWaits[n*9/10], smallWaits[n*99/100], smallWaits[n-1])
+			}
 			entries := m1[names[1]] - m0[names[1]]
 			t.Logf("rate %d burst %d: admitted %.0f/s utilization %.3f; entries %.0f/s, ops/entry %.2f, commit mean %.2f ms",
 				tc.rate, tc.burst, float64(a1-a0)/el.Seconds(), float64(a1-a0)/el.Seconds()/float64(tc.rate),

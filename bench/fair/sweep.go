@@ -163,6 +163,8 @@ func sweepOne(c *proccluster.Cluster, rate int) SweepPoint {
 
 	slices.Sort(waits)
 	slices.Sort(probes)
+	logf("rate_sweep %d/s: small waits (ms) p50 %.1f p90 %.1f p99 %.1f max %.1f; A %d B %d small %d",
+		rate, quantile(waits, 0.5), quantile(waits, 0.9), quantile(waits, 0.99), quantile(waits, 1), a.Load(), b.Load(), small.Load())
 	n := a.Load() + b.Load() + small.Load()
 	p := SweepPoint{Rate: rate, Utilization: round3(float64(n) / (float64(rate) * elapsed.Seconds())),
 		SmallRequests: len(waits), SmallWaitP99Ms: quantile(waits, 0.99), DecisionP99Ms: quantile(probes, 0.99),
