@@ -55,8 +55,11 @@ proto:
 bench:
 	$(GO) run ./bench/run
 
-# bench-fair runs the fair-sharing scenarios of issue 4 against a real 3-node cluster of
-# separate processes and writes bench/results/fairness.json (about 3 minutes).
+# bench-fair runs the fair-sharing scenarios of issue 4 and the rate sweep of issue 16
+# (burst-1 buckets at 10..10,000 tokens/s: utilization, heavy tenants' share ratio, small
+# tenants' wait p99 against 2 token intervals + commit p99) against a real 3-node cluster of
+# separate processes and writes bench/results/fairness.json (about 4 minutes). The sweep
+# alone: go run ./bench/fair -only rate_sweep [-sweep-rates 10,100,1000,10000].
 # bench-soak alternates 30 s of load and 30 s of idle on a 3-node cluster for 10 minutes and
 # counts leadership changes (must be 0); writes bench/results/soak.json.
 bench-soak:

@@ -230,7 +230,7 @@ func DefaultConfig() Config {
 		LibraryLogLevel:    slog.LevelWarn,
 
 		PeerHandshakeTimeout: 5 * time.Second,
-		LogStore:           LogStoreBoltDB,
+		LogStore:             LogStoreBoltDB,
 	}
 }
 

@@ -3,6 +3,7 @@ package fsm
 import (
 	"encoding/binary"
 	"fmt"
+	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -105,6 +106,8 @@ type acquireOp struct {
 	// waits: the admission may wait on the leader (max_wait_ms > 0). Its denials are not
 	// remembered, so the scheduler can re-propose it under the same request ID.
 	waits bool
+	// maxWait is its max_wait_ms (scheduled grants, command version 2).
+	maxWait time.Duration
 }
 
 // splitOp returns the encoded Acquire of an Op whose oneof is an Acquire (ok), or ok false
@@ -209,7 +212,7 @@ func ownedClient(owner, clientID string) string {
 }
 
 func decodeAdmission(b []byte, a *acquireOp, desc []quota.Entry, intern func([]byte) string) ([]quota.Entry, error) {
-	a.id, a.req, a.waits = 0, quota.Request{}, false
+	a.id, a.req, a.waits, a.maxWait = 0, quota.Request{}, false, 0
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
@@ -232,7 +235,7 @@ func decodeAdmission(b []byte, a *acquireOp, desc []quota.Entry, intern func([]b
 			case fAdmissionAttempt:
 				a.req.Attempt = uint32(v)
 			case fAdmissionMaxWaitMs:
-				a.waits = int64(v) > 0
+				a.waits, a.maxWait = int64(v) > 0, msDuration(int64(v))
 			}
 			continue
 		}

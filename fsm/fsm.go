@@ -25,7 +25,17 @@ import (
 )
 
 // CommandVersion is the version of Command this build writes and the newest it can apply.
-const CommandVersion = 1
+//
+// Version 2: an admission that may wait (max_wait_ms > 0) is decided with scheduled grants
+// (quota.Request.ScheduleWithin = min(max_wait_ms, MaxScheduleAhead)): if its buckets can pay
+// within that time it is admitted as of that moment, Decision.RetryAfter later, instead of
+// refused. Version 1 entries (older leaders) are applied as they were decided.
+const CommandVersion = 2
+
+// MaxScheduleAhead bounds how far after its entry's time a scheduled grant may take effect.
+// It is part of the replicated semantics of version 2 commands: never change it without a
+// new command version.
+const MaxScheduleAhead = time.Second
 
 // DefaultDedupWindow is how long a decision is remembered for retries of its request ID.
 const DefaultDedupWindow = 2 * time.Minute
@@ -210,6 +220,9 @@ func (f *FSM) applyLocked(l *raft.Log) any {
 			a := &f.scratch.acquire
 			if err := decodeAcquire(acq, a, f.scratch.intern.get); err != nil {
 				panic(malformed(l.Index, err))
+			}
+			if a.waits && cmd.version >= 2 {
+				a.req.ScheduleWithin = min(a.maxWait, MaxScheduleAhead)
 			}
 			f.applyAcquire(now, a, &res.Ops[i]) // in place: no copy of the result per admission
 			continue

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"google.golang.org/protobuf/proto"
 
 	fsmv1 "github.com/quotad/quotad/api/quotad/fsm/v1"
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
@@ -29,11 +30,19 @@ type log struct {
 	t     *testing.T
 	f     *FSM
 	index uint64
+	// version, if set, is written into the commands instead of CommandVersion (what an
+	// older leader's entries look like).
+	version uint32
 }
 
 func (l *log) apply(ts time.Duration, ops ...*fsmv1.Op) *Result {
 	l.t.Helper()
-	data, err := Encode(&fsmv1.Command{Ts: int64(ts), Ops: ops})
+	cmd := &fsmv1.Command{Ts: int64(ts), Ops: ops}
+	data, err := Encode(cmd)
+	if l.version != 0 && err == nil {
+		cmd.Version = l.version
+		data, err = proto.Marshal(cmd)
+	}
 	if err != nil {
 		l.t.Fatal(err)
 	}
@@ -234,19 +243,46 @@ func TestReplicasAgree(t *testing.T) {
 func TestWaitingDenialsAreNotRemembered(t *testing.T) {
 	l := newLog(t)
 	l.apply(time.Millisecond, acquire("c1", 1, "acme", 3)) // tenant bucket (burst 3) now empty
-	waiting := acquire("c1", 2, "acme", 1)
+	// Cost 3 at 2/s: payable 1.5 s later, beyond MaxScheduleAhead, so refused.
+	waiting := acquire("c1", 2, "acme", 3)
 	waiting.GetAcquire().Admission.MaxWaitMs = 5000
-	if d := l.apply(2*time.Millisecond, waiting).Ops[0]; d.Decision.Admitted || d.Duplicate {
+	if d := l.apply(2*time.Millisecond, waiting).Ops[0]; d.Decision.Admitted || d.Duplicate || d.Decision.RetryAfter != 1499*time.Millisecond {
 		t.Fatalf("first try of the waiting admission: %+v, want a fresh denial", d)
 	}
-	// The scheduler re-proposes the same request ID once the bucket refilled (2/s): it is
-	// decided afresh, admitted, and from then on remembered.
+	// The scheduler re-proposes the same request ID once the bucket can pay within
+	// MaxScheduleAhead: it is decided afresh, admitted as a scheduled grant taking effect when
+	// the bucket holds 3 again, and from then on remembered.
 	r := l.apply(time.Second, waiting).Ops[0]
-	if r.Duplicate || !r.Decision.Admitted {
-		t.Fatalf("re-proposed waiting admission: %+v, want admitted afresh", r)
+	if r.Duplicate || !r.Decision.Admitted || r.Decision.RetryAfter != 501*time.Millisecond {
+		t.Fatalf("re-proposed waiting admission: %+v, want admitted afresh, taking effect after 501ms", r)
 	}
 	if again := l.apply(1100*time.Millisecond, waiting).Ops[0]; !again.Duplicate || again.Decision.LeaseID != r.Decision.LeaseID {
 		t.Fatalf("retry after admission: %+v, want the remembered admission", again)
+	}
+}
+
+// Scheduled grants are a version-2 rule: the same waiting admission in a version-1 entry (an
+// older leader's) is decided as that leader decided it, refused; in a version-2 entry it is a
+// grant taking effect when the bucket can pay; one that may not wait is refused either way.
+func TestScheduledGrantsOnlyInVersion2Entries(t *testing.T) {
+	for _, v := range []uint32{1, 2} {
+		l := newLog(t)
+		l.version = v
+		l.apply(time.Millisecond, acquire("c1", 1, "acme", 3)) // tenant bucket (2/s) empty
+		plain := acquire("c1", 2, "acme", 1)
+		waiting := acquire("c1", 3, "acme", 1)
+		waiting.GetAcquire().Admission.MaxWaitMs = 5000
+		res := l.apply(2*time.Millisecond, plain, waiting)
+		if d := res.Ops[0].Decision; d.Admitted {
+			t.Fatalf("version %d: a non-waiting admission was granted: %+v", v, d)
+		}
+		d := res.Ops[1].Decision
+		if v == 1 && d.Admitted {
+			t.Fatalf("version 1 entry: waiting admission granted %+v, want refused as before", d)
+		}
+		if v == 2 && (!d.Admitted || d.RetryAfter != 499*time.Millisecond) {
+			t.Fatalf("version 2 entry: waiting admission %+v, want a grant taking effect after 499ms", d)
+		}
 	}
 }
 

@@ -24,6 +24,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite testdata/snapshot.golden from
 // expired records in front of live ones, several clients, and leases and debits in the engine.
 func goldenHistory(t *testing.T) *log {
 	l := newLog(t)
+	l.version = 1 // the history the golden file was written from: its waiting admissions are refused, not scheduled
 	clients := []string{"c0", "client-1", "c2", "a-much-longer-client-identifier-3"}
 	var leases []uint64
 	for i := uint64(1); i <= 300; i++ {

@@ -161,8 +161,9 @@ func (e *Engine) SetLimits(now Time, l *Limits) error {
 			return
 		}
 		if !nl.rate.same(old) {
-			// Don't let the fraction accrued under the old rate be valued at the new one.
-			last = now
+			// Don't let the fraction accrued under the old rate be valued at the new one. (A
+			// bucket whose refill runs ahead of now, after a scheduled grant, keeps its time.)
+			last = max(last, now)
 			tokens = min(tokens, nl.rate.capMicro)
 		}
 		b.tokens.set(tokens)
@@ -263,6 +264,14 @@ func (e *Engine) matchPath(root *level, domain string, entries []Entry) []step {
 // describe the refusing bucket, or when admitted the charged bucket with the fewest remaining
 // units (the outermost on a tie; the tightest concurrency level if no bucket was charged).
 // A refused request changes nothing but the clock and lease expiry.
+//
+// Scheduled grants (req.ScheduleWithin > 0): a request refused only as rate_limited whose
+// RetryAfter is at most ScheduleWithin is admitted as of now+RetryAfter instead — the buckets
+// are refilled to that moment and debited then (a bucket's refill time may so run ahead of
+// the clock; later requests get no credit before it), its lease starts then, and the
+// Decision's RetryAfter says how long after now it takes effect. Grants scheduled one after
+// another take the bucket's tokens back to back, so none is lost while the caller's answers
+// are in flight.
 func (e *Engine) Acquire(now Time, req Request) Decision {
 	now = e.advance(now)
 	e.expireLeases(now)
@@ -346,47 +355,19 @@ func (e *Engine) Acquire(now Time, req Request) Decision {
 	if cost <= maxUnits {
 		costMicro = cost * microPerUnit
 	}
-	deny, denyRetry := -1, time.Duration(0)
-	nRate := 0
-	for i := range steps {
-		s := &steps[i]
-		s.skipRate = false
-		r := s.lv.rate
-		if r == nil {
-			continue
-		}
-		key := kb[:s.end]
-		s.hash = e.buckets.hash(key)
-		s.slot, s.stored = find(&e.buckets, key, s.hash)
-		s.looked = true
-		// Waits are computed from the stored state, which a refusal leaves as it is: the
-		// refilled one has its last rounded up and would overstate them by up to 1ns.
-		storedTokens, storedLast := r.capMicro, now
-		if s.slot == noSlot {
-			if s.lv.adaptive != nil {
-				r = e.rateOf(string(key), s.lv, now)
-			}
-			s.tokens, s.last = r.capMicro, now
-		} else {
-			if s.lv.adaptive != nil {
-				r = e.slotRate(s.slot)
-			}
-			b := e.buckets.peek(s.slot)
-			storedTokens, storedLast = b.tokens.get(), Time(b.last.get())
-			s.tokens, s.last = r.refill(storedTokens, storedLast, now)
-		}
-		s.r = r
-		if s.tokens >= costMicro {
-			nRate++
-			continue
-		}
-		if s.lv.shadow {
-			s.skipRate = true
-			shadow = appendScope(shadow, s.lv.scope)
-			continue
-		}
-		if retry := r.waitUntil(storedTokens, storedLast, now, costMicro); deny < 0 || retry > denyRetry {
-			deny, denyRetry = i, retry
+	concShadow := len(shadow)
+	at := now // when the buckets are debited: now, or a scheduled grant's slot
+	deny, denyRetry, nRate := e.rateSteps(steps, now, costMicro, &shadow)
+	if deny >= 0 && req.ScheduleWithin > 0 && denyRetry <= req.ScheduleWithin {
+		// A scheduled grant: every bucket can pay at now+denyRetry (denyRetry is exact), so
+		// debit them as of then. Their refill is credited up to that moment, no further.
+		slot := addSat(now, denyRetry)
+		shadow = shadow[:concShadow]
+		if d2, _, n2 := e.rateSteps(steps, slot, costMicro, &shadow); d2 < 0 {
+			deny, at, nRate = -1, slot, n2
+		} else { // cannot happen (waits are exact); refuse as at now
+			shadow = shadow[:concShadow]
+			deny, denyRetry, nRate = e.rateSteps(steps, now, costMicro, &shadow)
 		}
 	}
 	if deny >= 0 {
@@ -403,7 +384,7 @@ func (e *Engine) Acquire(now Time, req Request) Decision {
 	}
 
 	// Admitted: debit every bucket, then take the permits.
-	d := Decision{Admitted: true, Reason: ReasonOK, Cost: cost, ShadowDenials: shadow}
+	d := Decision{Admitted: true, Reason: ReasonOK, Cost: cost, ShadowDenials: shadow, RetryAfter: at.Sub(now)}
 	if nRate > 0 {
 		d.Charges = make([]string, 0, nRate)
 		e.debitSeq++
@@ -468,6 +449,56 @@ func (e *Engine) checkKeys(root *level, steps []step, cost uint64, shadow []stri
 		Message: fmt.Sprintf("domain %q holds %d active buckets and max_keys is %d, so bucket %.80q cannot be added; "+
 			"buckets are dropped once idle and full again (within %v), or raise the domain's max_keys",
 			root.domain, held, root.maxKeys, e.keybuf[:s.end], wait)}, false
+}
+
+// rateSteps refills every rate-limited level of steps as of now and reports the level that
+// cannot pay costMicro (deny, -1 if none; the one with the longest wait), that wait, and how
+// many levels will be charged. Shadow levels that cannot pay are skipped and listed in shadow.
+func (e *Engine) rateSteps(steps []step, now Time, costMicro uint64, shadow *[]string) (deny int, denyRetry time.Duration, nRate int) {
+	kb := e.keybuf
+	deny = -1
+	for i := range steps {
+		s := &steps[i]
+		s.skipRate = false
+		r := s.lv.rate
+		if r == nil {
+			continue
+		}
+		key := kb[:s.end]
+		s.hash = e.buckets.hash(key)
+		s.slot, s.stored = find(&e.buckets, key, s.hash)
+		s.looked = true
+		// Waits are computed from the stored state, which a refusal leaves as it is: the
+		// refilled one has its last rounded up and would overstate them by up to 1ns.
+		storedTokens, storedLast := r.capMicro, now
+		if s.slot == noSlot {
+			if s.lv.adaptive != nil {
+				r = e.rateOf(string(key), s.lv, now)
+			}
+			s.tokens, s.last = r.capMicro, now
+		} else {
+			if s.lv.adaptive != nil {
+				r = e.slotRate(s.slot)
+			}
+			b := e.buckets.peek(s.slot)
+			storedTokens, storedLast = b.tokens.get(), Time(b.last.get())
+			s.tokens, s.last = r.refill(storedTokens, storedLast, now)
+		}
+		s.r = r
+		if s.tokens >= costMicro {
+			nRate++
+			continue
+		}
+		if s.lv.shadow {
+			s.skipRate = true
+			*shadow = appendScope(*shadow, s.lv.scope)
+			continue
+		}
+		if retry := r.waitUntil(storedTokens, storedLast, now, costMicro); deny < 0 || retry > denyRetry {
+			deny, denyRetry = i, retry
+		}
+	}
+	return deny, denyRetry, nRate
 }
 
 // grantLease takes one permit at every non-skipped concurrency level under one new lease; the

@@ -2,8 +2,10 @@ package quota
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"math/big"
+	"slices"
 	"testing"
 	"time"
 
@@ -34,7 +36,8 @@ type histOp struct {
 	ttl       time.Duration
 	ref       int // which earlier decision / lease, modulo their count
 	tickFirst bool
-	alt       bool // opSetLimits: install the alternative limits
+	alt       bool          // opSetLimits: install the alternative limits
+	within    time.Duration // opAcquire: Request.ScheduleWithin (scheduled grants)
 }
 
 func drawRate(t *rapid.T, label string) *Rate {
@@ -97,21 +100,24 @@ func drawOps(t *rapid.T, withSetLimits bool) []histOp {
 			ref:       rapid.IntRange(0, 1000).Draw(t, "ref"),
 			tickFirst: rapid.Bool().Draw(t, "tickFirst"),
 			alt:       rapid.Bool().Draw(t, "alt"),
+			within: rapid.SampledFrom([]time.Duration{0, 0, 0, time.Millisecond, 100 * time.Millisecond,
+				2 * time.Second}).Draw(t, "within"),
 		}
 	}), 1, 150).Draw(t, "ops")
 }
 
 // runner applies a history to one engine and records what the properties need.
 type runner struct {
-	e        *Engine
-	limits   [2]*Limits
-	now      Time
-	admitted []Decision
-	refunded []bool
-	leases   []uint64
-	admits   map[string][]event // bucket key → admissions
-	refunds  map[string][]event // bucket key → refunds
-	maxTTL   time.Duration
+	e         *Engine
+	limits    [2]*Limits
+	now       Time
+	admitted  []Decision
+	refunded  []bool
+	effective []Time // when each admitted decision takes effect
+	leases    []uint64
+	admits    map[string][]event // bucket key → admissions
+	refunds   map[string][]event // bucket key → refunds
+	maxTTL    time.Duration
 }
 
 type event struct {
@@ -124,7 +130,8 @@ func newRunner(l, alt *Limits) *runner {
 }
 
 func (r *runner) request(op histOp) Request {
-	req := Request{Domain: "d", Descriptors: []Entry{{"tenant", op.tenant}}, Cost: op.cost, LeaseTTL: op.ttl}
+	req := Request{Domain: "d", Descriptors: []Entry{{"tenant", op.tenant}}, Cost: op.cost, LeaseTTL: op.ttl,
+		ScheduleWithin: op.within}
 	if op.consumer != "" {
 		req.Descriptors = append(req.Descriptors, Entry{"consumer", op.consumer})
 	}
@@ -155,10 +162,15 @@ func (r *runner) apply(t *rapid.T, op histOp) string {
 				t.Fatalf("denied %s request changed the state hash", d.Reason)
 			}
 		} else {
+			if d.RetryAfter < 0 || d.RetryAfter > op.within {
+				t.Fatalf("admitted with RetryAfter %v, ScheduleWithin %v", d.RetryAfter, op.within)
+			}
 			r.admitted = append(r.admitted, d)
 			r.refunded = append(r.refunded, false)
+			r.effective = append(r.effective, e.Clock().Add(d.RetryAfter))
 			for _, k := range d.Charges {
-				r.admits[k] = append(r.admits[k], event{e.Clock(), d.Cost})
+				// A scheduled grant takes effect RetryAfter after now: that is when it counts.
+				r.admits[k] = append(r.admits[k], event{e.Clock().Add(d.RetryAfter), d.Cost})
 			}
 			if d.LeaseID != 0 {
 				r.leases = append(r.leases, d.LeaseID)
@@ -178,7 +190,8 @@ func (r *runner) apply(t *rapid.T, op histOp) string {
 		d := r.admitted[i]
 		c := min(op.cost, d.Cost)
 		for _, k := range d.Charges {
-			r.refunds[k] = append(r.refunds[k], event{max(r.now, e.Clock()), c})
+			// A refund before a scheduled grant's moment gives back what it had not yet spent.
+			r.refunds[k] = append(r.refunds[k], event{max(r.now, e.Clock(), r.effective[i]), c})
 		}
 		return fmt.Sprint(e.Refund(r.now, d.Charges, c, d.DebitSeq))
 	case opRelease:
@@ -277,6 +290,9 @@ func TestPropertyBoundedAdmissionAndNoLeak(t *testing.T) {
 }
 
 func checkBound(t *rapid.T, key string, r *rateParams, admits, refunds []event) {
+	// Scheduled grants take effect later than they are decided: check in order of effect.
+	admits = slices.Clone(admits)
+	slices.SortStableFunc(admits, func(a, b event) int { return cmp.Compare(a.at, b.at) })
 	for i := range admits {
 		var admitted uint64
 		for j := i; j < len(admits); j++ {
@@ -365,6 +381,7 @@ func snapshotRunner(t *rapid.T, r *runner) *runner {
 	cp.e = n
 	cp.admitted = append([]Decision(nil), r.admitted...)
 	cp.refunded = append([]bool(nil), r.refunded...)
+	cp.effective = append([]Time(nil), r.effective...)
 	cp.leases = append([]uint64(nil), r.leases...)
 	return &cp
 }

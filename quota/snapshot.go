@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -319,7 +320,7 @@ func (c *Capture) AppendBinary(buf []byte) []byte {
 		buf = append(buf, key[shared:]...)
 		buf = binary.AppendUvarint(buf, uint64(b.lvl))
 		buf = binary.AppendUvarint(buf, b.tokens.get())
-		buf = binary.AppendUvarint(buf, uint64(c.clock-Time(b.last.get()))) // last <= clock
+		buf = binary.AppendUvarint(buf, uint64(c.clock-Time(b.last.get()))) // negative (wrapped) if last > clock
 		prev = key
 	}
 	buf = append(buf, c.tail...)
@@ -533,8 +534,11 @@ func decodeSnapshot(data []byte) (*Engine, error) {
 			break
 		}
 		lv := lim.levels[idx]
-		if tokens > lv.rate.capMicro || age > uint64(e.clock)+1<<63 { // last = clock-age must not wrap
-			d.fail("bucket %q: balance %d or age %d out of range", key, tokens, age)
+		// last = clock-age must not wrap. A negative age (two's complement) is a bucket whose
+		// refill runs ahead of the clock after a scheduled grant (Request.ScheduleWithin).
+		if ahead := -int64(age); tokens > lv.rate.capMicro || (int64(age) >= 0 && age > uint64(e.clock)+1<<63) ||
+			(int64(age) < 0 && (ahead <= 0 || ahead > math.MaxInt64-int64(e.clock))) {
+			d.fail("bucket %q: balance %d or age %d out of range", key, tokens, int64(age))
 			break
 		}
 		// Buckets take slots 0, 1, 2, ... in snapshot order (format 3's debits rely on it).

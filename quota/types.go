@@ -242,6 +242,13 @@ type Request struct {
 	// Owner is the authenticated caller (its identity name). A lease the request takes
 	// belongs to it: ReleaseBy and RenewBy by another owner are refused. "" owns nothing.
 	Owner string
+	// ScheduleWithin > 0 allows a scheduled grant: a request that every other check admits
+	// but whose rate-limited buckets cannot pay at now, and can within ScheduleWithin, is
+	// admitted as of the earliest moment they can (now+Decision.RetryAfter): the buckets are
+	// debited as of then (refill credited up to that moment, never beyond), its lease starts
+	// then, and the caller must not learn of the admission before it. This is how the
+	// leader's fair scheduler puts a batch of grants at the bucket's pace into one log entry.
+	ScheduleWithin time.Duration
 }
 
 // Decision is the outcome of one Request.
@@ -260,6 +267,8 @@ type Decision struct {
 	// ResetAfter is the time until that bucket is full again.
 	ResetAfter time.Duration
 	// RetryAfter is, for a denial, the earliest wait after which the same request can succeed.
+	// For an admission it is 0, or for a scheduled grant (Request.ScheduleWithin) the delay
+	// after now at which the admission takes effect.
 	RetryAfter time.Duration
 	// LeaseID is non-zero when concurrency permits were taken; LeaseTTL is their TTL.
 	LeaseID  uint64

@@ -88,6 +88,9 @@ type call struct {
 type proposalResult struct {
 	res *fsm.OpResult
 	err error
+	// ts is the timestamp (leader FSM time) stamped on the op's entry: a scheduled grant
+	// (Decision.RetryAfter on an admission) takes effect RetryAfter after it.
+	ts int64
 }
 
 // errStopped: the proposer is shutting down.
@@ -236,7 +239,7 @@ func (p *proposer) loop() {
 func (p *proposer) commit(batch []queuedOp) {
 	defer func() { <-p.slots }()
 	start := time.Now()
-	res, err := p.apply(batch)
+	res, ts, err := p.apply(batch)
 	if p.observe != nil {
 		p.observe(len(batch), time.Since(start), err)
 	}
@@ -245,14 +248,14 @@ func (p *proposer) commit(batch []queuedOp) {
 			q.c.answer(q.i, proposalResult{err: err})
 			continue
 		}
-		q.c.answer(q.i, proposalResult{res: &res.Ops[i]})
+		q.c.answer(q.i, proposalResult{res: &res.Ops[i], ts: ts})
 	}
 }
 
-func (p *proposer) apply(batch []queuedOp) (*fsm.Result, error) {
+func (p *proposer) apply(batch []queuedOp) (*fsm.Result, int64, error) {
 	ts, err := p.node.Now()
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	ops := make([][]byte, len(batch))
 	for i, q := range batch {
@@ -263,11 +266,11 @@ func (p *proposer) apply(batch []queuedOp) (*fsm.Result, error) {
 	defer cancel()
 	out, err := p.node.Apply(ctx, data)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	res, ok := out.(*fsm.Result)
 	if !ok || len(res.Ops) != len(batch) {
-		return nil, fmt.Errorf("rpc: the FSM answered %T for a command of %d ops", out, len(batch))
+		return nil, 0, fmt.Errorf("rpc: the FSM answered %T for a command of %d ops", out, len(batch))
 	}
-	return res, nil
+	return res, ts, nil
 }

@@ -12,7 +12,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	fsmv1 "github.com/quotad/quotad/api/quotad/fsm/v1"
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 	"github.com/quotad/quotad/fsm"
 	"github.com/quotad/quotad/quota"
@@ -25,11 +24,16 @@ import (
 // queue of the outermost contended bucket on its path (a sched.Queue per bucket key). The
 // leader predicts when buckets can pay from the FSM's own state (fsm.Status: remaining tokens,
 // reset time, pauses, permits in flight) plus what it has released but not yet seen applied
-// ("pending"); when a bucket can pay, the queue picks who goes next, and that waiter's
-// admission goes through the normal proposer: the FSM re-checks and debits, so the scheduler
-// never grants what the FSM would refuse. A waiter the FSM still denies (a race with an
-// admission already in flight) is requeued at the head of its flow until its wait ends, then
-// gets that denial.
+// ("pending"). Grants are released ahead of time: every waiter the bucket can pay within the
+// release horizon (about how long a released grant takes to be stamped into a log entry) is
+// picked in fair order (sched.Queue.Batch) and the whole batch goes to the proposer as one
+// call, so it lands in one log entry in that order. The FSM re-checks and debits each as a
+// scheduled grant (command version 2): admitted as of the moment the bucket has its units,
+// which may be a little after the entry's time, and the waiter's answer is held until that
+// moment. So grants follow each other at the bucket's pace whatever the commit latency (one
+// grant per entry, with released cost capped at the burst, held a burst-1 bucket to one grant
+// per commit), and the scheduler never grants what the FSM would refuse. A waiter the FSM
+// still denies is requeued at the head of its flow until its wait ends, then gets that denial.
 //
 // A non-waiting admission whose path crosses a bucket with eligible waiters is denied
 // (rate_limited, scope of that bucket, retry_after = the queue's backlog at the bucket's
@@ -60,6 +64,13 @@ const (
 	fairLimitsRefresh = time.Second
 	// fairShareWindow is the window of usage shares (metrics, top).
 	fairShareWindow = 10 * time.Second
+	// The release horizon: how far ahead of a bucket's next unit its grant is released. It
+	// must cover the time from release to the entry's timestamp (waiting for a commit slot),
+	// or the bucket fills meanwhile and units are lost; beyond that it only delays newcomers.
+	// It follows 1.5 × the longest recent release-to-stamp delay + 2 ms, within these bounds.
+	fairHorizonMin     = 2 * time.Millisecond
+	fairHorizonMax     = 100 * time.Millisecond
+	fairHorizonInitial = 10 * time.Millisecond
 )
 
 type fair struct {
@@ -76,6 +87,8 @@ type fair struct {
 	limitsAt    time.Time
 	usage       map[string]*shareWindow // by bucket key: who got the capacity lately
 	usageSwept  time.Time               // last pruneUsage pass
+	horizon     time.Duration           // release horizon (see fairHorizonMin)
+	stampMax    float64                 // decaying max of release-to-stamp delays, ns
 
 	nwait atomic.Int64 // waiters queued (fast check on the hot path)
 	slots waiterSlots  // waiting admissions by client and domain, for the waiter caps
@@ -114,6 +127,12 @@ type waiter struct {
 	arrived    time.Time
 	ready      chan struct{} // released by the pump (buffered)
 	failed     chan struct{} // closed when leadership is lost
+	// Set by the pump before ready: the proposer call carrying its admission (op idx), or
+	// the error submitting it; releasedAt is the leader's FSM time at release.
+	call       *call
+	idx        int
+	submitErr  error
+	releasedAt int64
 }
 
 // pathView is the FSM's state along one descriptor path at FSM time clock, and the limits
@@ -133,6 +152,7 @@ func newFair(s *Server) *fair {
 		pending:     make(map[string]uint64),
 		pendingConc: make(map[string]uint64),
 		usage:       make(map[string]*shareWindow),
+		horizon:     fairHorizonInitial,
 		kick:        make(chan struct{}, 1),
 		stop:        make(chan struct{}),
 		done:        make(chan struct{}),
@@ -222,7 +242,13 @@ func (f *fair) acquire(ctx context.Context, req *quotadv1.AcquireRequest, owner 
 					batchErrs = append(batchErrs, s.applyError(r.err))
 					continue
 				}
-				resp.Decisions[idx[j]] = decisionToProto(r.res.Decision)
+				// A retry answered from the dedup table may be a scheduled grant: its delay
+				// counts from the original entry, held again from this one (never early).
+				if err := f.hold(ctx, r); err != nil {
+					batchErrs = append(batchErrs, err)
+					continue
+				}
+				resp.Decisions[idx[j]] = answer(r.res.Decision)
 			}
 		}
 	}
@@ -318,9 +344,12 @@ func (f *fair) domainConfig(domain string) sched.Config {
 	return cfg
 }
 
-// levelAt returns the FSM time at which level i of v can pay cost on top of what is
-// pending, or math.MaxInt64 when that cannot be predicted (permits all held, or pending
-// releases must be answered first). Shadow and unlimited levels never hold a request back.
+// levelAt returns the FSM time at which level i of v can pay cost on top of what is pending
+// (released, not yet answered: as scheduled grants they take the bucket's units as these
+// accrue, so the time grows by cost/rate per pending unit, beyond the burst too), or
+// math.MaxInt64 when that cannot be predicted (permits all held). A paused level counts its
+// end plus the release horizon, so that no waiter is released before the pause is over (the
+// FSM refuses paused admissions). Shadow and unlimited levels never hold a request back.
 func (f *fair) levelAt(v *pathView, i int, cost uint64) int64 {
 	b := &v.levels[i]
 	if n := v.nodes[i]; n != nil && (n.ShadowMode || n.Unlimited) {
@@ -328,22 +357,14 @@ func (f *fair) levelAt(v *pathView, i int, cost uint64) int64 {
 	}
 	at := v.clock
 	if b.PausedFor > 0 {
-		at = v.clock + int64(b.PausedFor)
+		at = v.clock + int64(b.PausedFor) + int64(f.horizon)
 	}
 	if b.MaxInFlight > 0 && b.InFlight+f.pendingConc[b.Key] >= b.MaxInFlight {
 		return math.MaxInt64
 	}
 	if b.Limit > 0 && b.Window > 0 {
-		need := cost + f.pending[b.Key]
-		if need > b.Burst {
-			return math.MaxInt64
-		}
-		perUnit := float64(b.Window) / float64(b.Limit)
-		ready := v.clock + int64(b.ResetAfter) - int64(float64(b.Burst-need)*perUnit)
-		if ready > v.clock {
-			ready += int64(fairMargin)
-		}
-		at = max(at, ready)
+		bk := sched.Bucket{Limit: b.Limit, Window: b.Window, Burst: b.Burst, ResetAfter: b.ResetAfter}
+		at = max(at, v.clock+int64(bk.ReadyAfter(cost+f.pending[b.Key])))
 	}
 	return at
 }
@@ -493,10 +514,17 @@ func (f *fair) wait(ctx context.Context, owner, clientID string, adm *quotadv1.A
 		v, err := f.readPath(adm.Domain, es)
 		if err != nil {
 			f.mu.Unlock()
-			d, _, perr := f.propose(ctx, w)
-			return d, perr
+			r, perr := f.propose(ctx, w)
+			if perr == nil {
+				perr = f.hold(ctx, r)
+			}
+			if perr != nil {
+				return nil, perr
+			}
+			return answer(r.res.Decision), nil
 		}
-		w.rateKeys, w.concKeys = w.rateKeys[:0], w.concKeys[:0]
+		// Fresh slices: a released batch's completion still reads the old ones (unreserve).
+		w.rateKeys, w.concKeys = nil, nil
 		for i, b := range v.levels {
 			if n := v.nodes[i]; n != nil && (n.ShadowMode || n.Unlimited) {
 				continue
@@ -510,8 +538,9 @@ func (f *fair) wait(ctx context.Context, owner, clientID string, adm *quotadv1.A
 		}
 		q := f.queueOn(v)
 		at, blocking := f.admitAt(v, w.cost)
-		if q == nil && !requeue && at <= now {
-			// Nobody waits on this path and every bucket can pay: go straight to the FSM.
+		if q == nil && !requeue && at <= now+int64(f.horizon) {
+			// Nobody waits on this path and every bucket can pay (within the release
+			// horizon: the FSM makes it a scheduled grant): go straight to the FSM.
 			f.reserve(w)
 			f.mu.Unlock()
 			d, final, err := f.decide(ctx, w)
@@ -548,13 +577,20 @@ func (f *fair) wait(ctx context.Context, owner, clientID string, adm *quotadv1.A
 		timer.Stop()
 		if !released {
 			f.mu.Lock()
-			if f.waiters[w.id] == w {
+			queued := f.waiters[w.id] == w
+			if queued {
 				f.unqueue(q, w)
-			} else if len(w.ready) > 0 {
-				<-w.ready // released while the wait ended: take it
-				released = true
 			}
 			f.mu.Unlock()
+			if !queued {
+				// Released while the wait ended: its admission is on its way to the log (the
+				// pump signals once it is submitted), so take its decision.
+				select {
+				case <-w.ready:
+					released = true
+				case <-w.failed:
+				}
+			}
 		}
 		if !released {
 			select {
@@ -582,13 +618,66 @@ func (f *fair) wait(ctx context.Context, owner, clientID string, adm *quotadv1.A
 			}
 			return f.denial(adm.Domain, v, q.level, retry), nil
 		}
-		d, final, err := f.decide(ctx, w)
+		d, final, err := f.released(ctx, w)
 		if err != nil || final || time.Now().After(deadline) {
 			f.metrics.waited(w, d != nil && d.Admitted, time.Since(arrived))
 			return d, err
 		}
 		last, requeue = d, true
 	}
+}
+
+// released returns the FSM's decision on a waiter the pump released (its batch's call), held
+// until a scheduled grant takes effect; final as for decide. The batch's completion (see
+// submit) unreserves its cost, whether or not this waiter is still there to read it.
+func (f *fair) released(ctx context.Context, w *waiter) (*quotadv1.Decision, bool, error) {
+	if w.submitErr != nil {
+		return nil, true, f.s.applyError(w.submitErr)
+	}
+	if err := f.s.prop.wait(ctx, w.call); err != nil {
+		return nil, true, f.s.applyError(err)
+	}
+	r := w.call.results[w.idx]
+	if r.err != nil {
+		return nil, true, f.s.applyError(r.err)
+	}
+	if err := f.hold(ctx, r); err != nil {
+		return nil, true, err
+	}
+	return f.outcome(w, answer(r.res.Decision), r.res.Duplicate)
+}
+
+// hold waits until a scheduled grant in r takes effect: RetryAfter after its entry's time. A
+// caller must not learn of an admission before it (the bucket's bound counts it then).
+func (f *fair) hold(ctx context.Context, r proposalResult) error {
+	d := r.res.Decision
+	if !d.Admitted || d.RetryAfter <= 0 {
+		return nil
+	}
+	wait := d.RetryAfter
+	if now, err := f.s.node.Now(); err == nil && r.ts > 0 {
+		wait = time.Duration(r.ts + int64(d.RetryAfter) - now)
+	}
+	if wait <= 0 {
+		return nil
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return f.s.applyError(ctx.Err())
+	}
+}
+
+// answer is the API form of a decision whose scheduled grant (if any) has been held.
+func answer(d fsm.Decision) *quotadv1.Decision {
+	pd := decisionToProto(d)
+	if pd.Admitted {
+		pd.RetryAfterMs = 0 // served by the hold
+	}
+	return pd
 }
 
 // denial is the scheduler's own refusal of a waiting admission (not recorded by the FSM: a
@@ -611,13 +700,14 @@ func (f *fair) denial(domain string, v *pathView, level int, retry time.Duration
 		RetryAfterMs: max(1, ceilMs(retry))}
 }
 
-// decide proposes a released waiter and returns the FSM's decision; final is false when it
-// was denied for a reason time can cure and the FSM has not made that denial sticky.
+// decide proposes a waiter that goes straight to the FSM and returns the FSM's decision
+// (held until a scheduled grant takes effect); final is false when it was denied for a
+// reason time can cure and the FSM has not made that denial sticky.
 func (f *fair) decide(ctx context.Context, w *waiter) (*quotadv1.Decision, bool, error) {
-	d, dup, err := f.propose(ctx, w)
+	r, err := f.propose(ctx, w)
 	f.mu.Lock()
 	f.unreserve(w)
-	if d != nil && d.Admitted {
+	if err == nil && r.res.Decision.Admitted {
 		f.recordAdmission(w, time.Now())
 	}
 	f.mu.Unlock()
@@ -625,6 +715,14 @@ func (f *fair) decide(ctx context.Context, w *waiter) (*quotadv1.Decision, bool,
 	if err != nil {
 		return nil, true, err
 	}
+	if err := f.hold(ctx, r); err != nil {
+		return nil, true, err
+	}
+	return f.outcome(w, answer(r.res.Decision), r.res.Duplicate)
+}
+
+// outcome counts a decision in the metrics and says whether it is final (see decide).
+func (f *fair) outcome(w *waiter, d *quotadv1.Decision, dup bool) (*quotadv1.Decision, bool, error) {
 	if d.Admitted {
 		f.metrics.admitted(w)
 		return d, true, nil
@@ -646,13 +744,86 @@ func (f *fair) recordAdmission(w *waiter, now time.Time) {
 	}
 }
 
-func (f *fair) propose(ctx context.Context, w *waiter) (*quotadv1.Decision, bool, error) {
-	op := &fsmv1.Op{Op: &fsmv1.Op_Acquire{Acquire: &fsmv1.Acquire{ClientId: w.clientID, Admission: w.adm, Owner: w.owner}}}
-	r, err := f.s.prop.propose(ctx, op)
-	if err != nil {
-		return nil, false, f.s.applyError(err)
+func (f *fair) propose(ctx context.Context, w *waiter) (proposalResult, error) {
+	c, err := f.s.prop.submit(ctx, [][]byte{fsm.AppendOwnedAcquireOp(nil, w.owner, w.clientID, w.adm)})
+	if err == nil {
+		err = f.s.prop.wait(ctx, c)
 	}
-	return decisionToProto(r.Decision), r.Duplicate, nil
+	if err == nil {
+		err = c.results[0].err
+	}
+	if err != nil {
+		return proposalResult{}, f.s.applyError(err)
+	}
+	return c.results[0], nil
+}
+
+// submit sends a batch of released waiters to the proposer as one call (one log entry, in
+// the order given) and signals each. When the call is answered it unreserves their cost,
+// counts admissions in the share windows, feeds the release horizon and wakes the pump —
+// whether or not the waiters are still there. Called by the pump, without f.mu.
+func (f *fair) submit(ws []*waiter) {
+	if len(ws) == 0 {
+		return
+	}
+	ops := make([][]byte, len(ws))
+	for i, w := range ws {
+		ops[i] = fsm.AppendAcquireOp(nil, w.clientID, w.adm)
+	}
+	// What the completion needs, taken before the waiters run again (a denied one re-reads
+	// its path and may be released anew).
+	type held struct {
+		rateKeys, concKeys []string
+		cost               uint64
+	}
+	res := make([]held, len(ws))
+	for i, w := range ws {
+		res[i] = held{w.rateKeys, w.concKeys, w.cost}
+	}
+	releasedAt := ws[0].releasedAt
+	c, err := f.s.prop.submit(context.Background(), ops)
+	for i, w := range ws {
+		w.call, w.idx, w.submitErr = c, i, err
+		w.ready <- struct{}{}
+	}
+	done := func() {
+		f.mu.Lock()
+		now := time.Now()
+		for i, w := range ws {
+			f.release(res[i].rateKeys, res[i].concKeys, res[i].cost)
+			if err == nil {
+				if r := c.results[i]; r.err == nil && r.res != nil && r.res.Decision.Admitted {
+					f.recordAdmission(w, now)
+				}
+			}
+		}
+		if err == nil && c.results[0].res != nil {
+			f.observeStamp(c.results[0].ts - releasedAt)
+		}
+		f.mu.Unlock()
+		f.wake()
+	}
+	if err != nil {
+		done()
+		return
+	}
+	go func() {
+		select {
+		case <-c.done:
+		case <-f.s.prop.stop:
+		}
+		done()
+	}()
+}
+
+// observeStamp feeds the release horizon with one release-to-stamp delay (ns). The horizon
+// also covers the pump's own lateness (timers on a loaded machine), a fixed 2 ms. It is not
+// measured from when a grant was due: a longer horizon makes larger entries, which commit
+// slower, which would lengthen it again. f.mu held.
+func (f *fair) observeStamp(d int64) {
+	f.stampMax = max(float64(max(d, 0)), f.stampMax*0.99)
+	h := time.Duration(1.5*f.stampMax) + 2*time.Millisecond
+	f.horizon = min(max(h, fairHorizonMin), fairHorizonMax)
 }
 
 // reserve counts a released waiter's cost as pending on its buckets. f.mu held.
@@ -666,15 +837,18 @@ func (f *fair) reserve(w *waiter) {
 }
 
 // unreserve undoes reserve once the FSM has answered (its state now shows the debit). f.mu held.
-func (f *fair) unreserve(w *waiter) {
-	for _, k := range w.rateKeys {
-		if f.pending[k] <= w.cost {
+func (f *fair) unreserve(w *waiter) { f.release(w.rateKeys, w.concKeys, w.cost) }
+
+// release is unreserve of what a waiter reserved. f.mu held.
+func (f *fair) release(rateKeys, concKeys []string, cost uint64) {
+	for _, k := range rateKeys {
+		if f.pending[k] <= cost {
 			delete(f.pending, k)
 		} else {
-			f.pending[k] -= w.cost
+			f.pending[k] -= cost
 		}
 	}
-	for _, k := range w.concKeys {
+	for _, k := range concKeys {
 		if f.pendingConc[k] <= 1 {
 			delete(f.pendingConc, k)
 		} else {
@@ -802,8 +976,9 @@ func (f *fair) loop() {
 	}
 }
 
-// pass releases every waiter the queues pick while buckets can pay, and returns how long to
-// sleep before the next predicted refill.
+// pass releases, queue by queue, every waiter the queue picks (in fair order) that the
+// buckets can pay within the release horizon, submits each queue's batch as one proposer
+// call, and returns how long to sleep: until the next waiter comes within the horizon.
 func (f *fair) pass() time.Duration {
 	if f.nwait.Load() == 0 {
 		f.metrics.idle()
@@ -816,7 +991,7 @@ func (f *fair) pass() time.Duration {
 	}
 	wall := time.Now()
 	f.mu.Lock()
-	defer f.mu.Unlock()
+	horizon := f.horizon
 	wake := now + int64(fairPoll)
 	views := map[string]*pathView{}
 	view := func(w *waiter) *pathView {
@@ -827,37 +1002,42 @@ func (f *fair) pass() time.Duration {
 		}
 		return v
 	}
+	// FSM time → wall time for the queue's predictions (aging uses wall time).
+	toWall := func(at int64) time.Time {
+		return wall.Add(time.Duration(min(at-now, int64(time.Hour))))
+	}
 	keys := make([]string, 0, len(f.queues))
 	for k := range f.queues {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
+	var batches [][]*waiter
 	for _, k := range keys {
 		q := f.queues[k]
-		eligible := func(it sched.Item) bool {
+		slot := func(it sched.Item) sched.Slot {
 			w := f.waiters[it.ID]
 			v := view(w)
 			if v == nil {
-				return true // the FSM will say what is wrong
+				return sched.Slot{At: wall} // the FSM will say what is wrong
 			}
-			at, _ := f.admitAt(v, w.cost)
-			if at > now {
-				wake = min(wake, at)
-				return false
-			}
-			return true
+			at, which := f.admitAt(v, w.cost)
+			return sched.Slot{At: toWall(at), Own: which >= 0 && which != q.level}
 		}
-		for {
-			it, ok := q.q.Next(wall, eligible)
-			if !ok {
-				break
-			}
+		var batch []*waiter
+		_, next := q.q.Batch(wall, wall.Add(horizon), slot, func(it sched.Item) {
 			w := f.waiters[it.ID]
 			delete(f.waiters, it.ID)
 			f.nwait.Add(-1)
 			q.cost -= min(q.cost, w.cost)
 			f.reserve(w)
-			w.ready <- struct{}{}
+			w.releasedAt = now
+			batch = append(batch, w)
+		})
+		if len(batch) > 0 {
+			batches = append(batches, batch)
+		}
+		if !next.IsZero() {
+			wake = min(wake, now+int64(next.Sub(wall))-int64(horizon))
 		}
 		q.spare = false
 		if q.q.Len() > 0 {
@@ -869,6 +1049,10 @@ func (f *fair) pass() time.Duration {
 			delete(f.queues, k)
 		}
 		f.metrics.queue(q, wall, f.usage[k])
+	}
+	f.mu.Unlock()
+	for _, b := range batches {
+		f.submit(b)
 	}
 	d := time.Duration(wake - now)
 	return max(d, 100*time.Microsecond)

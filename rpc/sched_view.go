@@ -11,10 +11,13 @@ import (
 // data behind `quotad top`). Only the leader has queues. Tenants appear by flow name here —
 // this is an operator's view, not a metrics label.
 type FairView struct {
-	Node     string           `json:"node"`
-	IsLeader bool             `json:"is_leader"`
-	Waiting  int              `json:"waiting"`
-	Buckets  []FairBucketView `json:"buckets"`
+	Node     string `json:"node"`
+	IsLeader bool   `json:"is_leader"`
+	Waiting  int    `json:"waiting"`
+	// ReleaseHorizonMs is how far ahead of a bucket's next unit grants are released (the
+	// leader's estimate of how long a released grant takes to reach a log entry).
+	ReleaseHorizonMs float64          `json:"release_horizon_ms"`
+	Buckets          []FairBucketView `json:"buckets"`
 }
 
 // FairBucketView is one contended bucket: its waiters and who got its capacity lately.
@@ -55,6 +58,7 @@ func (s *Server) FairView(nodeID string) FairView {
 	v := FairView{Node: nodeID, IsLeader: s.node.IsLeader()}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	v.ReleaseHorizonMs = ms(f.horizon)
 	keys := make([]string, 0, len(f.usage))
 	for k := range f.usage {
 		keys = append(keys, k)

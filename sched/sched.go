@@ -42,6 +42,12 @@
 // served first (oldest first), so a tenant's old low-priority work is never starved by its
 // own stream of high-priority work.
 //
+// Batches. Queue.Batch dispatches, in this same order, every request the caller predicts can
+// be admitted by a given time: the leader releases a bucket's grants ahead of time, as many
+// as reach the replicated log before the bucket could pay them, and the state machine gives
+// each its own moment (a scheduled grant), so grants flow at the bucket's rate whatever the
+// commit latency. Bucket.ReadyAfter is that prediction for one token bucket.
+//
 // A Queue is not safe for concurrent use. The zero value is not usable; call New.
 package sched
 
@@ -128,6 +134,8 @@ type flow struct {
 	finish uint64     // virtual finish tag of its last dispatch
 	fifo   [][]*entry // per class index, FIFO
 	n      int        // live entries
+	// fresh: backlogged since its start was set to the virtual time, not dispatched since.
+	fresh bool
 }
 
 func (f *flow) head(c int) *entry {
@@ -226,6 +234,7 @@ func (q *Queue) push(it Item, front bool) {
 		// Newly backlogged: start at the virtual time, or later if its last dispatch finished
 		// later (no credit for idleness, no penalty beyond its own last request).
 		f.start = max(f.finish, q.vtime)
+		f.fresh = true
 	}
 	q.seq++
 	e := &entry{Item: it, seq: q.seq, class: c}
@@ -289,12 +298,19 @@ func (q *Queue) tag(f *flow, e *entry) uint64 {
 	return start + inc
 }
 
+// better orders candidates by finish tag. On a tie a newly backlogged flow goes first: its
+// start is the virtual time, which no backlogged flow's start is below, so WFQ places it
+// ahead of them (a backlogged flow ties with it only by having started exactly there). Then
+// arrival order.
 func better(a, b candidate) bool {
 	if b.e == nil {
 		return true
 	}
 	if a.tag != b.tag {
 		return a.tag < b.tag
+	}
+	if a.f.fresh != b.f.fresh {
+		return a.f.fresh
 	}
 	return a.e.seq < b.e.seq
 }
@@ -329,8 +345,18 @@ func (q *Queue) flowHead(f *flow, now time.Time, eligible func(Item) bool) *entr
 // it and returns it. ok is false when no waiting request is eligible. eligible must not
 // change the Queue and may be called several times per request.
 func (q *Queue) Next(now time.Time, eligible func(Item) bool) (Item, bool) {
-	if len(q.items) == 0 {
+	best, reserve := q.pick(now, eligible)
+	if best.e == nil {
 		return Item{}, false
+	}
+	return q.commit(best, reserve), true
+}
+
+// pick returns the candidate Next would dispatch, and the reserve class it would be charged
+// to (-1: the shared lane), without changing the Queue.
+func (q *Queue) pick(now time.Time, eligible func(Item) bool) (candidate, int) {
+	if len(q.items) == 0 {
+		return candidate{}, -1
 	}
 	if eligible == nil {
 		eligible = func(Item) bool { return true }
@@ -355,8 +381,7 @@ func (q *Queue) Next(now time.Time, eligible func(Item) bool) (Item, bool) {
 			}
 		}
 		if best.e != nil {
-			q.credit[c] -= best.e.cost() * vscale
-			return q.dispatch(best), true
+			return best, c
 		}
 	}
 	var best candidate
@@ -372,10 +397,71 @@ func (q *Queue) Next(now time.Time, eligible func(Item) bool) (Item, bool) {
 			best = cand
 		}
 	}
-	if best.e == nil {
-		return Item{}, false
+	return best, -1
+}
+
+func (q *Queue) commit(c candidate, reserve int) Item {
+	if reserve >= 0 {
+		q.credit[reserve] -= c.e.cost() * vscale
 	}
-	return q.dispatch(best), true
+	return q.dispatch(c)
+}
+
+// Slot is when a waiting request could be admitted, as the caller predicts it (Batch).
+type Slot struct {
+	// At is the earliest time every limit on the request's path can pay for it, given the
+	// requests dispatched before it.
+	At time.Time
+	// Own is set when At is held back by a limit of the request's own (its tenant's bucket,
+	// a concurrency cap below the queue's bucket), not by the bucket the Queue shares out:
+	// other flows may go first (work conservation). When the shared bucket is what binds,
+	// every flow waits for it in the fair order, so a large request is not starved by small
+	// ones slipping in ahead of it.
+	Own bool
+}
+
+// Batch dispatches, in the order successive Next calls would, every waiting request whose
+// predicted admission time is at most until, and returns them. It is how the leader fills a
+// bucket's pace ahead of time: until is now plus how long a grant takes to reach the log, and
+// the replicated state machine gives each grant of the batch its own moment (a scheduled
+// grant), so the batch can go into one log entry.
+//
+// slot predicts a request's admission; it is called before each dispatch, after take was
+// called for every request dispatched before (take updates the caller's prediction, e.g. the
+// cost already released to the bucket). The batch stops at the first request in fair order
+// that the shared bucket cannot pay by until; requests held back by their own limits are
+// skipped. next is the earliest predicted time among the requests left waiting that were
+// looked at (zero if none): when to call Batch again.
+func (q *Queue) Batch(now, until time.Time, slot func(Item) Slot, take func(Item)) (batch []Item, next time.Time) {
+	note := func(t time.Time) {
+		if next.IsZero() || t.Before(next) {
+			next = t
+		}
+	}
+	for {
+		var head Slot
+		best, reserve := q.pick(now, func(it Item) bool {
+			s := slot(it)
+			if s.Own && s.At.After(until) {
+				note(s.At)
+				return false
+			}
+			return true
+		})
+		if best.e == nil {
+			return batch, next
+		}
+		head = slot(best.e.Item)
+		if head.At.After(until) {
+			note(head.At)
+			return batch, next
+		}
+		it := q.commit(best, reserve)
+		batch = append(batch, it)
+		if take != nil {
+			take(it)
+		}
+	}
 }
 
 func (q *Queue) dispatch(c candidate) Item {
@@ -383,6 +469,7 @@ func (q *Queue) dispatch(c candidate) Item {
 	q.vtime = max(q.vtime, c.f.start) // start tag of the request now in service
 	c.f.finish = c.tag
 	c.f.start = c.tag
+	c.f.fresh = false
 	for i, cl := range q.cfg.Classes {
 		if cl.ReservePercent == 0 {
 			continue

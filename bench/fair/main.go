@@ -12,6 +12,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -77,6 +78,10 @@ type Report struct {
 	AIMDUtilization              *float64  `json:"aimd_utilization"`
 	PauseOtherEndpointsRateRatio *float64  `json:"pause_other_endpoints_rate_ratio"`
 	FailoverSmallTenantWaitMaxMs *float64  `json:"failover_small_tenant_wait_max_ms"`
+	// RateSweep is issue 16's sweep of burst-1 buckets from 10 to 10,000 tokens/s.
+	RateSweep []SweepPoint `json:"rate_sweep"`
+	// AIMDUtilizationRuns lists the AIMD scenario's utilization per run (-aimd-runs).
+	AIMDUtilizationRuns []float64 `json:"aimd_utilization_runs,omitempty"`
 	// PauseResumeSpreadMs is, in the pause scenario, p90 − p10 of the paused endpoint's
 	// workers' first re-admission after the pause ended (see pause).
 	PauseResumeSpreadMs *float64 `json:"pause_resume_spread_ms"`
@@ -91,7 +96,7 @@ func dur(d time.Duration) time.Duration { return time.Duration(float64(d) * *sca
 func main() {
 	out := flag.String("out", "bench/results/fairness.json", "JSON report path")
 	keep := flag.Bool("keep", false, "keep the cluster's data dirs and logs")
-	only := flag.String("only", "", "run one scenario: seed, weighted, lone, interactive, pause, aimd, failover")
+	only := flag.String("only", "", "run one scenario: seed, weighted, lone, interactive, pause, aimd, failover, rate_sweep")
 	flag.Parse()
 	dir, err := os.MkdirTemp("", "quotad-bench-fair-")
 	check(err)
@@ -104,7 +109,7 @@ func main() {
 	bin, err := proccluster.Build(".", dir)
 	check(err)
 	lf := filepath.Join(dir, "limits.yaml")
-	check(os.WriteFile(lf, []byte(limits+"---\n"+aimdLimits()), 0o644))
+	check(os.WriteFile(lf, []byte(limits+"---\n"+aimdLimits()+sweepLimits()), 0o644))
 	c, err := proccluster.Start(proccluster.Config{Binary: bin, Dir: dir, Nodes: 3, LimitsFile: lf})
 	check(err)
 	defer c.KillAll()
@@ -162,6 +167,15 @@ func main() {
 			100*steady.rate429(), 100*conv.rate429())
 		target(steady.utilization() >= 0.85, "aimd: %.1f%% of the hidden capacity used after 30 s (>= 85%%; first 30 s: %.1f%%)",
 			100*steady.utilization(), 100*conv.utilization())
+	}
+	if want("rate_sweep") {
+		rep.RateSweep = rateSweep(c)
+		for _, p := range rep.RateSweep {
+			target(p.Utilization >= 0.98, "rate_sweep %d/s: utilization %.3f (>= 0.98)", p.Rate, p.Utilization)
+			target(math.Abs(p.HeavyShareRatio-1) <= 0.05, "rate_sweep %d/s: heavy tenants' share ratio %.3f (1.00 +- 0.05)", p.Rate, p.HeavyShareRatio)
+			target(p.SmallWaitP99Ms <= p.TargetMs, "rate_sweep %d/s: small-tenant wait p99 %.1f ms (<= 2 intervals + commit p99 = %.1f ms; %s dominates)",
+				p.Rate, p.SmallWaitP99Ms, p.TargetMs, p.Dominant)
+		}
 	}
 	if want("failover") {
 		_, mx, _ := seed(c, "failover", dur(20*time.Second), true)

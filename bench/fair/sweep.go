@@ -1,0 +1,269 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/quotad/quotad/client"
+	"github.com/quotad/quotad/internal/proccluster"
+)
+
+// The rate sweep (issue 16): one burst-1 domain per rate; two heavy tenants keep requests
+// waiting (A three times as many as B), six small tenants send one request at a time at
+// random moments, all through client.Wait. `go run ./bench/fair -only rate_sweep` runs it
+// alone; -sweep-rates picks the rates.
+var (
+	sweepRates   = flag.String("sweep-rates", "10,100,1000,10000", "rate_sweep: the rates (tokens/s), comma-separated")
+	sweepMeasure = flag.Duration("sweep-measure", 20*time.Second, "rate_sweep: measured time per rate (rates >= 1000/s use half)")
+)
+
+// sweepRatesList parses -sweep-rates.
+func sweepRatesList() []int {
+	var out []int
+	for _, f := range strings.Split(*sweepRates, ",") {
+		r, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || r <= 0 || r > 1_000_000 {
+			check(fmt.Errorf("-sweep-rates: %q is not a rate in tokens/s (1 to 1000000); e.g. -sweep-rates 10,100,1000,10000", f))
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// sweepLimits is a domain per rate: burst 1, tenants as the per-value level; and a probe
+// domain no one contends, whose plain admissions measure a decision's round trip.
+func sweepLimits() string {
+	var b strings.Builder
+	for _, r := range sweepRatesList() {
+		fmt.Fprintf(&b, "---\ndomain: sweep%d\nrate_limit: {unit: second, requests_per_unit: %d, burst: 1}\ndescriptors:\n  - key: tenant\n", r, r)
+	}
+	b.WriteString("---\ndomain: probe\nrate_limit: {unit: second, requests_per_unit: 1000000}\n")
+	return b.String()
+}
+
+// SweepPoint is one rate of rate_sweep in fairness.json.
+type SweepPoint struct {
+	Rate        int     `json:"rate"`
+	Utilization float64 `json:"utilization"`
+	// HeavyShareRatio is A's admissions over B's (max-min fair: 1).
+	HeavyShareRatio       float64 `json:"heavy_share_ratio"`
+	SmallWaitP99Ms        float64 `json:"small_wait_p99_ms"`
+	SmallWaitP99Intervals float64 `json:"small_wait_p99_intervals"`
+	SmallRequests         int     `json:"small_requests"`
+	// CommitP99Ms is the leader's quotad_raft_commit_seconds p99 over the run (interpolated
+	// in its power-of-two buckets); DecisionP99Ms that of a plain admission's round trip on
+	// an uncontended domain, measured by a probe beside the load.
+	CommitP99Ms   float64 `json:"commit_p99_ms"`
+	DecisionP99Ms float64 `json:"decision_p99_ms"`
+	// TargetMs is 2 token intervals + CommitP99Ms; Dominant names the larger term.
+	TargetMs float64 `json:"target_ms"`
+	Dominant string  `json:"dominant"`
+	// LoadAvg is the machine's 1-minute load average at the end of this rate's run.
+	LoadAvg float64 `json:"load_avg"`
+}
+
+func rateSweep(c *proccluster.Cluster) []SweepPoint {
+	var out []SweepPoint
+	for _, r := range sweepRatesList() {
+		p := sweepOne(c, r)
+		out = append(out, p)
+		logf("rate_sweep %d/s: utilization %.3f, A:B %.3f, small p99 %.1f ms (%.2f intervals, %d requests), commit p99 %.1f ms, decision p99 %.1f ms, target %.1f ms (%s dominates), load %.1f",
+			r, p.Utilization, p.HeavyShareRatio, p.SmallWaitP99Ms, p.SmallWaitP99Intervals, p.SmallRequests, p.CommitP99Ms, p.DecisionP99Ms, p.TargetMs, p.Dominant, p.LoadAvg)
+	}
+	return out
+}
+
+func sweepOne(c *proccluster.Cluster, rate int) SweepPoint {
+	cl := newClient(c)
+	defer cl.Close()
+	domain := fmt.Sprint("sweep", rate)
+	interval := time.Second / time.Duration(rate)
+	measure := dur(*sweepMeasure)
+	if rate >= 1000 {
+		measure /= 2
+	}
+	nB := max(50, rate/20) // about 100 ms of backlog at high rates, more at low ones
+	nA := 3 * nB
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var counting atomic.Bool
+	var a, b, small atomic.Int64
+	backlog(ctx, cl, &wg, nA, client.Request{Domain: domain, Descriptors: client.Descriptors("tenant", "A")}, &a, &counting)
+	backlog(ctx, cl, &wg, nB, client.Request{Domain: domain, Descriptors: client.Descriptors("tenant", "B")}, &b, &counting)
+	time.Sleep(3 * time.Second) // the backlogs form
+
+	leader := c.Leader(ctx)
+	hist0 := commitHistogram(c, leader)
+	var mu sync.Mutex
+	var waits, probes []float64
+	stop := time.Now().Add(measure)
+	var others sync.WaitGroup
+	// Small tenants: one request at a time, each after a random pause of 50..150 token
+	// intervals (at least 5 ms): together about 6 % of the rate, so they rarely meet.
+	for i := range 6 {
+		others.Go(func() {
+			tenant := fmt.Sprint("s", i)
+			for {
+				pause := time.Duration(50+rand.IntN(100)) * interval
+				time.Sleep(max(pause, 5*time.Millisecond))
+				if time.Now().After(stop) {
+					return
+				}
+				wctx, wc := context.WithTimeout(ctx, 30*time.Second)
+				start := time.Now()
+				d, err := cl.Wait(wctx, client.Request{Domain: domain, Descriptors: client.Descriptors("tenant", tenant)})
+				took := time.Since(start)
+				wc()
+				if err == nil && d.Admitted {
+					small.Add(1)
+					mu.Lock()
+					waits = append(waits, float64(took)/float64(time.Millisecond))
+					mu.Unlock()
+				} else {
+					logf("rate_sweep %d/s: small tenant %s: %v %+v", rate, tenant, err, d)
+				}
+			}
+		})
+	}
+	others.Go(func() { // the probe: 50 plain admissions a second on an uncontended domain
+		for time.Now().Before(stop) {
+			time.Sleep(20 * time.Millisecond)
+			pctx, pc := context.WithTimeout(ctx, 5*time.Second)
+			start := time.Now()
+			_, err := cl.Allow(pctx, client.Request{Domain: "probe"})
+			pc()
+			if err == nil {
+				mu.Lock()
+				probes = append(probes, float64(time.Since(start))/float64(time.Millisecond))
+				mu.Unlock()
+			}
+		}
+	})
+	t0 := time.Now()
+	counting.Store(true)
+	time.Sleep(time.Until(stop))
+	counting.Store(false)
+	elapsed := time.Since(t0)
+	others.Wait()
+	hist1 := commitHistogram(c, leader)
+	cancel()
+	wg.Wait()
+
+	slices.Sort(waits)
+	slices.Sort(probes)
+	logf("rate_sweep %d/s: small waits (ms) p50 %.1f p90 %.1f p99 %.1f max %.1f; A %d B %d small %d",
+		rate, quantile(waits, 0.5), quantile(waits, 0.9), quantile(waits, 0.99), quantile(waits, 1), a.Load(), b.Load(), small.Load())
+	n := a.Load() + b.Load() + small.Load()
+	p := SweepPoint{Rate: rate, Utilization: round3(float64(n) / (float64(rate) * elapsed.Seconds())),
+		SmallRequests: len(waits), SmallWaitP99Ms: quantile(waits, 0.99), DecisionP99Ms: quantile(probes, 0.99),
+		CommitP99Ms: round3(histQuantile(hist0, hist1, 0.99) * 1000), LoadAvg: loadAvg()}
+	if b.Load() > 0 {
+		p.HeavyShareRatio = round3(float64(a.Load()) / float64(b.Load()))
+	}
+	iv := float64(interval) / float64(time.Millisecond)
+	p.SmallWaitP99Intervals = round3(p.SmallWaitP99Ms / iv)
+	p.TargetMs = round3(2*iv + p.CommitP99Ms)
+	p.Dominant = "token intervals"
+	if p.CommitP99Ms > 2*iv {
+		p.Dominant = "commit"
+	}
+	return p
+}
+
+// commitHistogram reads node i's quotad_raft_commit_seconds buckets: upper bound (s) →
+// cumulative count.
+func commitHistogram(c *proccluster.Cluster, i int) map[float64]float64 {
+	out := map[float64]float64{}
+	if i < 0 {
+		return out
+	}
+	resp, err := http.Get("http://" + c.Nodes[i].HTTPAddr + "/metrics")
+	if err != nil {
+		logf("rate_sweep: reading node%d's metrics: %v", i+1, err)
+		return out
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		const prefix = `quotad_raft_commit_seconds_bucket{le="`
+		if !strings.HasPrefix(line, prefix) {
+			continue
+		}
+		rest := line[len(prefix):]
+		q := strings.IndexByte(rest, '"')
+		f := strings.Fields(rest)
+		if q < 0 || len(f) < 2 {
+			continue
+		}
+		le, err1 := strconv.ParseFloat(rest[:q], 64)
+		if rest[:q] == "+Inf" {
+			le, err1 = math.Inf(1), nil
+		}
+		v, err2 := strconv.ParseFloat(f[len(f)-1], 64)
+		if err1 == nil && err2 == nil {
+			out[le] = v
+		}
+	}
+	return out
+}
+
+// histQuantile is the q-quantile of what a cumulative histogram counted between two readings,
+// interpolated linearly within its bucket (as Prometheus' histogram_quantile); -1 if empty.
+func histQuantile(h0, h1 map[float64]float64, q float64) float64 {
+	var les []float64
+	for le := range h1 {
+		les = append(les, le)
+	}
+	slices.Sort(les)
+	if len(les) == 0 {
+		return -1
+	}
+	total := h1[les[len(les)-1]] - h0[les[len(les)-1]]
+	if total <= 0 {
+		return -1
+	}
+	want := q * total
+	prevLe, prevN := 0.0, 0.0
+	for _, le := range les {
+		n := h1[le] - h0[le]
+		if n >= want {
+			if math.IsInf(le, 1) {
+				return prevLe
+			}
+			return prevLe + (le-prevLe)*(want-prevN)/max(n-prevN, 1e-9)
+		}
+		prevLe, prevN = le, n
+	}
+	return prevLe
+}
+
+// loadAvg is the 1-minute load average (-1 where /proc/loadavg is missing).
+func loadAvg() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return -1
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return -1
+	}
+	v, err := strconv.ParseFloat(f[0], 64)
+	if err != nil {
+		return -1
+	}
+	return v
+}
