@@ -414,6 +414,14 @@ func (f *FSM) Remembers(owner, clientID string, requestID uint64) bool {
 	return ok
 }
 
+// Matcher returns the descriptor matcher of the current limits (immutable; it keeps matching
+// against those limits after they change).
+func (f *FSM) Matcher() *quota.Matcher {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.engine.Matcher()
+}
+
 // Limits returns the current limits (treat as read-only).
 func (f *FSM) Limits() *quota.Limits {
 	f.mu.RLock()
