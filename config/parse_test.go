@@ -164,7 +164,9 @@ func TestParseEnvoyFeatures(t *testing.T) {
 // TestParseEnvoyCases: one fixture per envoyproxy/ratelimit feature quotad accepts with its
 // meaning (the differential test in e2e/ loads the same files with envoy's own loader).
 func TestParseEnvoyCases(t *testing.T) {
-	rate := func(unit time.Duration, n uint64) *quota.Rate { return &quota.Rate{Unit: unit, RequestsPerUnit: n, Burst: n} }
+	rate := func(unit time.Duration, n uint64) *quota.Rate {
+		return &quota.Rate{Unit: unit, RequestsPerUnit: n, Burst: n}
+	}
 	blocked := &quota.Rate{Unit: time.Second}
 	dom := func(ds ...quota.Node) *quota.Limits {
 		return &quota.Limits{Domains: []quota.Domain{{Name: "test-domain", Descriptors: ds}}}
