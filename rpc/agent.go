@@ -65,6 +65,9 @@ type AgentConfig struct {
 	// Waiters caps the admissions waiting on the leader per client and per domain
 	// (--max-waiters-per-client, --max-waiters-per-domain); zero fields mean the defaults.
 	Waiters WaiterCaps
+	// RLS configures Envoy's rate limit service (--rls-unknown-domain, --rls-headers,
+	// --rls-near-limit-ratio).
+	RLS RLSOptions
 }
 
 // newAuthenticator builds the caller authentication of cfg over f's token table, with the
@@ -184,6 +187,7 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 	grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(authn.unary), grpc.ChainStreamInterceptor(authn.stream))
 	a.server = NewServer(a.node, a.fsm, cfg.Proposer, forwardCreds, a.metrics)
 	a.server.SetWaiterCaps(cfg.Waiters)
+	a.server.SetRLSOptions(cfg.RLS)
 	a.registerGauges()
 
 	a.grpc = grpc.NewServer(grpcOpts...)
