@@ -38,6 +38,16 @@ const (
 	RLSOverLimit RLSCode = 2
 )
 
+func (c RLSCode) String() string {
+	switch c {
+	case RLSOK:
+		return "OK"
+	case RLSOverLimit:
+		return "OVER_LIMIT"
+	}
+	return "UNKNOWN"
+}
+
 // RLSRequest is one ShouldRateLimit call.
 type RLSRequest struct {
 	Domain      string
