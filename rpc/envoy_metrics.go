@@ -36,8 +36,11 @@ type rlsMetrics struct {
 	dropped                                                  *prometheus.CounterVec
 
 	mu   sync.Mutex
-	keys map[string]map[string]struct{} // domain → keys with series
+	keys map[string]map[string]*ruleCounters // domain → key → its series
 }
+
+// ruleCounters are one (domain, key)'s series, looked up once.
+type ruleCounters struct{ total, over, near, within, shadow prometheus.Counter }
 
 func newRLSMetrics(reg *prometheus.Registry) *rlsMetrics {
 	counter := func(stat, help string) *prometheus.CounterVec {
@@ -56,30 +59,36 @@ func newRLSMetrics(reg *prometheus.Registry) *rlsMetrics {
 			Help: "Time from receiving a ShouldRateLimit call on the leader to its answer.", Buckets: prometheus.ExponentialBuckets(0.0002, 2, 16)}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "quotad_rate_limit_keys_dropped_total",
 			Help: "Envoy RLS rule keys counted under key \"_other\" because the domain already had MaxRLSStatKeys keys."}, []string{"domain"}),
-		keys: make(map[string]map[string]struct{}),
+		keys: make(map[string]map[string]*ruleCounters),
 	}
 	reg.MustRegister(m.totalHits, m.overLimit, m.nearLimit, m.withinLimit, m.shadowMode, m.requests, m.latency, m.dropped)
 	return m
 }
 
-// label returns the key label for key in domain, folding keys beyond the cap.
-func (m *rlsMetrics) label(domain, key string) string {
+// counters returns the series of key in domain, folding keys beyond the cap into "_other".
+func (m *rlsMetrics) counters(domain, key string) *ruleCounters {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	ks := m.keys[domain]
 	if ks == nil {
-		ks = make(map[string]struct{})
+		ks = make(map[string]*ruleCounters)
 		m.keys[domain] = ks
 	}
-	if _, ok := ks[key]; ok {
-		return key
+	if c, ok := ks[key]; ok {
+		return c
 	}
 	if len(ks) >= MaxRLSStatKeys {
 		m.dropped.WithLabelValues(domain).Inc()
-		return rlsOtherKey
+		key = rlsOtherKey
+		if c, ok := ks[key]; ok {
+			return c
+		}
 	}
-	ks[key] = struct{}{}
-	return key
+	c := &ruleCounters{total: m.totalHits.WithLabelValues(domain, key), over: m.overLimit.WithLabelValues(domain, key),
+		near: m.nearLimit.WithLabelValues(domain, key), within: m.withinLimit.WithLabelValues(domain, key),
+		shadow: m.shadowMode.WithLabelValues(domain, key)}
+	ks[key] = c
+	return c
 }
 
 // rlsCounts are one status's contributions to the counters, computed as envoyproxy/ratelimit
@@ -159,10 +168,10 @@ func (m *Metrics) observeRLS(match *quota.Matcher, req *rlsv3.RateLimitRequest, 
 }
 
 func (r *rlsMetrics) add(domain, key string, c rlsCounts) {
-	key = r.label(domain, key)
-	r.totalHits.WithLabelValues(domain, key).Add(float64(c.total))
-	r.overLimit.WithLabelValues(domain, key).Add(float64(c.over))
-	r.nearLimit.WithLabelValues(domain, key).Add(float64(c.near))
-	r.withinLimit.WithLabelValues(domain, key).Add(float64(c.within))
-	r.shadowMode.WithLabelValues(domain, key).Add(float64(c.shadow))
+	k := r.counters(domain, key)
+	k.total.Add(float64(c.total))
+	k.over.Add(float64(c.over))
+	k.near.Add(float64(c.near))
+	k.within.Add(float64(c.within))
+	k.shadow.Add(float64(c.shadow))
 }
