@@ -2,7 +2,7 @@ GO ?= go
 BIN := bin/quotad
 PROTOC ?= protoc
 
-.PHONY: all build run test test-short race vet proto bench bench-fair bench-soak chaos chaos-long chaos-bugs chaos-docker clean
+.PHONY: all build run test test-short test-envoy race vet proto bench bench-fair bench-soak chaos chaos-long chaos-bugs chaos-docker clean
 
 all: build
 
@@ -17,6 +17,13 @@ test:
 	$(GO) vet ./...
 	$(GO) test -timeout 15m ./...
 	$(GO) test -race -timeout 15m ./quota/... ./fsm/... ./rpc/... ./cluster/... ./client/... ./sched/...
+
+# test-envoy: the differential test against envoyproxy/ratelimit (issue 14): builds it and a
+# miniredis from the Go module proxy (cached in the user cache dir; needs the network the first
+# time), runs it beside a secure 3-node quotad cluster, compares config verdicts and RLS answers
+# (about a minute after the first build). .ci/run calls it.
+test-envoy:
+	QUOTAD_ENVOY_DIFF=1 $(GO) test -count=1 -timeout 10m -run 'TestEnvoyDifferential|TestEnvoyExample' -v ./e2e/
 
 # chaos: the CI-sized chaos suite against real processes (every fault kind, ~5 min).
 CHAOS_DURATION ?= 4m

@@ -108,6 +108,10 @@ func diffLevels(out []string, parent string, old, new []quota.Node) []string {
 			{"concurrency", describeConcurrency(o.Concurrency), describeConcurrency(n.Concurrency)},
 			{"unlimited", strconv.FormatBool(o.Unlimited), strconv.FormatBool(n.Unlimited)},
 			{"shadow_mode", strconv.FormatBool(o.ShadowMode), strconv.FormatBool(n.ShadowMode)},
+			{"quota_mode", strconv.FormatBool(o.QuotaMode), strconv.FormatBool(n.QuotaMode)},
+			{"share_threshold", strconv.FormatBool(o.ShareThreshold), strconv.FormatBool(n.ShareThreshold)},
+			{"detailed_metric", strconv.FormatBool(o.DetailedMetric), strconv.FormatBool(n.DetailedMetric)},
+			{"value_to_metric", strconv.FormatBool(o.ValueToMetric), strconv.FormatBool(n.ValueToMetric)},
 			{"weight", describeWeight(o.Weight), describeWeight(n.Weight)},
 			{"adaptive", describeAdaptive(o.Adaptive), describeAdaptive(n.Adaptive)},
 			{"name", strconv.Quote(o.Name), strconv.Quote(n.Name)},
@@ -192,6 +196,12 @@ func levelSettings(n *quota.Node) []string {
 	if n.ShadowMode {
 		s = append(s, "shadow_mode")
 	}
+	if n.QuotaMode {
+		s = append(s, "quota_mode")
+	}
+	if n.ShareThreshold {
+		s = append(s, "share_threshold")
+	}
 	if n.Weight != 0 {
 		s = append(s, "weight "+describeWeight(n.Weight))
 	}
@@ -217,6 +227,9 @@ func describeRate(r *quota.Rate) string {
 	per := unit
 	if mult > 1 {
 		per = fmt.Sprintf("%d %ss", mult, unit)
+	}
+	if r.RequestsPerUnit == 0 {
+		return fmt.Sprintf("blocked (0/%s)", per)
 	}
 	return fmt.Sprintf("%d/%s burst %d", r.RequestsPerUnit, per, r.Capacity())
 }

@@ -23,11 +23,30 @@
 //	    adaptive: {floor: 2}              # quotad: AIMD under this level's rate_limit
 //	    descriptors: [...]                # nested levels
 //
-// Envoy fields: domain, descriptors, key, value, rate_limit {unit, requests_per_unit,
-// unit_multiplier, unlimited, name, replaces: [{name}]}, shadow_mode, detailed_metric (accepted
-// and ignored). quotad also accepts unlimited, name and replaces directly on a descriptor (one
-// place or the other, not both).
+// Envoy fields (envoyproxy/ratelimit's loader accepts them; quotad gives them the same
+// meaning): domain, descriptors, key, value, rate_limit {unit, requests_per_unit, unlimited,
+// name, replaces: [{name}]}, shadow_mode, quota_mode, detailed_metric, value_to_metric,
+// share_threshold. In detail:
+//   - requests_per_unit 0, or a rate_limit with a unit and no requests_per_unit, blocks the
+//     level: every request is refused there (burst is then refused);
+//   - a value ending in * is a wildcard: it matches every value with that prefix ("*" every
+//     value), each value with its own buckets; the first wildcard in file order wins and an
+//     exact value beats every wildcard; a * anywhere else is an ordinary character;
+//     share_threshold: true (wildcards only) makes the matching values share one bucket;
+//   - unlimited: true may come with requests_per_unit (ignored, as envoy does) but not with a
+//     unit; unquoted YAML 1.1 booleans (yes/no/on/off) are read as envoy reads them;
+//   - quota_mode answers a descriptor over its limit OK on the RLS and reports it;
+//     detailed_metric and value_to_metric choose the key of the RLS statistics.
+// `metadata` is not an envoyproxy/ratelimit key (its loader refuses it), so quotad refuses it.
 //
+// quotad extensions, which envoyproxy/ratelimit's loader refuses: burst, unit_multiplier
+// (proposed upstream for Envoy's RLS proto; stretches the unit), concurrency, adaptive,
+// weight, the domain-level keys other than domain/descriptors, and unlimited, name and
+// replaces given directly on a descriptor (one place or the other, not both). A domain-level
+// rate_limit is accepted by envoy and ignored there; in quotad it is the domain's ceiling.
+// A file may hold several documents (envoy reads only the first). docs/envoy.md lists every
+// difference.
+
 // Units are second, minute, hour, day, week, month and year, case-insensitive; a month is 30
 // days and a year 365 days (fixed lengths: a token bucket refills at a constant rate).
 // unit_multiplier (envoy) stretches the unit: {unit: minute, unit_multiplier: 5} is 5 minutes.

@@ -125,6 +125,18 @@ func descriptorNode(n *quota.Node) *yaml.Node {
 	if n.ShadowMode {
 		add(m, "shadow_mode", scalar("!!bool", "true"))
 	}
+	if n.QuotaMode {
+		add(m, "quota_mode", scalar("!!bool", "true"))
+	}
+	if n.DetailedMetric {
+		add(m, "detailed_metric", scalar("!!bool", "true"))
+	}
+	if n.ValueToMetric {
+		add(m, "value_to_metric", scalar("!!bool", "true"))
+	}
+	if n.ShareThreshold {
+		add(m, "share_threshold", scalar("!!bool", "true"))
+	}
 	if n.Weight != 0 {
 		add(m, "weight", uintNode(uint64(n.Weight)))
 	}
@@ -149,7 +161,9 @@ func rateNode(r *quota.Rate, unlimited bool, name string, replaces []string) *ya
 			add(m, "unit_multiplier", uintNode(mult))
 		}
 		add(m, "requests_per_unit", uintNode(r.RequestsPerUnit))
-		add(m, "burst", uintNode(r.Capacity()))
+		if r.RequestsPerUnit > 0 || r.Burst > 0 { // requests_per_unit 0 blocks: no bucket
+			add(m, "burst", uintNode(r.Capacity()))
+		}
 	}
 	if unlimited {
 		add(m, "unlimited", scalar("!!bool", "true"))

@@ -46,7 +46,7 @@ const unitChoices = "second, minute, hour, day, week, month or year"
 // Keys allowed at each level. Order is the order used in messages.
 var (
 	documentKeys    = []string{"domain", "rate_limit", "concurrency", "adaptive", "retry_budget", "work_classes", "resume_jitter", "max_pause", "max_keys", "descriptors"}
-	descriptorKeys  = []string{"key", "value", "rate_limit", "unlimited", "shadow_mode", "detailed_metric", "name", "replaces", "weight", "concurrency", "adaptive", "descriptors"}
+	descriptorKeys  = []string{"key", "value", "rate_limit", "unlimited", "shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "name", "replaces", "weight", "concurrency", "adaptive", "descriptors"}
 	domainRateKeys  = []string{"unit", "requests_per_unit", "unit_multiplier", "burst"}
 	levelRateKeys   = []string{"unit", "requests_per_unit", "unit_multiplier", "burst", "unlimited", "name", "replaces"}
 	concurrencyKeys = []string{"max_in_flight", "lease_ttl"}
@@ -351,11 +351,7 @@ func (p *parser) descriptor(n *yaml.Node, path string, depth int) (quota.Node, b
 		}
 	}
 	if vf, has := f["value"]; has {
-		v, _ := p.str(vf.val, join(path, "value"), "value: chat")
-		if strings.HasSuffix(v, "*") {
-			p.errorf(vf.val, join(path, "value"), "%q ends in *; envoy's wildcard values are not supported, so list the values or omit value to give every value its own bucket", v)
-		}
-		d.Value = v
+		d.Value, _ = p.str(vf.val, join(path, "value"), "value: chat")
 	}
 
 	var spec rateSpec
@@ -399,8 +395,21 @@ func (p *parser) descriptor(n *yaml.Node, path string, depth int) (quota.Node, b
 	if sf, has := f["shadow_mode"]; has {
 		d.ShadowMode, _ = p.boolean(sf.val, join(path, "shadow_mode"))
 	}
+	if qf, has := f["quota_mode"]; has {
+		d.QuotaMode, _ = p.boolean(qf.val, join(path, "quota_mode"))
+	}
 	if mf, has := f["detailed_metric"]; has {
-		p.boolean(mf.val, join(path, "detailed_metric")) // envoy metrics option; accepted, no effect
+		d.DetailedMetric, _ = p.boolean(mf.val, join(path, "detailed_metric"))
+	}
+	if mf, has := f["value_to_metric"]; has {
+		d.ValueToMetric, _ = p.boolean(mf.val, join(path, "value_to_metric"))
+	}
+	if tf, has := f["share_threshold"]; has {
+		if st, ok := p.boolean(tf.val, join(path, "share_threshold")); ok && st && !quota.IsWildcard(d.Value) {
+			p.errorf(tf.key, join(path, "share_threshold"), "needs a wildcard value (ending in *, e.g. value: files/*), not %q; remove share_threshold or make the value a wildcard", d.Value)
+		} else {
+			d.ShareThreshold = st
+		}
 	}
 	if wf, has := f["weight"]; has {
 		w, _ := p.count(wf.val, join(path, "weight"), math.MaxUint32, "; 1 is the default share")
@@ -454,7 +463,8 @@ func (p *parser) rateLimit(n *yaml.Node, path string, domainLevel bool) rateSpec
 		spec.replacesKey = rf.key
 		spec.replaces = p.replaces(rf.val, join(path, "replaces"))
 	}
-	amounts := []string{"unit", "requests_per_unit", "unit_multiplier", "burst"}
+	// envoy accepts (and ignores) requests_per_unit beside unlimited: true, so quotad does.
+	amounts := []string{"unit", "unit_multiplier", "burst"}
 	if spec.unlimited {
 		for _, k := range amounts {
 			if af, has := f[k]; has {
@@ -485,13 +495,24 @@ func (p *parser) rateLimit(n *yaml.Node, path string, domainLevel bool) rateSpec
 		good = false
 	}
 	var rpu uint64
-	if !hasRPU {
+	switch {
+	case !hasRPU && domainLevel:
 		p.missing(n, "requests_per_unit", join(path, "requests_per_unit"), "missing; add requests_per_unit: N, the units allowed per %s", orDefault(unitF.val, "unit"))
 		good = false
-	} else if v, ok := p.count(rpuF.val, join(path, "requests_per_unit"), MaxUnits, zeroHint); ok {
-		rpu = v
-	} else {
-		good = false
+	case !hasRPU:
+		// envoy reads a missing requests_per_unit as 0: the level blocks every request.
+	case domainLevel:
+		if v, ok := p.count(rpuF.val, join(path, "requests_per_unit"), MaxUnits, zeroHint); ok {
+			rpu = v
+		} else {
+			good = false
+		}
+	default: // 0 blocks, as in envoy
+		if v, ok := p.amount(rpuF.val, join(path, "requests_per_unit"), MaxUnits); ok {
+			rpu = v
+		} else {
+			good = false
+		}
 	}
 	if mf, has := f["unit_multiplier"]; has {
 		maxMult := uint64(math.MaxInt64 / int64(time.Second))
@@ -506,7 +527,10 @@ func (p *parser) rateLimit(n *yaml.Node, path string, domainLevel bool) rateSpec
 	}
 	burst := rpu
 	if bf, has := f["burst"]; has {
-		if b, ok := p.count(bf.val, join(path, "burst"), MaxUnits, "; omit burst for one unit's worth (requests_per_unit)"); ok {
+		if rpu == 0 && good {
+			p.errorf(bf.key, join(path, "burst"), "cannot be combined with requests_per_unit 0, which blocks every request; remove burst or raise requests_per_unit")
+			good = false
+		} else if b, ok := p.count(bf.val, join(path, "burst"), MaxUnits, "; omit burst for one unit's worth (requests_per_unit)"); ok {
 			burst = b
 		} else {
 			good = false

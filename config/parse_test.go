@@ -161,6 +161,54 @@ func TestParseEnvoyFeatures(t *testing.T) {
 	}
 }
 
+// TestParseEnvoyCases: one fixture per envoyproxy/ratelimit feature quotad accepts with its
+// meaning (the differential test in e2e/ loads the same files with envoy's own loader).
+func TestParseEnvoyCases(t *testing.T) {
+	rate := func(unit time.Duration, n uint64) *quota.Rate {
+		return &quota.Rate{Unit: unit, RequestsPerUnit: n, Burst: n}
+	}
+	blocked := &quota.Rate{Unit: time.Second}
+	dom := func(ds ...quota.Node) *quota.Limits {
+		return &quota.Limits{Domains: []quota.Domain{{Name: "test-domain", Descriptors: ds}}}
+	}
+	tests := []struct {
+		file string
+		want *quota.Limits
+	}{
+		{"envoy_block_zero.yaml", dom(quota.Node{Key: "key1", Rate: blocked})},
+		{"envoy_block_absent.yaml", dom(quota.Node{Key: "key1", Rate: blocked})},
+		{"envoy_wildcard.yaml", dom(
+			quota.Node{Key: "path", Value: "/api/*", Rate: rate(time.Second, 5)},
+			quota.Node{Key: "path", Value: "/api/health", Rate: rate(time.Second, 100)},
+			quota.Node{Key: "path", Value: "*", Rate: rate(time.Second, 1)},
+			quota.Node{Key: "path", Value: "a*b", Rate: rate(time.Second, 2)})},
+		{"envoy_share_threshold.yaml", dom(quota.Node{Key: "files", Value: "files/*", ShareThreshold: true, Rate: rate(time.Hour, 10)})},
+		{"envoy_metrics.yaml", dom(quota.Node{Key: "route", ValueToMetric: true, Children: []quota.Node{
+			{Key: "user", DetailedMetric: true, Rate: rate(time.Minute, 60)}}})},
+		{"envoy_quota_mode.yaml", dom(quota.Node{Key: "tenant", QuotaMode: true, Rate: rate(24*time.Hour, 10000)})},
+		{"envoy_unlimited_rpu.yaml", dom(quota.Node{Key: "internal", Unlimited: true})},
+		{"envoy_yaml11_bools.yaml", dom(quota.Node{Key: "key1", ShadowMode: true, Rate: rate(time.Second, 1)})},
+		{"envoy_domain_rate_limit.yaml", &quota.Limits{Domains: []quota.Domain{{Name: "test-domain",
+			Rate: rate(time.Second, 1000), Descriptors: []quota.Node{{Key: "key1", Rate: rate(time.Second, 10)}}}}}},
+		{"quotad_unit_multiplier.yaml", dom(quota.Node{Key: "key1", Rate: rate(5*time.Minute, 20)})},
+	}
+	for _, tt := range tests {
+		t.Run(tt.file, func(t *testing.T) {
+			got := mustParseFile(t, filepath.Join("testdata/valid", tt.file))
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("got  %+v\nwant %+v", got, tt.want)
+			}
+			if _, err := quota.NewMatcher(got); err != nil {
+				t.Errorf("the engine refuses what the parser accepted: %v", err)
+			}
+			again, err := Parse("formatted", Format(got))
+			if err != nil || !reflect.DeepEqual(again, got) {
+				t.Errorf("Format round trip: %v\n%s", err, Format(got))
+			}
+		})
+	}
+}
+
 // TestParseInvalid checks one fixture per kind of error: the message names the file, line and
 // key path, quotes the value, and says what to do. Each fixture must produce exactly the
 // listed errors, in line order; " … " separates parts of one expected message.
@@ -191,13 +239,10 @@ func TestParseInvalid(t *testing.T) {
 		{"descriptors_not_list.yaml", []string{`descriptors_not_list.yaml:3: descriptors: expected a list of descriptors (lines starting with "- key:"), got a mapping`}},
 		{"non_string_key.yaml", []string{`non_string_key.yaml:4: descriptors[0]: a key must be a plain name, not a list`}},
 		{"too_deep.yaml", []string{`too_deep.yaml:67: descriptors[0].descriptors[0]. … .descriptors: descriptors are nested more than 32 levels deep; flatten the tree`}},
-		{"wildcard_value.yaml", []string{`wildcard_value.yaml:4: descriptors[0].value: "/api/*" ends in *; envoy's wildcard values are not supported`}},
 		{"bad_unit.yaml", []string{`bad_unit.yaml:5: descriptors[0].rate_limit.unit: "minutes" is not a unit; use second, minute, hour, day, week, month or year`}},
 		{"missing_unit.yaml", []string{`missing_unit.yaml:5: descriptors[0].rate_limit.unit: missing; add unit: second, minute,`}},
-		{"missing_requests_per_unit.yaml", []string{`missing_requests_per_unit.yaml:5: descriptors[0].rate_limit.requests_per_unit: missing; add requests_per_unit: N, the units allowed per second`}},
 		{"empty_rate_limit.yaml", []string{`empty_rate_limit.yaml:4: descriptors[0].rate_limit: needs unit and requests_per_unit, e.g. {unit: second, requests_per_unit: 10} (or unlimited: true)`}},
 		{"rate_limit_not_mapping.yaml", []string{`rate_limit_not_mapping.yaml:2: rate_limit: expected a mapping like {unit: second, requests_per_unit: 10}, got "100/s"`}},
-		{"zero_requests_per_unit.yaml", []string{`zero_requests_per_unit.yaml:4: descriptors[0].rate_limit.requests_per_unit: 0 is not allowed; use at least 1 (or unlimited: true to leave this level unlimited)`}},
 		{"negative_requests_per_unit.yaml", []string{`negative_requests_per_unit.yaml:2: rate_limit.requests_per_unit: -5 is negative; use a whole number of at least 1`}},
 		{"string_number.yaml", []string{`string_number.yaml:6: descriptors[0].rate_limit.requests_per_unit: "100" is a string; write the number without quotes`}},
 		{"float_number.yaml", []string{`float_number.yaml:4: descriptors[0].rate_limit.requests_per_unit: 2.5 is not a whole number`}},
@@ -235,11 +280,14 @@ func TestParseInvalid(t *testing.T) {
 		{"adaptive_bad_window.yaml", []string{`adaptive_bad_window.yaml:3: adaptive.stable_window: "5" is not a duration (a bare number has no unit)`}},
 		{"resume_jitter_too_long.yaml", []string{`resume_jitter_too_long.yaml:2: resume_jitter: "2h" is longer than 1h0m0s`}},
 		{"max_pause_too_long.yaml", []string{`max_pause_too_long.yaml:2: max_pause: "48h" is longer than 24h0m0s`}},
+		{"envoy_metadata.yaml", []string{`envoy_metadata.yaml:5: descriptors[0].metadata: unknown key "metadata"`}},
+		{"share_threshold_not_wildcard.yaml", []string{`share_threshold_not_wildcard.yaml:5: descriptors[0].share_threshold: needs a wildcard value (ending in *, e.g. value: files/*), not "files"`}},
+		{"zero_rpu_burst.yaml", []string{`zero_rpu_burst.yaml:4: descriptors[0].rate_limit.burst: cannot be combined with requests_per_unit 0, which blocks every request`}},
 		{"max_keys_zero.yaml", []string{`max_keys_zero.yaml:2: max_keys: 0 is not allowed; use at least 1; it caps the buckets the domain holds at once (default 100000)`}},
 		{"max_keys_too_large.yaml", []string{`max_keys_too_large.yaml:2: max_keys: 2000000000 is too large; use at most 1073741824`}},
 		{"many_errors.yaml", []string{
 			`many_errors.yaml:5: descriptors[0].rate_limit.unit: "seconds" is not a unit`,
-			`many_errors.yaml:7: descriptors[1].rate_limit.requests_per_unit: 0 is not allowed`,
+			`many_errors.yaml:7: descriptors[1].rate_limit.burst: cannot be combined with requests_per_unit 0`,
 			`many_errors.yaml:9: descriptors[1].descriptors[0].key: "" is empty`,
 			`many_errors.yaml:11: descriptors[1].descriptors[1].concurency: unknown key "concurency"; did you mean "concurrency"?`,
 		}},

@@ -307,8 +307,19 @@ func (p *parser) boolean(n *yaml.Node, path string) (bool, bool) {
 			return b, true
 		}
 	}
+	// envoyproxy/ratelimit reads YAML 1.1, where unquoted yes/no/on/off/y/n are booleans too.
+	if n != nil && n.Kind == yaml.ScalarNode && n.Style == 0 {
+		if b, ok := yaml11Bools[n.Value]; ok {
+			return b, true
+		}
+	}
 	p.errorf(n, path, "%s is not a boolean; use true or false (without quotes)", describe(n))
 	return false, false
+}
+
+var yaml11Bools = map[string]bool{
+	"y": true, "Y": true, "yes": true, "Yes": true, "YES": true, "on": true, "On": true, "ON": true,
+	"n": false, "N": false, "no": false, "No": false, "NO": false, "off": false, "Off": false, "OFF": false,
 }
 
 func (p *parser) duration(n *yaml.Node, path string) (time.Duration, bool) {

@@ -123,6 +123,7 @@ type OtherResult struct {
 	PausedFor     time.Duration        // Pause, Feedback
 	Feedback      quota.FeedbackResult // Feedback
 	LimitsVersion uint64               // SetLimits
+	RateLimit     quota.RLSDecision    // RateLimit (Envoy RLS)
 	Err           error                // Release, Renew, Pause, Feedback, SetLimits, CreateToken, RevokeToken, LiftPause
 }
 
@@ -300,6 +301,13 @@ func (f *FSM) applyOp(now quota.Time, op *fsmv1.Op) OpResult {
 		return other(OtherResult{Err: f.applyCreateToken(o.CreateToken)})
 	case *fsmv1.Op_RevokeToken:
 		return other(OtherResult{Err: f.applyRevokeToken(o.RevokeToken)})
+	case *fsmv1.Op_RateLimit:
+		rl := o.RateLimit
+		req := quota.RLSRequest{Domain: rl.Domain, Hits: rl.Hits, Descriptors: make([]quota.RLSDescriptor, len(rl.Descriptors))}
+		for i, d := range rl.Descriptors {
+			req.Descriptors[i] = quota.RLSDescriptor{Entries: entries(d.GetEntries()), HasHits: d.GetHasHits(), Hits: d.GetHits()}
+		}
+		return other(OtherResult{RateLimit: f.engine.RateLimit(now, req)})
 	case *fsmv1.Op_LiftPause:
 		lp := o.LiftPause
 		lifted, err := f.engine.Resume(now, lp.Domain, entries(lp.Prefix))
@@ -412,6 +420,14 @@ func (f *FSM) Remembers(owner, clientID string, requestID uint64) bool {
 	defer f.mu.RUnlock()
 	_, ok := f.dedup.lookup(key, requestID)
 	return ok
+}
+
+// Matcher returns the descriptor matcher of the current limits (immutable; it keeps matching
+// against those limits after they change).
+func (f *FSM) Matcher() *quota.Matcher {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.engine.Matcher()
 }
 
 // Limits returns the current limits (treat as read-only).

@@ -224,7 +224,7 @@ func (e *Engine) matchPath(root *level, domain string, entries []Entry) []step {
 		if lv = lv.child(en); lv == nil {
 			break
 		}
-		kb = appendEntry(kb, en)
+		kb = appendEntry(kb, lv.keyEntry(en))
 		steps = append(steps, step{lv: lv, end: len(kb), slot: noSlot})
 	}
 	e.keybuf, e.steps = kb, steps
@@ -462,6 +462,14 @@ func (e *Engine) rateSteps(steps []step, now Time, costMicro uint64, shadow *[]s
 		s.skipRate = false
 		r := s.lv.rate
 		if r == nil {
+			if s.lv.blocked > 0 { // requests_per_unit 0: refuses everything, never pays
+				if s.lv.shadow {
+					s.skipRate = true
+					*shadow = appendScope(*shadow, s.lv.scope)
+				} else if deny < 0 || s.lv.blocked > denyRetry {
+					deny, denyRetry = i, s.lv.blocked
+				}
+			}
 			continue
 		}
 		key := kb[:s.end]
@@ -577,6 +585,9 @@ func (e *Engine) levelView(s *step, now Time) Decision {
 			r = e.rateOf(string(key), s.lv, last)
 		}
 		rateView(&d, s.lv, r, tokens, last, now)
+	} else if s.lv.blocked > 0 {
+		d.Window = s.lv.blocked
+		d.Message = fmt.Sprintf("blocked: the limit at scope %s has requests_per_unit 0, so it admits nothing; raise it in the limits to admit requests", s.lv.scope)
 	} else if c := s.lv.conc; c != nil {
 		d.Limit = c.MaxInFlight
 		d.Remaining = c.MaxInFlight - min(c.MaxInFlight, e.inflight[string(key)])
@@ -726,7 +737,7 @@ func (e *Engine) scopeLevel(op, domain string, prefix []Entry) (string, *level, 
 			return "", nil, fmt.Errorf("%w: %s: descriptor entry #%d (%s=%s) matches no limit in domain %q; name a prefix of a configured descriptor path",
 				ErrInvalidRequest, op, i, en.Key, en.Value, domain)
 		}
-		kb = appendEntry(kb, en)
+		kb = appendEntry(kb, lv.keyEntry(en))
 	}
 	return string(kb), lv, nil
 }
@@ -914,7 +925,7 @@ func (e *Engine) Status(now Time, domain string, path []Entry) ([]BucketStatus, 
 		if lv = lv.child(en); lv == nil {
 			break
 		}
-		kb = appendEntry(kb, en)
+		kb = appendEntry(kb, lv.keyEntry(en))
 		out = append(out, e.status(lv, string(kb), now))
 	}
 	return out, nil
@@ -932,6 +943,9 @@ func (e *Engine) status(lv *level, key string, now Time) BucketStatus {
 		st.Limit, st.Burst, st.Window = r.rpu, r.capUnits, r.window
 		st.Remaining = refilled / microPerUnit
 		st.ResetAfter = r.waitUntil(tokens, last, now, r.capMicro)
+	}
+	if lv.blocked > 0 {
+		st.Window = lv.blocked
 	}
 	if c := lv.conc; c != nil {
 		st.MaxInFlight = c.MaxInFlight

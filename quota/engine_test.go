@@ -211,8 +211,10 @@ func TestSetLimitsErrorsLeaveStateUnchanged(t *testing.T) {
 		l    Limits
 		msg  string
 	}{
-		{"zero rate", Limits{Domains: []Domain{{Name: "x", Descriptors: []Node{{Key: "tenant", Rate: rate(0, time.Second)}}}}},
-			`domain "x": descriptor tenant: rate_limit.requests_per_unit must be > 0`},
+		{"zero rate with burst", Limits{Domains: []Domain{{Name: "x", Descriptors: []Node{{Key: "tenant", Rate: &Rate{Unit: time.Second, Burst: 5}}}}}},
+			`domain "x": descriptor tenant: rate_limit.burst 5 with requests_per_unit 0 (blocked)`},
+		{"zero domain rate", Limits{Domains: []Domain{{Name: "x", Rate: rate(0, time.Second)}}},
+			`domain "x": rate_limit.requests_per_unit must be > 0`},
 		{"zero unit", Limits{Domains: []Domain{{Name: "x", Rate: rate(1, 0)}}}, `domain "x": rate_limit.unit must be > 0`},
 		{"negative unit", Limits{Domains: []Domain{{Name: "x", Rate: rate(1, -time.Second)}}}, `got -1s`},
 		{"rate too big", Limits{Domains: []Domain{{Name: "x", Rate: rate(math.MaxUint64, time.Second)}}}, `requests_per_unit must be <=`},

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unsafe"
 )
 
 // maxUnits is the largest rate or burst, in units, whose micro-unit value fits in a uint64.
@@ -22,6 +23,14 @@ type level struct {
 	rate   *rateParams
 	conc   *Concurrency // nil: no concurrency cap here
 	shadow bool
+	// blocked > 0: the level's rate_limit has requests_per_unit 0 (envoy's way to block a
+	// value) and this unit: it refuses every request, and rate is nil (no bucket is stored).
+	blocked time.Duration
+	// node is the level's descriptor (nil for a domain's root), in compiled.limits.
+	node *Node
+	// shareKey, for a wildcard level with share_threshold, is the value that stands for every
+	// matching value in bucket keys (the pattern, e.g. "files*"): they share one bucket.
+	shareKey string
 	// adaptive: the rate adapts to provider feedback (AIMD); nil: fixed. Only with rate.
 	adaptive *adaptiveParams
 	// Domain (root) levels only:
@@ -35,20 +44,54 @@ type level struct {
 
 // childSet holds the children of one level that share a key.
 type childSet struct {
-	exact map[string]*level // by non-empty Value
+	exact map[string]*level // by non-empty Value without a trailing '*'
+	wild  []wildChild       // Values ending in '*', in configuration order
 	any   *level            // the Value == "" child: one bucket per distinct value
 }
 
-// child returns the child that entry e matches: exact value first, else the per-value child.
+// wildChild is a child whose Value ends in '*': it matches every value with that prefix.
+type wildChild struct {
+	prefix string
+	lv     *level
+}
+
+// IsWildcard reports whether a descriptor value is a wildcard: it ends in '*' and matches
+// every value that starts with what comes before it ("files/*" matches "files/a.txt", "*"
+// matches every value). A '*' anywhere else is an ordinary character, as in envoyproxy/ratelimit.
+func IsWildcard(value string) bool { return strings.HasSuffix(value, "*") }
+
+// pick is THE matching rule, for the native API, the Envoy RLS adapter and the fair scheduler
+// alike: an entry's value selects the child with that exact value, else the first wildcard
+// child (in configuration order) whose prefix it starts with, else the child without a value
+// (the key's default, one bucket per distinct value), else nothing.
+func (cs *childSet) pick(value string) *level {
+	if c := cs.exact[value]; c != nil {
+		return c
+	}
+	for i := range cs.wild {
+		if strings.HasPrefix(value, cs.wild[i].prefix) {
+			return cs.wild[i].lv
+		}
+	}
+	return cs.any
+}
+
+// child returns the child that entry e matches (see pick), or nil.
 func (l *level) child(e Entry) *level {
 	cs := l.children[e.Key]
 	if cs == nil {
 		return nil
 	}
-	if c := cs.exact[e.Value]; c != nil {
-		return c
+	return cs.pick(e.Value)
+}
+
+// keyEntry is the entry that names lv's bucket for request entry e: e itself, or with the
+// wildcard's pattern as value when the level shares one bucket among its values.
+func (l *level) keyEntry(e Entry) Entry {
+	if l.shareKey != "" {
+		e.Value = l.shareKey
 	}
-	return cs.any
+	return e
 }
 
 // compiled is an installed Limits plus its lookup structures.
@@ -105,8 +148,36 @@ func compileLimits(l *Limits, version uint64) (*compiled, error) {
 	return c, nil
 }
 
+// has reports whether a child with exactly this Value is defined.
+func (cs *childSet) has(value string) bool {
+	switch {
+	case value == "":
+		return cs.any != nil
+	case IsWildcard(value):
+		for _, w := range cs.wild {
+			if w.prefix+"*" == value {
+				return true
+			}
+		}
+		return false
+	}
+	return cs.exact[value] != nil
+}
+
 func (c *compiled) newLevel(where, scope string, r *Rate, cc *Concurrency, shadow bool) (*level, error) {
 	lv := &level{scope: scope, idx: uint32(len(c.levels)), shadow: shadow}
+	if r != nil && r.RequestsPerUnit == 0 && scope != ScopeDomain {
+		// requests_per_unit 0 blocks a descriptor (envoy's meaning); there is no bucket to
+		// keep. A domain's ceiling cannot block: remove the domain instead.
+		if r.Unit <= 0 {
+			return nil, fmt.Errorf("%w: %s: rate_limit.unit must be > 0 (got %v); use e.g. 1s, 1m, 1h", ErrInvalidLimits, where, r.Unit)
+		}
+		if r.Burst != 0 {
+			return nil, fmt.Errorf("%w: %s: rate_limit.burst %d with requests_per_unit 0 (blocked); remove burst or set requests_per_unit", ErrInvalidLimits, where, r.Burst)
+		}
+		lv.blocked = r.Unit
+		r = nil
+	}
 	if r != nil {
 		rp, err := newRateParams(r)
 		if err != nil {
@@ -157,19 +228,32 @@ func (c *compiled) compileChildren(parent *level, domain, path string, nodes []N
 			cs = &childSet{}
 			parent.children[n.Key] = cs
 		}
-		if (n.Value == "" && cs.any != nil) || (n.Value != "" && cs.exact[n.Value] != nil) {
+		if cs.has(n.Value) {
 			return fmt.Errorf("%w: %s: defined twice under the same parent; merge the two entries", ErrInvalidLimits, where)
+		}
+		if n.ShareThreshold && !IsWildcard(n.Value) {
+			return fmt.Errorf("%w: %s: share_threshold needs a wildcard value (ending in *); remove share_threshold or make the value a wildcard", ErrInvalidLimits, where)
+		}
+		if n.Unlimited && n.Rate != nil && n.Rate.RequestsPerUnit == 0 {
+			return fmt.Errorf("%w: %s: unlimited and a blocking rate_limit (requests_per_unit 0) are mutually exclusive; remove one", ErrInvalidLimits, where)
 		}
 		lv, err := c.newLevel(where, n.Key, n.Rate, n.Concurrency, n.ShadowMode)
 		if err != nil {
 			return err
 		}
+		lv.node = n
 		if lv.adaptive, err = newAdaptiveParams(where, n.Adaptive, lv.rate); err != nil {
 			return err
 		}
-		if n.Value == "" {
+		switch {
+		case n.Value == "":
 			cs.any = lv
-		} else {
+		case IsWildcard(n.Value):
+			cs.wild = append(cs.wild, wildChild{prefix: strings.TrimSuffix(n.Value, "*"), lv: lv})
+			if n.ShareThreshold {
+				lv.shareKey = n.Value
+			}
+		default:
 			if cs.exact == nil {
 				cs.exact = make(map[string]*level)
 			}
@@ -224,9 +308,8 @@ func (c *compiled) matchKeyBytes(key, buf []byte) (*level, []byte) {
 		if cs == nil {
 			return nil, buf
 		}
-		if lv = cs.exact[string(buf[n:])]; lv == nil {
-			lv = cs.any
-		}
+		// The value is only read while buf is not modified, so it may share buf's bytes.
+		lv = cs.pick(unsafe.String(unsafe.SliceData(buf[n:]), len(buf)-n))
 	}
 	return lv, buf
 }

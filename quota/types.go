@@ -165,12 +165,15 @@ type Adaptive struct {
 }
 
 // Node is one level of the descriptor tree. A request's descriptor entry (key, value) matches the
-// child with the same key and value, or else the child with the same key and an empty Value.
-// A Node with an empty Value gives every distinct value its own buckets (per-tenant buckets).
+// child with the same key and value, else the first child (in order) with the same key and a
+// wildcard Value ("prefix*") that the value starts with, else the child with the same key and an
+// empty Value (see Matcher). A Node with an empty or wildcard Value gives every distinct value
+// its own buckets (per-tenant buckets), unless ShareThreshold.
 type Node struct {
 	Key   string `json:"key"`
 	Value string `json:"value,omitempty"`
-	// Rate limits this level. Nil: the level only groups its children.
+	// Rate limits this level. Nil: the level only groups its children. A Rate with
+	// RequestsPerUnit 0 blocks: every request with a cost is refused at this level.
 	Rate *Rate `json:"rate,omitempty"`
 	// Unlimited: this level never denies (and is not stored); its children still apply.
 	Unlimited bool `json:"unlimited,omitempty"`
@@ -187,8 +190,18 @@ type Node struct {
 	// API charges the whole path and ignores it).
 	Replaces []string `json:"replaces,omitempty"`
 	// Name identifies the limit for Replaces.
-	Name     string `json:"name,omitempty"`
-	Children []Node `json:"descriptors,omitempty"`
+	Name string `json:"name,omitempty"`
+	// ShareThreshold (wildcard Values only): every value the wildcard matches shares one
+	// bucket, named by the pattern, instead of one bucket per value.
+	ShareThreshold bool `json:"share_threshold,omitempty"`
+	// QuotaMode (Envoy RLS only): a descriptor over this limit is answered OK, and the
+	// violation is reported (statistics, dynamic metadata), as envoyproxy/ratelimit does.
+	QuotaMode bool `json:"quota_mode,omitempty"`
+	// DetailedMetric and ValueToMetric choose the statistics key of this limit (the request's
+	// values instead of the configured ones); they change no decision.
+	DetailedMetric bool   `json:"detailed_metric,omitempty"`
+	ValueToMetric  bool   `json:"value_to_metric,omitempty"`
+	Children       []Node `json:"descriptors,omitempty"`
 }
 
 // Rate is a token bucket: Burst units of capacity, refilled at RequestsPerUnit per Unit.

@@ -68,6 +68,9 @@ type AgentConfig struct {
 	// UnaryInterceptors are chained innermost on the gRPC server, after authentication (the
 	// chaos build adds one that loses replies of committed admissions).
 	UnaryInterceptors []grpc.UnaryServerInterceptor
+	// RLS configures Envoy's rate limit service (--rls-unknown-domain, --rls-headers,
+	// --rls-near-limit-ratio).
+	RLS RLSOptions
 }
 
 // newAuthenticator builds the caller authentication of cfg over f's token table, with the
@@ -190,6 +193,7 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 	}
 	a.server = NewServer(a.node, a.fsm, cfg.Proposer, forwardCreds, a.metrics)
 	a.server.SetWaiterCaps(cfg.Waiters)
+	a.server.SetRLSOptions(cfg.RLS)
 	a.registerGauges()
 
 	a.grpc = grpc.NewServer(grpcOpts...)

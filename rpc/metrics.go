@@ -20,6 +20,7 @@ type Metrics struct {
 	commitErrors  prometheus.Counter
 	leaderChanges prometheus.Counter
 	feedback      *prometheus.CounterVec
+	rls           *rlsMetrics // Envoy RLS (envoy_metrics.go)
 }
 
 // NewMetrics registers quotad's metrics on a fresh registry (never the global one, so several
@@ -55,6 +56,7 @@ func NewMetrics() *Metrics {
 			"(paused, decreased, attributed: counted against the named scope; evidence: a 429 without a reason for a whole domain, which changes nothing).",
 	}, []string{"domain", "status", "outcome"})
 	m.Registry.MustRegister(m.feedback)
+	m.rls = newRLSMetrics(m.Registry)
 	m.Registry.MustRegister(m.decisions, m.decisionTime, m.commitTime, m.entryOps, m.commitErrors,
 		m.leaderChanges, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -284,43 +284,12 @@ func (f *fair) readPath(domain string, entries []quota.Entry) (*pathView, error)
 		}
 	}
 	v := &pathView{clock: c0, levels: st, nodes: make([]*quota.Node, len(st))}
-	lim := f.limitsLocked()
-	var d *quota.Domain
-	for i := range lim.Domains {
-		if lim.Domains[i].Name == domain {
-			d = &lim.Domains[i]
-		}
-	}
-	if d != nil {
-		children := d.Descriptors
-		for i := 1; i < len(st) && i-1 < len(entries); i++ {
-			n := matchNode(children, entries[i-1])
-			if n == nil {
-				break
-			}
-			v.nodes[i] = n
-			children = n.Children
-		}
+	// The nodes of the path by the engine's own matcher (st[0] is the domain, st[i] entry i-1).
+	nodes, _ := f.s.fsm.Matcher().Path(domain, entries)
+	for i := 1; i < len(st) && i-1 < len(nodes); i++ {
+		v.nodes[i] = nodes[i-1]
 	}
 	return v, nil
-}
-
-// matchNode is the engine's matching rule: exact (key, value), else (key, "").
-func matchNode(nodes []quota.Node, e quota.Entry) *quota.Node {
-	var wild *quota.Node
-	for i := range nodes {
-		n := &nodes[i]
-		if n.Key != e.Key {
-			continue
-		}
-		if n.Value == e.Value {
-			return n
-		}
-		if n.Value == "" {
-			wild = n
-		}
-	}
-	return wild
 }
 
 // limitsLocked returns the limits, re-read at most every fairLimitsRefresh. f.mu or the

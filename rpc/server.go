@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"time"
 
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -65,7 +66,8 @@ type Server struct {
 	prop    *proposer
 	fwd     *forwarder
 	metrics *Metrics
-	fair    *fair // leader-side fair scheduler for waiting admissions (sched.go)
+	fair    *fair      // leader-side fair scheduler for waiting admissions (sched.go)
+	rls     *rlsServer // Envoy's rate limit service (envoy.go)
 }
 
 // NewServer returns a server for node, whose state machine is f. forwardCreds secure calls
@@ -76,13 +78,16 @@ func NewServer(node Node, f *fsm.FSM, pc ProposerConfig, forwardCreds credential
 		s.prop.observe = metrics.observeCommit
 	}
 	s.fair = newFair(s)
+	s.rls = &rlsServer{s: s}
+	s.SetRLSOptions(RLSOptions{})
 	return s
 }
 
-// Register registers the Quota and Admin services on g.
+// Register registers the Quota and Admin services and Envoy's RateLimitService on g.
 func (s *Server) Register(g *grpc.Server) {
 	quotadv1.RegisterQuotaServer(g, s)
 	quotadv1.RegisterAdminServer(g, s)
+	rlsv3.RegisterRateLimitServiceServer(g, s.rls)
 }
 
 // Close stops group commit and closes forwarding connections.

@@ -8,6 +8,11 @@
 //	          reports decisions/s and latency percentiles of every decision.
 //	populate  decides -n admissions, one per distinct descriptor value (tenant=t0000000 ...),
 //	          from -concurrency goroutines, so the cluster ends up holding -n active buckets.
+//	rls       -concurrency goroutines call Envoy's ShouldRateLimit back to back, as an Envoy
+//	          fleet does (one RPC per request, no client batching, spread over every node):
+//	          each request carries envoy.yaml's three descriptors (route, tenant,
+//	          tenant+consumer); reports requests/s (decisions_per_sec), descriptors/s and
+//	          latency percentiles (rls.go).
 package main
 
 import (
@@ -43,6 +48,8 @@ type Result struct {
 	MaxMs        float64 `json:"max_ms"`
 	RPCs         uint64  `json:"rpcs"`
 	ClientRetrys uint64  `json:"client_retries"`
+	// rls mode: descriptors decided per second (3 per request).
+	DescriptorsPerSec float64 `json:"descriptors_per_sec,omitempty"`
 }
 
 func main() {
@@ -88,6 +95,13 @@ func main() {
 	defer c.Close()
 
 	var res Result
+	if *mode == "rls" {
+		res = rlsLoad(cfg, *domain, *prefix, *keys, *concurrency, *warmup, *duration)
+		if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
+			fail(err)
+		}
+		return
+	}
 	switch *mode {
 	case "load":
 		res = load(c, *domain, *prefix, *keys, *concurrency, *warmup, *duration)

@@ -37,6 +37,19 @@ descriptors:
   - key: tenant
     rate_limit: {unit: second, requests_per_unit: 1000000}
 ---
+domain: rls
+rate_limit: {unit: second, requests_per_unit: 100000000}
+max_keys: 10000000
+descriptors:
+  - key: generic_key
+    value: orders
+    rate_limit: {unit: second, requests_per_unit: 100000000}
+  - key: tenant
+    rate_limit: {unit: second, requests_per_unit: 1000000}
+    descriptors:
+      - key: consumer
+        rate_limit: {unit: second, requests_per_unit: 1000000}
+---
 domain: buckets
 max_keys: 2000000
 descriptors:
@@ -67,6 +80,8 @@ type Report struct {
 	LogStoreCompare     map[string]*LogStorePoint `json:"log_store_compare,omitempty"`
 	LogStoreCompareLoad []float64                 `json:"log_store_compare_load_avg,omitempty"`
 	LogStoreCompareDisk *DiskProbe                `json:"log_store_compare_disk_fsync,omitempty"`
+	// rls (issue 14): Envoy's ShouldRateLimit at -rls-concurrency, see RLSPoint.
+	RLS []RLSPoint `json:"rls,omitempty"`
 }
 
 // SweepPoint is the median over runs at one concurrency.
@@ -100,7 +115,8 @@ func main() {
 		concs       = flag.String("concurrency", "1,64,256,512,1024", "concurrency sweep")
 		kills       = flag.Int("kills", 5, "leader kill -9 trials")
 		buckets     = flag.Int("buckets", 1_000_000, "active buckets for the memory step")
-		only        = flag.String("only", "", "comma-separated steps to run (sweep,failover,log_store_compare,memory,snapshot,soak); empty: all but soak")
+		only        = flag.String("only", "", "comma-separated steps to run (sweep,rls,failover,log_store_compare,memory,snapshot,soak); empty: all but soak")
+		rlsConcs    = flag.String("rls-concurrency", "64,256", "rls step: concurrent ShouldRateLimit callers")
 		cmpRounds   = flag.Int("compare-rounds", 4, "log_store_compare: rounds (each runs both backends, the order alternating)")
 		soak        = flag.Duration("soak", 10*time.Minute, "length of the soak step (alternating 30 s of load and 30 s of idle)")
 		soakBuckets = flag.Int("soak-buckets", 0, "stored buckets to create before the soak (e.g. 1000000: snapshots of a large state under load)")
@@ -162,7 +178,7 @@ func main() {
 		logf("cluster %s up: leader %s, nodes %v", name, c.Nodes[leader].ID, c.GRPCAddrs())
 	}
 	var addrs string
-	if want("soak") || want("sweep") || want("failover") {
+	if want("soak") || want("sweep") || want("rls") || want("failover") {
 		startCluster("cluster1")
 		addrs = strings.Join(c.GRPCAddrs(), ",")
 	}
@@ -197,6 +213,9 @@ func main() {
 			}
 		}
 		rep.DecisionsPerSec, rep.P99Ms = best.DecisionsPerSec, best.P99Ms
+	}
+	if want("rls") {
+		rep.RLS = rlsStep(loadgen, addrs, parseInts(*rlsConcs), *runs, *duration)
 	}
 	if want("failover") {
 		times := failover(c, *kills)
@@ -374,6 +393,10 @@ func printTable(r *Report) {
 	fmt.Printf("failover_max_ms        %10.0f   (target ≤ 2000)\n", r.FailoverMaxMs)
 	fmt.Printf("rss_mb_1m_buckets      %10v   (target ≤ 300 per node)\n", r.RSSMB1MBuckets)
 	fmt.Printf("snapshot_restore_s_1m  %10.2f   (target ≤ 3)\n", r.SnapshotRestoreS)
+	for _, p := range r.RLS {
+		fmt.Printf("rls c=%-4d rls_descriptors_per_sec %9.0f  rls_p99_ms %6.2f (target ≤ 20, Envoy's default timeout)  load %v\n",
+			p.Concurrency, p.DescriptorsPerSec, p.P99Ms, p.LoadAvg)
+	}
 	if r.SoakLeaderChanges != nil {
 		fmt.Printf("soak_leader_changes    %10d   (target 0 in %.0f s of mixed idle and load, %d decisions)\n",
 			*r.SoakLeaderChanges, r.SoakSeconds, r.SoakDecisions)

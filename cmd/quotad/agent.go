@@ -31,6 +31,7 @@ func agentCmd() *cobra.Command {
 		gcHeadroom string
 		proposer   = rpc.DefaultProposerConfig()
 		caps       = capFlags{maxRequestBytes: rpc.DefaultMaxRequestBytes}
+		rls        rlsFlags
 	)
 	var (
 		acfg          rpc.AgentConfig // security settings; the rest is filled in at run
@@ -75,6 +76,9 @@ promoted once caught up. A node restarted with its --data-dir resumes where it s
 				return err
 			}
 			if err := caps.apply(&acfg); err != nil {
+				return err
+			}
+			if err := rls.apply(&acfg); err != nil {
 				return err
 			}
 			chaosHooks(&acfg)
@@ -126,6 +130,7 @@ promoted once caught up. A node restarted with its --data-dir resumes where it s
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")
 	caps.register(f)
+	rls.register(f)
 	return cmd
 }
 

@@ -101,6 +101,7 @@ type Op struct {
 	//	*Op_CreateToken
 	//	*Op_RevokeToken
 	//	*Op_LiftPause
+	//	*Op_RateLimit
 	Op            isOp_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -233,6 +234,15 @@ func (x *Op) GetLiftPause() *LiftPause {
 	return nil
 }
 
+func (x *Op) GetRateLimit() *RateLimit {
+	if x != nil {
+		if x, ok := x.Op.(*Op_RateLimit); ok {
+			return x.RateLimit
+		}
+	}
+	return nil
+}
+
 type isOp_Op interface {
 	isOp_Op()
 }
@@ -277,6 +287,11 @@ type Op_LiftPause struct {
 	LiftPause *LiftPause `protobuf:"bytes,10,opt,name=lift_pause,json=liftPause,proto3,oneof"`
 }
 
+type Op_RateLimit struct {
+	// 20: far from the next free numbers, which other ops of the same release may take.
+	RateLimit *RateLimit `protobuf:"bytes,20,opt,name=rate_limit,json=rateLimit,proto3,oneof"`
+}
+
 func (*Op_Acquire) isOp_Op() {}
 
 func (*Op_Release) isOp_Op() {}
@@ -296,6 +311,8 @@ func (*Op_CreateToken) isOp_Op() {}
 func (*Op_RevokeToken) isOp_Op() {}
 
 func (*Op_LiftPause) isOp_Op() {}
+
+func (*Op_RateLimit) isOp_Op() {}
 
 // owner, in Acquire, Release, Renew and Refund, is the authenticated caller's identity name,
 // set by the leader (never taken from a client). Leases belong to their owner and request IDs
@@ -917,6 +934,130 @@ func (x *LiftPause) GetPrefix() []*v1.Entry {
 	return nil
 }
 
+// RateLimit is one Envoy RLS ShouldRateLimit request (quota.Engine.RateLimit): all of its
+// descriptors are decided together in one op.
+type RateLimit struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Domain      string                 `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
+	Descriptors []*RateLimitDescriptor `protobuf:"bytes,2,rep,name=descriptors,proto3" json:"descriptors,omitempty"`
+	// hits is the request's hits_addend (0 means 1).
+	Hits          uint64 `protobuf:"varint,3,opt,name=hits,proto3" json:"hits,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RateLimit) Reset() {
+	*x = RateLimit{}
+	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RateLimit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RateLimit) ProtoMessage() {}
+
+func (x *RateLimit) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RateLimit.ProtoReflect.Descriptor instead.
+func (*RateLimit) Descriptor() ([]byte, []int) {
+	return file_quotad_fsm_v1_fsm_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *RateLimit) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
+}
+
+func (x *RateLimit) GetDescriptors() []*RateLimitDescriptor {
+	if x != nil {
+		return x.Descriptors
+	}
+	return nil
+}
+
+func (x *RateLimit) GetHits() uint64 {
+	if x != nil {
+		return x.Hits
+	}
+	return 0
+}
+
+type RateLimitDescriptor struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Entries []*v1.Entry            `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	// has_hits: the descriptor's own hits_addend (hits, which may be 0: check without charging).
+	HasHits       bool   `protobuf:"varint,2,opt,name=has_hits,json=hasHits,proto3" json:"has_hits,omitempty"`
+	Hits          uint64 `protobuf:"varint,3,opt,name=hits,proto3" json:"hits,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RateLimitDescriptor) Reset() {
+	*x = RateLimitDescriptor{}
+	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RateLimitDescriptor) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RateLimitDescriptor) ProtoMessage() {}
+
+func (x *RateLimitDescriptor) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RateLimitDescriptor.ProtoReflect.Descriptor instead.
+func (*RateLimitDescriptor) Descriptor() ([]byte, []int) {
+	return file_quotad_fsm_v1_fsm_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *RateLimitDescriptor) GetEntries() []*v1.Entry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+func (x *RateLimitDescriptor) GetHasHits() bool {
+	if x != nil {
+		return x.HasHits
+	}
+	return false
+}
+
+func (x *RateLimitDescriptor) GetHits() uint64 {
+	if x != nil {
+		return x.Hits
+	}
+	return 0
+}
+
 var File_quotad_fsm_v1_fsm_proto protoreflect.FileDescriptor
 
 const file_quotad_fsm_v1_fsm_proto_rawDesc = "" +
@@ -925,7 +1066,7 @@ const file_quotad_fsm_v1_fsm_proto_rawDesc = "" +
 	"\aCommand\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x0e\n" +
 	"\x02ts\x18\x02 \x01(\x03R\x02ts\x12#\n" +
-	"\x03ops\x18\x03 \x03(\v2\x11.quotad.fsm.v1.OpR\x03ops\"\xae\x04\n" +
+	"\x03ops\x18\x03 \x03(\v2\x11.quotad.fsm.v1.OpR\x03ops\"\xe9\x04\n" +
 	"\x02Op\x122\n" +
 	"\aacquire\x18\x01 \x01(\v2\x16.quotad.fsm.v1.AcquireH\x00R\aacquire\x122\n" +
 	"\arelease\x18\x02 \x01(\v2\x16.quotad.fsm.v1.ReleaseH\x00R\arelease\x12,\n" +
@@ -939,7 +1080,9 @@ const file_quotad_fsm_v1_fsm_proto_rawDesc = "" +
 	"\frevoke_token\x18\t \x01(\v2\x1a.quotad.fsm.v1.RevokeTokenH\x00R\vrevokeToken\x129\n" +
 	"\n" +
 	"lift_pause\x18\n" +
-	" \x01(\v2\x18.quotad.fsm.v1.LiftPauseH\x00R\tliftPauseB\x04\n" +
+	" \x01(\v2\x18.quotad.fsm.v1.LiftPauseH\x00R\tliftPause\x129\n" +
+	"\n" +
+	"rate_limit\x18\x14 \x01(\v2\x18.quotad.fsm.v1.RateLimitH\x00R\trateLimitB\x04\n" +
 	"\x02op\"p\n" +
 	"\aAcquire\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x122\n" +
@@ -984,7 +1127,15 @@ const file_quotad_fsm_v1_fsm_proto_rawDesc = "" +
 	"\baccessor\x18\x01 \x01(\tR\baccessor\"M\n" +
 	"\tLiftPause\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12(\n" +
-	"\x06prefix\x18\x02 \x03(\v2\x10.quotad.v1.EntryR\x06prefixB2Z0github.com/quotad/quotad/api/quotad/fsm/v1;fsmv1b\x06proto3"
+	"\x06prefix\x18\x02 \x03(\v2\x10.quotad.v1.EntryR\x06prefix\"}\n" +
+	"\tRateLimit\x12\x16\n" +
+	"\x06domain\x18\x01 \x01(\tR\x06domain\x12D\n" +
+	"\vdescriptors\x18\x02 \x03(\v2\".quotad.fsm.v1.RateLimitDescriptorR\vdescriptors\x12\x12\n" +
+	"\x04hits\x18\x03 \x01(\x04R\x04hits\"p\n" +
+	"\x13RateLimitDescriptor\x12*\n" +
+	"\aentries\x18\x01 \x03(\v2\x10.quotad.v1.EntryR\aentries\x12\x19\n" +
+	"\bhas_hits\x18\x02 \x01(\bR\ahasHits\x12\x12\n" +
+	"\x04hits\x18\x03 \x01(\x04R\x04hitsB2Z0github.com/quotad/quotad/api/quotad/fsm/v1;fsmv1b\x06proto3"
 
 var (
 	file_quotad_fsm_v1_fsm_proto_rawDescOnce sync.Once
@@ -998,22 +1149,24 @@ func file_quotad_fsm_v1_fsm_proto_rawDescGZIP() []byte {
 	return file_quotad_fsm_v1_fsm_proto_rawDescData
 }
 
-var file_quotad_fsm_v1_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_quotad_fsm_v1_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_quotad_fsm_v1_fsm_proto_goTypes = []any{
-	(*Command)(nil),      // 0: quotad.fsm.v1.Command
-	(*Op)(nil),           // 1: quotad.fsm.v1.Op
-	(*Acquire)(nil),      // 2: quotad.fsm.v1.Acquire
-	(*Release)(nil),      // 3: quotad.fsm.v1.Release
-	(*Renew)(nil),        // 4: quotad.fsm.v1.Renew
-	(*Refund)(nil),       // 5: quotad.fsm.v1.Refund
-	(*SetLimits)(nil),    // 6: quotad.fsm.v1.SetLimits
-	(*Pause)(nil),        // 7: quotad.fsm.v1.Pause
-	(*Feedback)(nil),     // 8: quotad.fsm.v1.Feedback
-	(*CreateToken)(nil),  // 9: quotad.fsm.v1.CreateToken
-	(*RevokeToken)(nil),  // 10: quotad.fsm.v1.RevokeToken
-	(*LiftPause)(nil),    // 11: quotad.fsm.v1.LiftPause
-	(*v1.Admission)(nil), // 12: quotad.v1.Admission
-	(*v1.Entry)(nil),     // 13: quotad.v1.Entry
+	(*Command)(nil),             // 0: quotad.fsm.v1.Command
+	(*Op)(nil),                  // 1: quotad.fsm.v1.Op
+	(*Acquire)(nil),             // 2: quotad.fsm.v1.Acquire
+	(*Release)(nil),             // 3: quotad.fsm.v1.Release
+	(*Renew)(nil),               // 4: quotad.fsm.v1.Renew
+	(*Refund)(nil),              // 5: quotad.fsm.v1.Refund
+	(*SetLimits)(nil),           // 6: quotad.fsm.v1.SetLimits
+	(*Pause)(nil),               // 7: quotad.fsm.v1.Pause
+	(*Feedback)(nil),            // 8: quotad.fsm.v1.Feedback
+	(*CreateToken)(nil),         // 9: quotad.fsm.v1.CreateToken
+	(*RevokeToken)(nil),         // 10: quotad.fsm.v1.RevokeToken
+	(*LiftPause)(nil),           // 11: quotad.fsm.v1.LiftPause
+	(*RateLimit)(nil),           // 12: quotad.fsm.v1.RateLimit
+	(*RateLimitDescriptor)(nil), // 13: quotad.fsm.v1.RateLimitDescriptor
+	(*v1.Admission)(nil),        // 14: quotad.v1.Admission
+	(*v1.Entry)(nil),            // 15: quotad.v1.Entry
 }
 var file_quotad_fsm_v1_fsm_proto_depIdxs = []int32{
 	1,  // 0: quotad.fsm.v1.Command.ops:type_name -> quotad.fsm.v1.Op
@@ -1027,15 +1180,18 @@ var file_quotad_fsm_v1_fsm_proto_depIdxs = []int32{
 	9,  // 8: quotad.fsm.v1.Op.create_token:type_name -> quotad.fsm.v1.CreateToken
 	10, // 9: quotad.fsm.v1.Op.revoke_token:type_name -> quotad.fsm.v1.RevokeToken
 	11, // 10: quotad.fsm.v1.Op.lift_pause:type_name -> quotad.fsm.v1.LiftPause
-	12, // 11: quotad.fsm.v1.Acquire.admission:type_name -> quotad.v1.Admission
-	13, // 12: quotad.fsm.v1.Pause.prefix:type_name -> quotad.v1.Entry
-	13, // 13: quotad.fsm.v1.Feedback.prefix:type_name -> quotad.v1.Entry
-	13, // 14: quotad.fsm.v1.LiftPause.prefix:type_name -> quotad.v1.Entry
-	15, // [15:15] is the sub-list for method output_type
-	15, // [15:15] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	12, // 11: quotad.fsm.v1.Op.rate_limit:type_name -> quotad.fsm.v1.RateLimit
+	14, // 12: quotad.fsm.v1.Acquire.admission:type_name -> quotad.v1.Admission
+	15, // 13: quotad.fsm.v1.Pause.prefix:type_name -> quotad.v1.Entry
+	15, // 14: quotad.fsm.v1.Feedback.prefix:type_name -> quotad.v1.Entry
+	15, // 15: quotad.fsm.v1.LiftPause.prefix:type_name -> quotad.v1.Entry
+	13, // 16: quotad.fsm.v1.RateLimit.descriptors:type_name -> quotad.fsm.v1.RateLimitDescriptor
+	15, // 17: quotad.fsm.v1.RateLimitDescriptor.entries:type_name -> quotad.v1.Entry
+	18, // [18:18] is the sub-list for method output_type
+	18, // [18:18] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_quotad_fsm_v1_fsm_proto_init() }
@@ -1054,6 +1210,7 @@ func file_quotad_fsm_v1_fsm_proto_init() {
 		(*Op_CreateToken)(nil),
 		(*Op_RevokeToken)(nil),
 		(*Op_LiftPause)(nil),
+		(*Op_RateLimit)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1061,7 +1218,7 @@ func file_quotad_fsm_v1_fsm_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quotad_fsm_v1_fsm_proto_rawDesc), len(file_quotad_fsm_v1_fsm_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,0 +1,329 @@
+package quota
+
+import (
+	"fmt"
+	"math"
+	"time"
+)
+
+// Envoy's rate limit service (envoy.service.ratelimit.v3) decided on the same buckets as the
+// native API, with envoyproxy/ratelimit's meaning:
+//
+//   - each descriptor of a request is decided on its own, against the one rule its LAST entry
+//     selects (Matcher.Rule); ancestors' limits do not apply, a descriptor deeper than the
+//     configuration or without a rule is OK;
+//   - a rule named in another selected rule's replaces (same request) does not apply;
+//   - unlimited: OK, limit_remaining MaxUint32; requests_per_unit 0: OVER_LIMIT;
+//   - shadow_mode: a would-be OVER_LIMIT is answered OK (and reported, for statistics);
+//     quota_mode likewise, reported as a quota violation;
+//   - the request is OVER_LIMIT if any descriptor is; descriptors that were within their
+//     limit are charged even then (each on its own, as Envoy's counters are).
+//
+// Where quotad differs on purpose (docs/envoy.md): buckets are token buckets (burst defaults to
+// one unit's worth), not clock-aligned fixed windows; a refused descriptor is not charged (Envoy
+// counts every hit, so a client that keeps retrying stays limited longer there); a check
+// without charge (hits 0) is OVER_LIMIT when the next hit would be refused; a domain's own
+// rate_limit (quotad's ceiling, which Envoy ignores) is checked first for the whole request and
+// charged once (the request's hits) when the request is OK.
+
+// MaxRLSDescriptors caps the descriptors of one Envoy request.
+const MaxRLSDescriptors = 64
+
+// RLSCode is an answer, numbered as envoy.service.ratelimit.v3.RateLimitResponse.Code.
+type RLSCode uint8
+
+const (
+	RLSUnknown   RLSCode = 0
+	RLSOK        RLSCode = 1
+	RLSOverLimit RLSCode = 2
+)
+
+func (c RLSCode) String() string {
+	switch c {
+	case RLSOK:
+		return "OK"
+	case RLSOverLimit:
+		return "OVER_LIMIT"
+	}
+	return "UNKNOWN"
+}
+
+// RLSRequest is one ShouldRateLimit call.
+type RLSRequest struct {
+	Domain      string
+	Descriptors []RLSDescriptor
+	// Hits is the request's hits_addend; 0 means 1.
+	Hits uint64
+}
+
+// RLSDescriptor is one descriptor of an RLSRequest.
+type RLSDescriptor struct {
+	Entries []Entry
+	// HasHits: the descriptor sets its own hits_addend (Hits), which may be 0: check without
+	// charging. Otherwise it uses the request's.
+	HasHits bool
+	Hits    uint64
+}
+
+// RLSStatus is the answer for one descriptor.
+type RLSStatus struct {
+	Code RLSCode
+	// Limited: a limit applied (Limit, Window, Name, Remaining, ResetAfter describe it).
+	Limited   bool
+	Unlimited bool // the rule is unlimited (Remaining is MaxUint32)
+	Limit     uint64
+	Window    time.Duration
+	Name      string
+	Remaining uint64
+	// ResetAfter is the time until the bucket is full again (Envoy: until the window resets).
+	ResetAfter time.Duration
+	// Scope is "domain" when the domain's ceiling answered, else the rule's key.
+	Scope string
+	// Hits checked (and charged, when OK) against the bucket; Capacity its burst; UsedBefore
+	// the whole units missing from it before this request. Statistics use them as Envoy's
+	// counters (limit, before and after the increase).
+	Hits       uint64
+	Capacity   uint64
+	UsedBefore uint64
+	// Shadow: over the limit in shadow_mode, answered OK, nothing charged. QuotaMode: over the
+	// limit in quota_mode, answered OK. Replaced: the rule was replaced by another of the
+	// request's rules. TooManyKeys: the domain holds max_keys buckets and this one is new.
+	Shadow      bool
+	QuotaMode   bool
+	Replaced    bool
+	TooManyKeys bool
+}
+
+// RLSDecision is the answer to an RLSRequest.
+type RLSDecision struct {
+	Code     RLSCode
+	Statuses []RLSStatus
+	// UnknownDomain: the domain is not configured; every descriptor is OK without a limit.
+	UnknownDomain bool
+	// Ceiling is the domain ceiling's part (nil: the domain has none). When it refused, every
+	// descriptor is OVER_LIMIT with the ceiling's limit and nothing was charged.
+	Ceiling *RLSStatus
+	// Message explains an RLSUnknown answer (an invalid request); nothing changed.
+	Message string
+}
+
+// rlsProblem returns why an RLS request is invalid, or "".
+func rlsProblem(req *RLSRequest) string {
+	switch {
+	case req.Domain == "":
+		return "domain is empty; set the rate limit domain"
+	case len(req.Domain) > MaxFieldBytes:
+		return fieldTooLong("domain", len(req.Domain))
+	case len(req.Descriptors) == 0:
+		return "no descriptors; send at least one"
+	case len(req.Descriptors) > MaxRLSDescriptors:
+		return fmt.Sprintf("%d descriptors; at most %d are allowed", len(req.Descriptors), MaxRLSDescriptors)
+	}
+	for i := range req.Descriptors {
+		es := req.Descriptors[i].Entries
+		if len(es) == 0 {
+			return fmt.Sprintf("descriptors[%d] has no entries; every descriptor needs at least one", i)
+		}
+		if msg := requestProblem(req.Domain, es, 0); msg != "" {
+			return fmt.Sprintf("descriptors[%d]: %s", i, msg)
+		}
+	}
+	return ""
+}
+
+// rlsRule is one descriptor's matched rule during RateLimit.
+type rlsRule struct {
+	lv   *level
+	key  []byte // bucket key
+	hits uint64
+}
+
+// RateLimit decides an Envoy ShouldRateLimit request (see the comment at the top of this file).
+// An invalid request (empty domain or key, no descriptors, too many, fields too long) is
+// answered RLSUnknown with a Message and changes nothing but the clock.
+func (e *Engine) RateLimit(now Time, req RLSRequest) RLSDecision {
+	now = e.advance(now)
+	if msg := rlsProblem(&req); msg != "" {
+		return RLSDecision{Code: RLSUnknown, Message: msg}
+	}
+	n := len(req.Descriptors)
+	out := RLSDecision{Code: RLSOK, Statuses: make([]RLSStatus, n)}
+	for i := range out.Statuses {
+		out.Statuses[i].Code = RLSOK
+	}
+	root := e.lim.domains[req.Domain]
+	if root == nil {
+		out.UnknownDomain = true
+		return out
+	}
+	reqHits := max(req.Hits, 1)
+
+	// Match every descriptor first: replaces works across the request's rules.
+	rules := make([]rlsRule, n)
+	var replaced map[string]bool
+	for i := range req.Descriptors {
+		d := &req.Descriptors[i]
+		lv := e.lim.envoyRule(root, d.Entries)
+		if lv == nil {
+			continue
+		}
+		rules[i] = rlsRule{lv: lv, hits: reqHits}
+		if d.HasHits {
+			rules[i].hits = d.Hits
+		}
+		for _, r := range lv.node.Replaces {
+			if replaced == nil {
+				replaced = make(map[string]bool)
+			}
+			replaced[r] = true
+		}
+	}
+	for i := range rules {
+		lv := rules[i].lv
+		if lv == nil {
+			continue
+		}
+		st := &out.Statuses[i]
+		switch {
+		case lv.node.Unlimited:
+			st.Unlimited, st.Remaining, st.Scope = true, math.MaxUint32, lv.scope
+			rules[i].lv = nil
+		case lv.node.Name != "" && replaced[lv.node.Name]:
+			st.Replaced = true
+			rules[i].lv = nil
+		default:
+			kb := appendEscaped(nil, req.Domain)
+			p := root
+			for _, en := range req.Descriptors[i].Entries {
+				p = p.child(en)
+				kb = appendEntry(kb, p.keyEntry(en))
+			}
+			rules[i].key = kb
+		}
+	}
+
+	// The domain ceiling (a quotad extension) answers for the whole request first.
+	if root.rate != nil || root.blocked > 0 {
+		c := e.rlsCheck(root, appendEscaped(nil, req.Domain), reqHits, now)
+		out.Ceiling = &c
+		if c.Code == RLSOverLimit {
+			out.Code = RLSOverLimit
+			for i := range out.Statuses {
+				st := c
+				st.Hits = 0
+				out.Statuses[i] = st
+			}
+			return out
+		}
+	}
+
+	// Each descriptor on its own.
+	e.debitSeq++
+	seq, debited := e.debitSeq, false
+	for i := range rules {
+		r := &rules[i]
+		if r.lv == nil {
+			continue
+		}
+		st := e.rlsCheck(r.lv, r.key, r.hits, now)
+		if st.Code == RLSOK && r.hits > 0 && r.lv.rate != nil {
+			if e.rlsDebit(root, r.lv, r.key, r.hits, now, seq) {
+				debited = true
+			} else {
+				st.Code, st.TooManyKeys, st.Remaining = RLSOverLimit, true, 0
+			}
+		}
+		if st.Code == RLSOverLimit {
+			switch {
+			case r.lv.shadow:
+				st.Code, st.Shadow = RLSOK, true
+			case r.lv.node.QuotaMode && !st.TooManyKeys:
+				st.Code, st.QuotaMode = RLSOK, true
+			default:
+				out.Code = RLSOverLimit
+			}
+		}
+		out.Statuses[i] = st
+	}
+	if c := out.Ceiling; c != nil && out.Code == RLSOK && c.Code == RLSOK && root.rate != nil {
+		// rlsCheck answered as if debited; a full domain (max_keys) leaves the ceiling
+		// uncharged rather than refusing a request its descriptors admitted.
+		debited = e.rlsDebit(root, root, appendEscaped(nil, req.Domain), reqHits, now, seq) || debited
+	}
+	if !debited && e.debitSeq == seq {
+		e.debitSeq-- // nothing carries this sequence number
+	}
+	return out
+}
+
+// rlsCheck answers hits at lv's bucket key without changing anything. OVER_LIMIT when the
+// bucket cannot pay hits, or, for hits 0, cannot pay one unit.
+func (e *Engine) rlsCheck(lv *level, key []byte, hits uint64, now Time) RLSStatus {
+	st := RLSStatus{Code: RLSOK, Limited: true, Scope: lv.scope, Hits: hits}
+	if lv.node != nil {
+		st.Name = lv.node.Name
+	}
+	if lv.blocked > 0 {
+		st.Code, st.Window, st.ResetAfter = RLSOverLimit, lv.blocked, lv.blocked
+		return st
+	}
+	r, tokens, last := e.rlsBucket(lv, key, now)
+	refilled, _ := r.refill(tokens, last, now)
+	st.Limit, st.Window, st.Capacity = r.rpu, r.window, r.capUnits
+	whole := refilled / microPerUnit
+	st.UsedBefore = r.capUnits - min(r.capUnits, whole)
+	need := max(hits, 1)
+	if need > whole {
+		st.Code = RLSOverLimit
+		st.ResetAfter = r.waitUntil(tokens, last, now, r.capMicro)
+		return st
+	}
+	after := refilled - hits*microPerUnit
+	st.Remaining = after / microPerUnit
+	// Full again: from the state the debit would leave (refilled as of now).
+	st.ResetAfter = r.timeFor(r.capMicro - after)
+	return st
+}
+
+// rlsBucket returns the effective rate of lv's bucket key and its stored state (full if absent).
+func (e *Engine) rlsBucket(lv *level, key []byte, now Time) (*rateParams, uint64, Time) {
+	slot, _ := find(&e.buckets, key, e.buckets.hash(key))
+	r := lv.rate
+	if slot == noSlot {
+		if lv.adaptive != nil {
+			r = e.rateOf(string(key), lv, now)
+		}
+		return r, r.capMicro, now
+	}
+	if lv.adaptive != nil {
+		r = e.slotRate(slot)
+	}
+	b := e.buckets.peek(slot)
+	return r, b.tokens.get(), Time(b.last.get())
+}
+
+// rlsDebit takes hits from lv's bucket key, which rlsCheck found able to pay. It returns false,
+// changing nothing, when the bucket is not stored and the domain already holds max_keys.
+func (e *Engine) rlsDebit(root, lv *level, key []byte, hits uint64, now Time, seq uint64) bool {
+	st := &e.buckets
+	h := st.hash(key)
+	slot, _ := find(st, key, h)
+	r, tokens, last := e.rlsBucket(lv, key, now)
+	tokens, last = r.refill(tokens, last, now)
+	tokens -= hits * microPerUnit
+	added := slot == noSlot
+	if added {
+		if st.domKeys[root.dom] >= root.maxKeys {
+			return false
+		}
+		slot = st.add(key, h, lv.idx)
+	}
+	b := st.rec(slot)
+	b.tokens.set(tokens)
+	b.last.set(uint64(last))
+	b.debit.set(seq)
+	if added {
+		st.push(slot, st.due(r.fullAt(tokens, last)))
+	}
+	return true
+}

@@ -1,0 +1,251 @@
+package quota
+
+import (
+	"math"
+	"testing"
+	"time"
+)
+
+func envoyLimits() *Limits {
+	return &Limits{Domains: []Domain{
+		{Name: "rl", Descriptors: []Node{
+			{Key: "tenant", Rate: perMinute(5), Children: []Node{
+				{Key: "user", Rate: perMinute(2)},
+			}},
+			{Key: "path", Value: "files/*", Rate: perMinute(2)},
+			{Key: "shared", Value: "x*", ShareThreshold: true, Rate: perMinute(2)},
+			{Key: "blocked", Rate: &Rate{Unit: time.Minute}},
+			{Key: "free", Unlimited: true},
+			{Key: "shadow", Rate: perMinute(1), ShadowMode: true},
+			{Key: "quota", Rate: perMinute(1), QuotaMode: true},
+			{Key: "category", Value: "account", Rate: perMinute(4), Replaces: []string{"bk"}},
+			{Key: "dest", Value: "bk", Rate: perMinute(1), Name: "bk"},
+		}},
+		{Name: "ceiled", Rate: perMinute(3), Descriptors: []Node{{Key: "k", Rate: perMinute(10)}}},
+	}}
+}
+
+func rls(domain string, ds ...[]Entry) RLSRequest {
+	r := RLSRequest{Domain: domain}
+	for _, d := range ds {
+		r.Descriptors = append(r.Descriptors, RLSDescriptor{Entries: d})
+	}
+	return r
+}
+
+func ent(kv ...string) []Entry {
+	var out []Entry
+	for i := 0; i < len(kv); i += 2 {
+		out = append(out, Entry{kv[i], kv[i+1]})
+	}
+	return out
+}
+
+func codes(d RLSDecision) []RLSCode {
+	out := []RLSCode{d.Code}
+	for _, s := range d.Statuses {
+		out = append(out, s.Code)
+	}
+	return out
+}
+
+func sameCodes(a, b []RLSCode) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func TestRateLimitEnvoySemantics(t *testing.T) {
+	ok, over := RLSOK, RLSOverLimit
+	tests := []struct {
+		name  string
+		reqs  []RLSRequest
+		codes [][]RLSCode // per request: overall, then each descriptor
+	}{
+		{"burst within one window, then over", []RLSRequest{
+			rls("rl", ent("tenant", "a", "user", "u")), rls("rl", ent("tenant", "a", "user", "u")),
+			rls("rl", ent("tenant", "a", "user", "u")),
+		}, [][]RLSCode{{ok, ok}, {ok, ok}, {over, over}}},
+		{"only the last entry's rule is charged", []RLSRequest{
+			// 4 requests at tenant+user(u1..u4), 2 each allowed: the tenant's 5 are never charged.
+			rls("rl", ent("tenant", "a", "user", "1")), rls("rl", ent("tenant", "a", "user", "2")),
+			rls("rl", ent("tenant", "a", "user", "3")), rls("rl", ent("tenant", "a", "user", "4")),
+			rls("rl", ent("tenant", "a")), rls("rl", ent("tenant", "a")), rls("rl", ent("tenant", "a")),
+			rls("rl", ent("tenant", "a")), rls("rl", ent("tenant", "a")), rls("rl", ent("tenant", "a")),
+		}, [][]RLSCode{{ok, ok}, {ok, ok}, {ok, ok}, {ok, ok}, {ok, ok}, {ok, ok}, {ok, ok}, {ok, ok}, {ok, ok}, {over, over}}},
+		{"deeper than config: no limit", []RLSRequest{
+			rls("rl", ent("tenant", "a", "user", "u", "x", "1")), rls("rl", ent("tenant", "a", "user", "u", "x", "1")),
+			rls("rl", ent("tenant", "a", "user", "u", "x", "1")),
+		}, [][]RLSCode{{ok, ok}, {ok, ok}, {ok, ok}}},
+		{"wildcard: one bucket per value", []RLSRequest{
+			rls("rl", ent("path", "files/a")), rls("rl", ent("path", "files/a")), rls("rl", ent("path", "files/a")),
+			rls("rl", ent("path", "files/b")),
+		}, [][]RLSCode{{ok, ok}, {ok, ok}, {over, over}, {ok, ok}}},
+		{"share_threshold: one bucket for all values", []RLSRequest{
+			rls("rl", ent("shared", "x1")), rls("rl", ent("shared", "x2")), rls("rl", ent("shared", "x3")),
+		}, [][]RLSCode{{ok, ok}, {ok, ok}, {over, over}}},
+		{"blocked", []RLSRequest{rls("rl", ent("blocked", "v"))}, [][]RLSCode{{over, over}}},
+		{"unlimited", []RLSRequest{rls("rl", ent("free", "v")), rls("rl", ent("free", "v"))}, [][]RLSCode{{ok, ok}, {ok, ok}}},
+		{"shadow never denies", []RLSRequest{rls("rl", ent("shadow", "v")), rls("rl", ent("shadow", "v"))},
+			[][]RLSCode{{ok, ok}, {ok, ok}}},
+		{"quota mode never denies", []RLSRequest{rls("rl", ent("quota", "v")), rls("rl", ent("quota", "v"))},
+			[][]RLSCode{{ok, ok}, {ok, ok}}},
+		{"replaces: the replaced rule does not apply", []RLSRequest{
+			rls("rl", ent("category", "account"), ent("dest", "bk")), rls("rl", ent("category", "account"), ent("dest", "bk")),
+			rls("rl", ent("dest", "bk")), rls("rl", ent("dest", "bk")),
+		}, [][]RLSCode{{ok, ok, ok}, {ok, ok, ok}, {ok, ok}, {over, over}}},
+		{"each descriptor on its own", []RLSRequest{
+			rls("rl", ent("blocked", "v"), ent("tenant", "b", "user", "u")),
+			rls("rl", ent("tenant", "b", "user", "u")), rls("rl", ent("tenant", "b", "user", "u")),
+		}, [][]RLSCode{{over, over, ok}, {ok, ok}, {over, over}}}, // the first request charged user u
+		{"unknown domain", []RLSRequest{rls("nope", ent("a", "b"))}, [][]RLSCode{{ok, ok}}},
+		{"ceiling first, charged once per request", []RLSRequest{
+			rls("ceiled", ent("k", "1"), ent("k", "2")), rls("ceiled", ent("k", "1")), rls("ceiled", ent("k", "3")),
+			rls("ceiled", ent("k", "4")),
+		}, [][]RLSCode{{ok, ok, ok}, {ok, ok}, {ok, ok}, {over, over}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := mustEngine(t, envoyLimits())
+			for i, req := range tt.reqs {
+				d := e.RateLimit(Time(i)*ms, req)
+				if got := codes(d); !sameCodes(got, tt.codes[i]) {
+					t.Fatalf("request %d (%v): codes %v, want %v (%+v)", i, req.Descriptors, got, tt.codes[i], d)
+				}
+			}
+		})
+	}
+}
+
+func TestRateLimitStatuses(t *testing.T) {
+	e := mustEngine(t, envoyLimits())
+	d := e.RateLimit(0, rls("rl", ent("tenant", "a", "user", "u"), ent("free", "x"), ent("nope", "1"), ent("shadow", "s")))
+	u, free, none, sh := d.Statuses[0], d.Statuses[1], d.Statuses[2], d.Statuses[3]
+	if !u.Limited || u.Limit != 2 || u.Window != time.Minute || u.Remaining != 1 || u.ResetAfter != 30*time.Second || u.Scope != "user" {
+		t.Errorf("user status %+v: want limit 2/min, remaining 1, full again in 30s", u)
+	}
+	if free.Limited || !free.Unlimited || free.Remaining != math.MaxUint32 {
+		t.Errorf("unlimited status %+v: want no limit, remaining MaxUint32", free)
+	}
+	if none.Limited || none.Remaining != 0 || none.Code != RLSOK {
+		t.Errorf("no-rule status %+v", none)
+	}
+	d = e.RateLimit(0, rls("rl", ent("shadow", "s")))
+	if sh = d.Statuses[0]; sh.Code != RLSOK || !sh.Shadow || sh.Remaining != 0 {
+		t.Errorf("shadow status over the limit %+v: want OK, Shadow", sh)
+	}
+	// Over: remaining 0 and the time until the bucket is full.
+	e.RateLimit(0, rls("rl", ent("tenant", "a", "user", "u")))
+	d = e.RateLimit(0, rls("rl", ent("tenant", "a", "user", "u")))
+	if o := d.Statuses[0]; o.Code != RLSOverLimit || o.Remaining != 0 || o.ResetAfter != time.Minute || o.UsedBefore != 2 {
+		t.Errorf("over status %+v", o)
+	}
+	// A refused hit is not charged (token bucket): after 30s one unit is back.
+	if d = e.RateLimit(30*s, rls("rl", ent("tenant", "a", "user", "u"))); d.Code != RLSOK {
+		t.Errorf("30s later: %v, want OK (the refused hit must not have been charged)", codes(d))
+	}
+}
+
+func TestRateLimitHitsAddend(t *testing.T) {
+	e := mustEngine(t, envoyLimits())
+	user := ent("tenant", "a", "user", "u")
+	req := RLSRequest{Domain: "rl", Hits: 2, Descriptors: []RLSDescriptor{{Entries: user}}}
+	if d := e.RateLimit(0, req); d.Code != RLSOK || d.Statuses[0].Remaining != 0 {
+		t.Fatalf("hits_addend 2 of 2: %+v", d)
+	}
+	// A per-descriptor hits_addend of 0 checks without charging: the bucket is empty.
+	check := RLSRequest{Domain: "rl", Descriptors: []RLSDescriptor{{Entries: user, HasHits: true}}}
+	h := e.Hash()
+	if d := e.RateLimit(0, check); d.Code != RLSOverLimit {
+		t.Errorf("check of an empty bucket: %v, want OVER_LIMIT", codes(d))
+	}
+	if e.Hash() != h {
+		t.Error("a check without charge changed the state")
+	}
+	other := RLSRequest{Domain: "rl", Descriptors: []RLSDescriptor{{Entries: ent("tenant", "b", "user", "u"), HasHits: true}}}
+	if d := e.RateLimit(0, other); d.Code != RLSOK || d.Statuses[0].Remaining != 2 {
+		t.Errorf("check of a full bucket: %+v, want OK remaining 2", d)
+	}
+	if e.Hash() != h {
+		t.Error("a check without charge changed the state")
+	}
+	big := RLSRequest{Domain: "rl", Hits: math.MaxUint32, Descriptors: []RLSDescriptor{{Entries: ent("tenant", "c", "user", "u")}}}
+	if d := e.RateLimit(0, big); d.Code != RLSOverLimit {
+		t.Errorf("hits above the capacity: %v, want OVER_LIMIT", codes(d))
+	}
+}
+
+func TestRateLimitInvalid(t *testing.T) {
+	e := mustEngine(t, envoyLimits())
+	h := e.Hash()
+	for _, req := range []RLSRequest{
+		{Domain: "rl"},
+		rls("", ent("a", "b")),
+		rls("rl", nil),
+		rls("rl", ent("", "b")),
+	} {
+		if d := e.RateLimit(0, req); d.Code != RLSUnknown || d.Message == "" {
+			t.Errorf("%+v: %+v, want RLSUnknown with a message", req, d)
+		}
+	}
+	if e.Hash() != h {
+		t.Error("an invalid request changed the state")
+	}
+}
+
+// The RLS and the native API charge the same buckets, and buckets the RLS created survive a
+// snapshot and a limits change like any other.
+func TestRateLimitSharesBucketsWithNative(t *testing.T) {
+	e := mustEngine(t, envoyLimits())
+	e.RateLimit(0, rls("rl", ent("path", "files/a"), ent("shared", "x9")))
+	if d := e.Acquire(0, Request{Domain: "rl", Descriptors: ent("path", "files/a")}); !d.Admitted || d.Remaining != 0 {
+		t.Errorf("native after one RLS hit: %+v, want admitted with 0 remaining", d)
+	}
+	if d := e.Acquire(0, Request{Domain: "rl", Descriptors: ent("shared", "x1")}); !d.Admitted || d.Remaining != 0 {
+		t.Errorf("native on the shared wildcard bucket: %+v", d)
+	}
+	if d := e.Acquire(0, Request{Domain: "rl", Descriptors: ent("blocked", "v")}); d.Admitted || d.Reason != ReasonRateLimited || d.Window != time.Minute {
+		t.Errorf("native on a blocked level: %+v, want rate_limited", d)
+	}
+	data, err := e.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := NewEngine()
+	if err := r.UnmarshalBinary(data); err != nil {
+		t.Fatal(err)
+	}
+	if r.Hash() != e.Hash() {
+		t.Error("restored engine differs")
+	}
+	if err := r.SetLimits(0, envoyLimits()); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Stats().Buckets; got != 2 {
+		t.Errorf("%d buckets after SetLimits, want the 2 wildcard buckets kept", got)
+	}
+	if d := r.RateLimit(0, rls("rl", ent("shared", "x5"))); d.Code != RLSOverLimit {
+		t.Errorf("shared bucket after restore + SetLimits: %v, want OVER_LIMIT", codes(d))
+	}
+}
+
+// Replicas applying the same RLS requests agree.
+func TestRateLimitDeterministic(t *testing.T) {
+	a, b := mustEngine(t, envoyLimits()), mustEngine(t, envoyLimits())
+	for i := range 200 {
+		req := rls("rl", ent("tenant", string(rune('a'+i%5)), "user", string(rune('a'+i%3))), ent("path", "files/"+string(rune('a'+i%4))))
+		now := Time(i) * 100 * ms
+		if da, db := a.RateLimit(now, req), b.RateLimit(now, req); !sameCodes(codes(da), codes(db)) {
+			t.Fatalf("replicas disagree at %d", i)
+		}
+	}
+	if a.Hash() != b.Hash() {
+		t.Fatal("replica hashes differ")
+	}
+}

@@ -1,0 +1,230 @@
+package rpc
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	fsmv1 "github.com/quotad/quotad/api/quotad/fsm/v1"
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"github.com/quotad/quotad/quota"
+)
+
+// Envoy's rate limit service, envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit, on
+// the same listener, authentication and leader routing as the native API. A request is one op
+// (quota.Engine.RateLimit decides all its descriptors together) in the leader's group commit;
+// a follower forwards it to the leader. docs/envoy.md says what is identical to
+// envoyproxy/ratelimit and what differs.
+
+// RLS response header modes (RLSOptions.Headers).
+const (
+	RLSHeadersOff        = ""            // no headers (envoyproxy/ratelimit's default)
+	RLSHeadersRateLimit  = "ratelimit"   // RateLimit-Limit, -Remaining, -Reset (+ -Scope)
+	RLSHeadersXRateLimit = "x-ratelimit" // X-RateLimit-Limit, -Remaining, -Reset (+ -Scope)
+)
+
+// DefaultNearLimitRatio is envoyproxy/ratelimit's NEAR_LIMIT_RATIO default.
+const DefaultNearLimitRatio = 0.8
+
+// RLSOptions configure the Envoy rate limit service.
+type RLSOptions struct {
+	// DenyUnknownDomain answers OVER_LIMIT for a domain the limits do not define. Off (the
+	// default), such a request is OK, as envoyproxy/ratelimit answers it.
+	DenyUnknownDomain bool
+	// Headers chooses the response_headers_to_add: RLSHeadersOff, RLSHeadersRateLimit (the
+	// names envoyproxy/ratelimit writes with LIMIT_RESPONSE_HEADERS_ENABLED) or
+	// RLSHeadersXRateLimit; both add quotad's <prefix>-Scope, the level that answered.
+	Headers string
+	// NearLimitRatio is the share of a limit above which hits count as near_limit (0: 0.8).
+	NearLimitRatio float64
+}
+
+// Validate reports an option that cannot work.
+func (o RLSOptions) Validate() error {
+	switch o.Headers {
+	case RLSHeadersOff, RLSHeadersRateLimit, RLSHeadersXRateLimit:
+	default:
+		return fmt.Errorf("rpc: RLS headers %q: use %q, %q or \"\" (none)", o.Headers, RLSHeadersRateLimit, RLSHeadersXRateLimit)
+	}
+	if o.NearLimitRatio < 0 || o.NearLimitRatio > 1 {
+		return fmt.Errorf("rpc: RLS near-limit ratio %v: use 0 < ratio <= 1 (default %v)", o.NearLimitRatio, DefaultNearLimitRatio)
+	}
+	return nil
+}
+
+// SetRLSOptions sets the Envoy RLS options (call before serving).
+func (s *Server) SetRLSOptions(o RLSOptions) {
+	if o.NearLimitRatio == 0 {
+		o.NearLimitRatio = DefaultNearLimitRatio
+	}
+	s.rls.opts = o
+}
+
+// rlsServer implements rlsv3.RateLimitServiceServer for a Server.
+type rlsServer struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+	s    *Server
+	opts RLSOptions
+}
+
+// ShouldRateLimit decides one Envoy request.
+func (r *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	s := r.s
+	op, err := rlsOp(req)
+	if err != nil {
+		return nil, err
+	}
+	id := IdentityFrom(ctx)
+	for i, d := range op.Descriptors {
+		if msg := scopeProblem(id, req.Domain, d.Entries, true); msg != "" {
+			return nil, permissionDenied("descriptors[%d]: %s", i, msg)
+		}
+	}
+	conn, err := s.route(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if conn != nil {
+		return rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(forwardCtx(ctx), req)
+	}
+	start := time.Now()
+	res, err := s.prop.propose(ctx, &fsmv1.Op{Op: &fsmv1.Op_RateLimit{RateLimit: op}})
+	if err != nil {
+		return nil, s.applyError(err)
+	}
+	d := res.Other.RateLimit
+	if d.Code == quota.RLSUnknown { // the engine's own check; rlsOp should have caught it
+		return nil, status.Errorf(codes.InvalidArgument, "%s", d.Message)
+	}
+	resp := r.response(&d)
+	s.metrics.observeRLS(s.fsm.Matcher(), req, &d, resp.OverallCode, r.opts.NearLimitRatio, time.Since(start))
+	return resp, nil
+}
+
+// rlsOp validates an Envoy request and turns it into its log op. Errors are InvalidArgument
+// (Envoy's own service answers an empty domain or descriptor list with an error, too).
+func rlsOp(req *rlsv3.RateLimitRequest) (*fsmv1.RateLimit, error) {
+	switch {
+	case req.GetDomain() == "":
+		return nil, status.Error(codes.InvalidArgument, "domain is empty; set the rate limit domain (rate_limit_service's domain in Envoy's filter)")
+	case len(req.Domain) > maxStringLen:
+		return nil, status.Errorf(codes.InvalidArgument, "%s", fieldProblem("domain", req.Domain))
+	case len(req.Descriptors) == 0:
+		return nil, status.Error(codes.InvalidArgument, "no descriptors; send at least one (Envoy's rate_limits actions produce them)")
+	case len(req.Descriptors) > quota.MaxRLSDescriptors:
+		return nil, status.Errorf(codes.InvalidArgument, "%d descriptors; at most %d are allowed per request", len(req.Descriptors), quota.MaxRLSDescriptors)
+	}
+	op := &fsmv1.RateLimit{Domain: req.Domain, Hits: uint64(req.HitsAddend), Descriptors: make([]*fsmv1.RateLimitDescriptor, len(req.Descriptors))}
+	for i, d := range req.Descriptors {
+		field := "descriptors[" + strconv.Itoa(i) + "]"
+		if len(d.GetEntries()) == 0 {
+			return nil, status.Errorf(codes.InvalidArgument, "%s has no entries; every descriptor needs at least one", field)
+		}
+		if d.GetLimit() != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "%s.limit: per-descriptor limit overrides are not supported by quotad; configure the limit in the domain's limits instead (docs/envoy.md)", field)
+		}
+		if d.GetIsNegativeHits() {
+			return nil, status.Errorf(codes.InvalidArgument, "%s.is_negative_hits: returning hits is not supported by quotad (docs/envoy.md)", field)
+		}
+		entries := make([]*quotadv1.Entry, len(d.Entries))
+		for j, e := range d.Entries {
+			entries[j] = &quotadv1.Entry{Key: e.GetKey(), Value: e.GetValue()}
+		}
+		if msg := entriesProblem(field+".entries", entries); msg != "" {
+			return nil, status.Errorf(codes.InvalidArgument, "%s", msg)
+		}
+		od := &fsmv1.RateLimitDescriptor{Entries: entries}
+		if h := d.GetHitsAddend(); h != nil {
+			if h.Value > MaxCost {
+				return nil, status.Errorf(codes.InvalidArgument, "%s.hits_addend %d is above the maximum %d", field, h.Value, uint64(MaxCost))
+			}
+			od.HasHits, od.Hits = true, h.Value
+		}
+		op.Descriptors[i] = od
+	}
+	return op, nil
+}
+
+// response builds Envoy's answer from the engine's.
+func (r *rlsServer) response(d *quota.RLSDecision) *rlsv3.RateLimitResponse {
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_Code(d.Code),
+		Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(d.Statuses))}
+	deny := d.UnknownDomain && r.opts.DenyUnknownDomain
+	if deny {
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	// The descriptor the headers describe: as envoyproxy/ratelimit picks it, the (last) one
+	// over its limit, else the limited one with the fewest remaining.
+	pick, pickRem := -1, uint64(math.MaxUint64)
+	for i := range d.Statuses {
+		st := &d.Statuses[i]
+		ps := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_Code(st.Code)}
+		switch {
+		case deny:
+			ps.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+		case st.Unlimited:
+			ps.LimitRemaining = math.MaxUint32
+		case st.Limited:
+			ps.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: st.Name,
+				RequestsPerUnit: uint32(min(st.Limit, math.MaxUint32)), Unit: unitOf(st.Window)}
+			ps.LimitRemaining = uint32(min(st.Remaining, math.MaxUint32))
+			ps.DurationUntilReset = durationpb.New(ceilSecond(st.ResetAfter))
+			if st.Code == quota.RLSOverLimit {
+				pick, pickRem = i, 0
+			} else if pickRem > 0 && st.Remaining < pickRem {
+				pick, pickRem = i, st.Remaining
+			}
+		}
+		resp.Statuses[i] = ps
+	}
+	if r.opts.Headers != RLSHeadersOff && pick >= 0 {
+		prefix := "RateLimit"
+		if r.opts.Headers == RLSHeadersXRateLimit {
+			prefix = "X-RateLimit"
+		}
+		st, ps := &d.Statuses[pick], resp.Statuses[pick]
+		resp.ResponseHeadersToAdd = []*corev3.HeaderValue{
+			{Key: prefix + "-Limit", Value: strconv.FormatUint(uint64(ps.CurrentLimit.RequestsPerUnit), 10)},
+			{Key: prefix + "-Remaining", Value: strconv.FormatUint(uint64(ps.LimitRemaining), 10)},
+			{Key: prefix + "-Reset", Value: strconv.FormatInt(ps.DurationUntilReset.GetSeconds(), 10)},
+			{Key: prefix + "-Scope", Value: st.Scope},
+		}
+	}
+	return resp
+}
+
+// unitOf is Envoy's unit for a window; a window that is not one of them (quotad's
+// unit_multiplier) is UNKNOWN.
+func unitOf(w time.Duration) rlsv3.RateLimitResponse_RateLimit_Unit {
+	switch w {
+	case time.Second:
+		return rlsv3.RateLimitResponse_RateLimit_SECOND
+	case time.Minute:
+		return rlsv3.RateLimitResponse_RateLimit_MINUTE
+	case time.Hour:
+		return rlsv3.RateLimitResponse_RateLimit_HOUR
+	case 24 * time.Hour:
+		return rlsv3.RateLimitResponse_RateLimit_DAY
+	case 7 * 24 * time.Hour:
+		return rlsv3.RateLimitResponse_RateLimit_WEEK
+	case 30 * 24 * time.Hour:
+		return rlsv3.RateLimitResponse_RateLimit_MONTH
+	case 365 * 24 * time.Hour:
+		return rlsv3.RateLimitResponse_RateLimit_YEAR
+	}
+	return rlsv3.RateLimitResponse_RateLimit_UNKNOWN
+}
+
+// ceilSecond rounds up to whole seconds, as envoyproxy/ratelimit reports resets (a client
+// that waits that long is never early).
+func ceilSecond(d time.Duration) time.Duration {
+	return (d + time.Second - 1) / time.Second * time.Second
+}

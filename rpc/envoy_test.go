@@ -1,0 +1,193 @@
+package rpc_test
+
+import (
+	"context"
+	"crypto/tls"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/quotad/quotad/auth"
+	"github.com/quotad/quotad/rpc"
+)
+
+const rlsLimits = `
+domain: platform
+rate_limit: {unit: minute, requests_per_unit: 100}
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 5}
+    descriptors:
+      - key: consumer
+        rate_limit: {unit: minute, requests_per_unit: 2, name: consumer}
+  - key: path
+    value: files/*
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: banned
+    rate_limit: {unit: minute, requests_per_unit: 0}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+---
+domain: other
+descriptors:
+  - key: k
+    rate_limit: {unit: second, requests_per_unit: 1}
+`
+
+func rlsReq(domain string, descs ...[]string) *rlsv3.RateLimitRequest {
+	r := &rlsv3.RateLimitRequest{Domain: domain}
+	for _, kv := range descs {
+		d := &rlcommon.RateLimitDescriptor{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			d.Entries = append(d.Entries, &rlcommon.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+		}
+		r.Descriptors = append(r.Descriptors, d)
+	}
+	return r
+}
+
+func rlsCodes(r *rlsv3.RateLimitResponse) []rlsv3.RateLimitResponse_Code {
+	out := []rlsv3.RateLimitResponse_Code{r.OverallCode}
+	for _, s := range r.Statuses {
+		out = append(out, s.Code)
+	}
+	return out
+}
+
+func wantRLS(t *testing.T, r *rlsv3.RateLimitResponse, err error, want ...rlsv3.RateLimitResponse_Code) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("ShouldRateLimit: %v", err)
+	}
+	got := rlsCodes(r)
+	if len(got) != len(want) {
+		t.Fatalf("codes %v, want %v", got, want)
+	}
+	for i := range got {
+		if got[i] != want[i] {
+			t.Fatalf("codes %v, want %v (%v)", got, want, r)
+		}
+	}
+}
+
+// TestRLSSecureCluster: Envoy's ShouldRateLimit on the agents' gRPC port, mTLS client
+// certificate with the worker role for the domain, through the leader and a follower (which
+// forwards), with Envoy's meaning; per-rule statistics on the leader's /metrics.
+func TestRLSSecureCluster(t *testing.T) {
+	c, p := authCluster(t, rlsLimits, func(_ int, cfg *rpc.AgentConfig) {
+		cfg.RLS = rpc.RLSOptions{Headers: rpc.RLSHeadersXRateLimit}
+	})
+	p.client(auth.Identity{Name: "envoy", Role: auth.RoleWorker, Domains: []string{"platform"}})
+	p.client(auth.Identity{Name: "reader", Role: auth.RoleReader})
+	leader := c.Leader()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	viaLeader := rlsv3.NewRateLimitServiceClient(p.dialAs(c.Addrs()[leader], "envoy"))
+	viaFollower := rlsv3.NewRateLimitServiceClient(p.dialAs(c.Addrs()[(leader+1)%3], "envoy"))
+	ok, over := rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT
+
+	// Authentication and authorization as for every call.
+	_, err := rlsv3.NewRateLimitServiceClient(p.dialAs(c.Addrs()[leader], "")).ShouldRateLimit(ctx, rlsReq("platform", []string{"tenant", "a"}))
+	wantCode(t, err, codes.Unauthenticated)
+	_, err = rlsv3.NewRateLimitServiceClient(p.dialAs(c.Addrs()[leader], "reader")).ShouldRateLimit(ctx, rlsReq("platform", []string{"tenant", "a"}))
+	wantCode(t, err, codes.PermissionDenied, "worker")
+	_, err = viaFollower.ShouldRateLimit(ctx, rlsReq("other", []string{"k", "1"}))
+	wantCode(t, err, codes.PermissionDenied, `may not use domain "other"`)
+	_, err = viaLeader.ShouldRateLimit(ctx, rlsReq("platform"))
+	wantCode(t, err, codes.InvalidArgument, "no descriptors")
+
+	// The last entry's rule only: two per consumer, the tenant's five untouched.
+	consumer := []string{"tenant", "acme", "consumer", "app"}
+	r, err := viaFollower.ShouldRateLimit(ctx, rlsReq("platform", consumer))
+	wantRLS(t, r, err, ok, ok)
+	if st := r.Statuses[0]; st.CurrentLimit.GetRequestsPerUnit() != 2 || st.CurrentLimit.GetUnit() != rlsv3.RateLimitResponse_RateLimit_MINUTE ||
+		st.CurrentLimit.GetName() != "consumer" || st.LimitRemaining != 1 || st.DurationUntilReset.AsDuration() != 30*time.Second {
+		t.Errorf("status %v: want 2/MINUTE named consumer, 1 remaining, reset in 30s", st)
+	}
+	r, err = viaLeader.ShouldRateLimit(ctx, rlsReq("platform", consumer))
+	wantRLS(t, r, err, ok, ok)
+	r, err = viaFollower.ShouldRateLimit(ctx, rlsReq("platform", consumer, []string{"tenant", "acme"}))
+	wantRLS(t, r, err, over, over, ok)
+	headers := map[string]string{}
+	for _, h := range r.ResponseHeadersToAdd {
+		headers[h.Key] = h.Value
+	}
+	if headers["X-RateLimit-Limit"] != "2" || headers["X-RateLimit-Remaining"] != "0" || headers["X-RateLimit-Scope"] != "consumer" || headers["X-RateLimit-Reset"] != "60" {
+		t.Errorf("headers %v: want the consumer's limit 2, remaining 0, reset 60, scope consumer", headers)
+	}
+
+	// Wildcards, blocked values, shadow mode, deeper than config, unknown domain.
+	r, err = viaLeader.ShouldRateLimit(ctx, rlsReq("platform", []string{"path", "files/a"}, []string{"path", "files/b"}))
+	wantRLS(t, r, err, ok, ok, ok)
+	r, err = viaLeader.ShouldRateLimit(ctx, rlsReq("platform", []string{"path", "files/a"}))
+	wantRLS(t, r, err, over, over)
+	r, err = viaLeader.ShouldRateLimit(ctx, rlsReq("platform", []string{"banned", "x"}))
+	wantRLS(t, r, err, over, over)
+	for range 3 {
+		r, err = viaLeader.ShouldRateLimit(ctx, rlsReq("platform", []string{"shadow", "x"}))
+		wantRLS(t, r, err, ok, ok)
+	}
+	for range 3 {
+		r, err = viaLeader.ShouldRateLimit(ctx, rlsReq("platform", []string{"tenant", "b", "consumer", "c", "deeper", "1"}))
+		wantRLS(t, r, err, ok, ok)
+	}
+	// hits_addend: 0 checks without charging.
+	check := rlsReq("platform", []string{"tenant", "z", "consumer", "c"})
+	check.Descriptors[0].HitsAddend = wrapperspb.UInt64(0)
+	for range 3 {
+		r, err = viaLeader.ShouldRateLimit(ctx, check)
+		wantRLS(t, r, err, ok, ok)
+	}
+	big := rlsReq("platform", []string{"tenant", "z", "consumer", "c"})
+	big.HitsAddend = 3
+	r, err = viaLeader.ShouldRateLimit(ctx, big)
+	wantRLS(t, r, err, over, over)
+
+	// Statistics on the leader (where every decision is made).
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: p.pool}}}
+	resp, err := hc.Get("https://" + c.Agent(leader).HTTPAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("/metrics: %s", resp.Status)
+	}
+	for _, want := range []string{
+		`quotad_rate_limit_total_hits_total{domain="platform",key="tenant.consumer"} 6`,
+		`quotad_rate_limit_over_limit_total{domain="platform",key="tenant.consumer"} 2`,
+		`quotad_rate_limit_within_limit_total{domain="platform",key="tenant.consumer"} 2`,
+		`quotad_rate_limit_near_limit_total{domain="platform",key="tenant.consumer"} 2`,
+		`quotad_rate_limit_over_limit_total{domain="platform",key="banned"} 1`,
+		`quotad_rate_limit_shadow_mode_total{domain="platform",key="shadow"} 2`,
+		`quotad_rate_limit_total_hits_total{domain="platform",key="path_files/*"} 3`,
+		`quotad_rls_requests_total{code="over_limit"} 4`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+}
+
+// TestRLSUnknownDomain: OK by default (Envoy's answer), OVER_LIMIT when configured to deny.
+func TestRLSUnknownDomain(t *testing.T) {
+	for _, deny := range []bool{false, true} {
+		c, p := authCluster(t, rlsLimits, func(_ int, cfg *rpc.AgentConfig) { cfg.RLS.DenyUnknownDomain = deny })
+		p.client(auth.Identity{Name: "gw", Role: auth.RoleWorker, Domains: []string{"nope"}})
+		r, err := rlsv3.NewRateLimitServiceClient(p.dialAs(c.Addrs()[c.Leader()], "gw")).ShouldRateLimit(context.Background(), rlsReq("nope", []string{"a", "b"}))
+		want := rlsv3.RateLimitResponse_OK
+		if deny {
+			want = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		wantRLS(t, r, err, want, want)
+	}
+}
