@@ -56,7 +56,7 @@ func NewMetrics() *Metrics {
 	}, []string{"domain", "status", "outcome"})
 	m.Registry.MustRegister(m.feedback)
 	m.Registry.MustRegister(m.decisions, m.decisionTime, m.commitTime, m.entryOps, m.commitErrors,
-		m.leaderChanges, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		m.leaderChanges, buildInfoGauge(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 

@@ -53,9 +53,6 @@ const (
 	// fairPoll bounds how long the pump sleeps: it re-reads leadership and buckets limited
 	// only by concurrency (whose permits return at unpredictable times) at least this often.
 	fairPoll = 50 * time.Millisecond
-	// fairMargin is added to a predicted refill time so a released admission is not early by
-	// a rounding error (the FSM rounds against the caller).
-	fairMargin = 200 * time.Microsecond
 	// fairAgingAfter: a request waiting this long goes before its tenant's other work.
 	fairAgingAfter = 5 * time.Second
 	// fairReserveBurst: units of reserve credit an idle work class banks.
