@@ -49,6 +49,10 @@ type Engine struct {
 	adapt    map[string]*adaptState // adaptive bucket key → effective rate, while below the ceiling
 	retries  map[string]*retryState // domain → retry budget, while not full
 
+	// held indexes the expiries of the leases holding each concurrency key (heldUntil); like
+	// expiries it is derived from leases and never seen by Hash or snapshots.
+	held map[string]*timeHeap[expiryEntry]
+
 	// scratch for Acquire; valid until the next call.
 	keybuf []byte
 	steps  []step
@@ -93,6 +97,7 @@ func NewEngine() *Engine {
 		buckets:  newBucketStore(),
 		leases:   make(map[uint64]*lease),
 		inflight: make(map[string]uint64),
+		held:     make(map[string]*timeHeap[expiryEntry]),
 		pauses:   make(map[string]Time),
 		adapt:    make(map[string]*adaptState),
 		retries:  make(map[string]*retryState),
@@ -246,9 +251,10 @@ func (e *Engine) matchPath(root *level, domain string, entries []Entry) []step {
 //     could never succeed, so rate_limited with a RetryAfter would be a lie;
 //  4. paused: the domain or a matched prefix is paused; Scope is the pause with the most time
 //     left, RetryAfter that time;
-//  5. concurrency_limited: a level's permits are all held; Scope is the outermost full level,
-//     RetryAfter 0 (a permit returns on Release or lease expiry, which the engine cannot
-//     foresee);
+//  5. concurrency_limited: a level's permits are all held; Scope is the outermost full level;
+//     with req.ConcurrencyRetryAfter, RetryAfter is the time until the earliest expiry of a
+//     lease holding one of its permits (a permit returns then at the latest, sooner on a
+//     Release), else 0;
 //  6. rate_limited: a bucket holds fewer than Cost units; when several do, Scope is the one
 //     with the longest RetryAfter (the binding one), so retrying after RetryAfter finds every
 //     bucket refilled enough (RetryAfter is exact: one nanosecond earlier is too early);
@@ -345,7 +351,11 @@ func (e *Engine) Acquire(now Time, req Request) Decision {
 				shadow = appendScope(shadow, s.lv.scope)
 				continue
 			}
-			return Decision{Reason: ReasonConcurrencyLimited, Scope: s.lv.scope, Limit: c.MaxInFlight, Cost: cost, ShadowDenials: shadow}
+			d := Decision{Reason: ReasonConcurrencyLimited, Scope: s.lv.scope, Limit: c.MaxInFlight, Cost: cost, ShadowDenials: shadow}
+			if req.ConcurrencyRetryAfter {
+				d.RetryAfter = e.heldUntil(string(kb[:s.end]), now)
+			}
+			return d
 		}
 		nConc++
 		concEnd = s.end
@@ -683,6 +693,7 @@ func (e *Engine) RenewBy(now Time, leaseID uint64, ttl time.Duration, owner stri
 	ttl = min(ttl, e.leaseCap(l))
 	l.expiry = addSat(now, ttl)
 	e.expiries.push(expiryEntry{at: l.expiry, id: l.id})
+	e.indexHeld(l)
 	return ttl, nil
 }
 

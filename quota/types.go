@@ -249,6 +249,10 @@ type Request struct {
 	// then, and the caller must not learn of the admission before it. This is how the
 	// leader's fair scheduler puts a batch of grants at the bucket's pace into one log entry.
 	ScheduleWithin time.Duration
+	// ConcurrencyRetryAfter makes a concurrency_limited denial carry RetryAfter = the time
+	// until the earliest expiry of a lease holding a permit of the refusing level (without it,
+	// RetryAfter is 0, as decisions of older log entries were made).
+	ConcurrencyRetryAfter bool
 }
 
 // Decision is the outcome of one Request.
