@@ -33,7 +33,9 @@ import (
 //
 // Version 3: a concurrency_limited denial carries RetryAfter = the time until the earliest
 // expiry of a lease holding a permit of the refusing level (quota.Request.ConcurrencyRetryAfter);
-// version 1 and 2 entries are decided with RetryAfter 0, as their leaders decided them.
+// version 1 and 2 entries are decided with RetryAfter 0, as their leaders decided them. Limits
+// may carry a domain's strict_keys (quota.Domain.StrictKeys), which an older build would drop:
+// only version 3 leaders accept it, and older nodes stop at their first version 3 entry.
 const CommandVersion = 3
 
 // MaxScheduleAhead bounds how far after its entry's time a scheduled grant may take effect.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -219,6 +220,31 @@ func fieldTooLong(field string, n int) string {
 	return fmt.Sprintf("%s is %d bytes; the limit is %d bytes", field, n, MaxFieldBytes)
 }
 
+// undefinedKey returns why entries[i], the first entry that matched no child of lv, is refused
+// in a strict_keys domain, or "" if lv defines its key (only the value is not configured,
+// which matches nothing, as in a domain without strict_keys).
+func undefinedKey(root, lv *level, entries []Entry, i int) string {
+	key := entries[i].Key
+	if lv.children[key] != nil {
+		return ""
+	}
+	where := "at the top of the domain"
+	if i > 0 {
+		where = fmt.Sprintf("after %s=%s", entries[i-1].Key, entries[i-1].Value)
+	}
+	defined := make([]string, 0, len(lv.children))
+	for k := range lv.children {
+		defined = append(defined, k)
+	}
+	slices.Sort(defined)
+	hint := "none (the path ends there; send fewer entries)"
+	if len(defined) > 0 {
+		hint = strings.Join(defined, ", ")
+	}
+	return fmt.Sprintf("descriptor key %q (entry #%d) is not defined %s in domain %q, which has strict_keys; keys defined there: %s",
+		key, i, where, root.domain, hint)
+}
+
 // matchPath matches entries level by level below root and builds each level's key in e.keybuf.
 // Matching stops at the first entry that matches nothing; later entries charge nothing.
 func (e *Engine) matchPath(root *level, domain string, entries []Entry) []step {
@@ -299,6 +325,11 @@ func (e *Engine) Acquire(now Time, req Request) Decision {
 	}
 	steps := e.matchPath(root, req.Domain, req.Descriptors)
 	kb := e.keybuf
+	if root.strict && len(steps) <= len(req.Descriptors) {
+		if msg := undefinedKey(root, steps[len(steps)-1].lv, req.Descriptors, len(steps)-1); msg != "" {
+			return Decision{Reason: ReasonInvalid, Message: msg, Cost: cost}
+		}
+	}
 
 	for i := range steps {
 		lv := steps[i].lv
