@@ -166,7 +166,10 @@ func acquireCmd() *cobra.Command {
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
 			dec, err := c.Allow(ctx, req)
-			if err != nil && !errors.Is(err, client.ErrDenied) {
+			// A denial, and a decision refusing the request as invalid (an undefined key in a
+			// strict_keys domain, an unknown domain), are answers: printed, exit code 3.
+			answered := errors.Is(err, client.ErrDenied) || (errors.Is(err, client.ErrInvalid) && dec.Reason != "")
+			if err != nil && !answered {
 				if errors.Is(err, client.ErrUnavailable) {
 					return fmt.Errorf("%w%s", err, plaintextHint())
 				}

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/status"
 
 	"github.com/quotad/quotad/internal/buildinfo"
 )
@@ -44,6 +45,9 @@ func main() {
 			os.Exit(ee.code)
 		}
 		msg := err.Error()
+		if st, ok := status.FromError(err); ok { // "rpc error: code = NotFound desc = ..." → "NotFound: ..."
+			msg = st.Code().String() + ": " + st.Message()
+		}
 		if !strings.HasPrefix(msg, "quotad: ") {
 			msg = "quotad: " + msg
 		}
