@@ -30,16 +30,18 @@ type devNode struct {
 	mu      sync.Mutex
 	cmd     *exec.Cmd // nil: not running
 	started time.Time
+	starts  int
 }
 
 type devExit struct {
-	i   int
-	err error
-	ran time.Duration
+	i     int
+	err   error
+	ran   time.Duration
+	first bool // the node's first run
 }
 
-// quickExit: a node that exits sooner than this after starting did not start at all (a port
-// in use, a bad flag); if every node does, dev gives up instead of waiting for a restart.
+// quickExit: a node whose first run ends sooner than this did not start at all (a port in
+// use, a bad flag); if every node's does, dev gives up instead of waiting for a restart.
 const quickExit = 5 * time.Second
 
 func newDevCluster(self, dataDir string, args [][]string) *devCluster {
@@ -75,6 +77,8 @@ func (dc *devCluster) start(i int) error {
 	}
 	n.mu.Lock()
 	n.cmd, n.started = p, time.Now()
+	n.starts++
+	first := n.starts == 1
 	n.mu.Unlock()
 	_ = os.WriteFile(dc.pidFile(n), []byte(strconv.Itoa(p.Process.Pid)+"\n"), 0o644)
 	dc.wg.Add(1)
@@ -86,7 +90,7 @@ func (dc *devCluster) start(i int) error {
 		n.cmd = nil
 		ran := time.Since(n.started)
 		n.mu.Unlock()
-		dc.exits <- devExit{i, err, ran}
+		dc.exits <- devExit{i, err, ran, first}
 	}()
 	return nil
 }
@@ -137,7 +141,7 @@ func (dc *devCluster) run() error {
 			dc.restartExited()
 		case x := <-dc.exits:
 			alive := dc.running()
-			quick[x.i] = x.ran < quickExit
+			quick[x.i] = x.first && x.ran < quickExit
 			fmt.Fprintf(os.Stderr, "%s exited (%v) after %v; %d of %d nodes running. Press Enter (or kill -HUP %d) to restart it.\n",
 				dc.nodes[x.i].id, x.err, x.ran.Round(time.Millisecond), alive, len(dc.nodes), os.Getpid())
 			if alive == 0 {

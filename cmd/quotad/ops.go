@@ -198,18 +198,32 @@ func operatorCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := context.WithTimeout(cmd.Context(), 15*time.Second)
 			defer cancel()
-			return call(ctx, addr, func(ctx context.Context, conn *grpc.ClientConn) error {
+			var leader string
+			if err := call(ctx, addr, func(ctx context.Context, conn *grpc.ClientConn) error {
 				resp, err := quotadv1.NewAdminClient(conn).TransferLeadership(ctx, &quotadv1.TransferLeadershipRequest{To: to})
-				if err != nil {
+				if err == nil {
+					leader = resp.LeaderId
+				}
+				return err
+			}); err != nil {
+				return err
+			}
+			// The old leader may not know the new one yet: ask the nodes for a few seconds.
+			for wait := time.Now().Add(5 * time.Second); leader == "" && time.Now().Before(wait); time.Sleep(100 * time.Millisecond) {
+				_ = call(ctx, addr, func(ctx context.Context, conn *grpc.ClientConn) error {
+					resp, err := quotadv1.NewAdminClient(conn).Members(ctx, &quotadv1.MembersRequest{})
+					if err == nil && resp.Leader != nil {
+						leader = resp.Leader.Id
+					}
 					return err
-				}
-				if resp.LeaderId == "" {
-					fmt.Println("leadership transferred; the new leader is being elected (quotad status shows it)")
-				} else {
-					fmt.Printf("leadership transferred; leader: %s\n", resp.LeaderId)
-				}
-				return nil
-			})
+				})
+			}
+			if leader == "" {
+				fmt.Println("leadership transferred; the new leader is being elected (quotad status shows it)")
+			} else {
+				fmt.Printf("leadership transferred; leader: %s\n", leader)
+			}
+			return nil
 		},
 	}
 	addrFlag(transfer.Flags(), &addr)
