@@ -124,7 +124,6 @@ func TestCLIRefusesBadInputAndDeadAddresses(t *testing.T) {
 	}
 }
 
-
 const concurrencyDomain = `
 domain: jobs
 descriptors:

@@ -114,7 +114,7 @@ func TestDevRestartsNodesAndCleansUp(t *testing.T) {
 		return string(b), err
 	}
 	type status struct {
-		Leader *struct{ ID string } `json:"leader"`
+		Leader  *struct{ ID string } `json:"leader"`
 		Members []struct {
 			ID       string `json:"id"`
 			Suffrage string `json:"suffrage"`
