@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -94,7 +95,7 @@ func TestDevRestartsNodesAndCleansUp(t *testing.T) {
 		t.Fatalf("pids %v, dir %q from:\n%s", pids, dir, out.String())
 	}
 	pidFile := func(id string) int {
-		b, err := os.ReadFile(filepath.Join(dir, id+".pid"))
+		b, err := os.ReadFile(filepath.Join(dir, id+".pid")) // = $QUOTAD_DEV_DIR/ID.pid
 		if err != nil {
 			return 0
 		}
@@ -107,6 +108,9 @@ func TestDevRestartsNodesAndCleansUp(t *testing.T) {
 		}
 	}
 	env := devEnv(t, filepath.Join(dir, "dev.env"))
+	if !slices.Contains(env, "QUOTAD_DEV_DIR="+dir) {
+		t.Fatalf("dev.env does not set QUOTAD_DEV_DIR=%s: %v", dir, env)
+	}
 	run := func(args ...string) (string, error) {
 		cmd := exec.Command(binary, args...)
 		cmd.Env = append(os.Environ(), env...)

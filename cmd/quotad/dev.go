@@ -86,7 +86,9 @@ dir; a --data-dir you give is kept).`,
 					cleanup()
 					return fmt.Errorf("making the dev credentials: %w", err)
 				}
-				if err := writeDevEnv(envFile, creds.Env(grpcs)); err != nil {
+				// QUOTAD_DEV_DIR: where the nodes' pid files are (kill -9 $(cat $QUOTAD_DEV_DIR/node2.pid)).
+				devDir := "export QUOTAD_DEV_DIR='" + strings.ReplaceAll(dataDir, "'", `'\''`) + "'\n"
+				if err := writeDevEnv(envFile, creds.Env(grpcs)+devDir); err != nil {
 					cleanup()
 					return err
 				}
@@ -132,7 +134,7 @@ dir; a --data-dir you give is kept).`,
 				fmt.Printf("\ncluster of %d (TLS; credentials in %s): in another shell\n  source %s\n  quotad status\n  quotad acquire --domain provider --descriptor endpoint=charges\n",
 					nodes, creds.Dir, envFile)
 			}
-			fmt.Printf("Each node's pid is in %s/NODE.pid (kill -9 $(cat %s/node1.pid) crashes node1).\n", dataDir, dataDir)
+			fmt.Printf("Each node's pid is in %s/NODE.pid ($QUOTAD_DEV_DIR after sourcing dev.env): kill -9 $(cat $QUOTAD_DEV_DIR/node1.pid) crashes node1.\n", dataDir)
 			fmt.Printf("Press Enter here (or kill -HUP %d) to restart the nodes that exited; Ctrl-C stops all nodes", os.Getpid())
 			if tempDir {
 				fmt.Printf(" and removes %s (a temp dir; give --data-dir to keep the data).\n\n", dataDir)
