@@ -783,33 +783,36 @@ func (f *fair) submit(ws []*waiter) {
 		w.call, w.idx, w.submitErr = c, i, err
 		w.ready <- struct{}{}
 	}
-	done := func() {
+	// done releases the reservations; answered says the call's results are all written (not
+	// so when the proposer stopped first: commit may still be writing them).
+	done := func(answered bool) {
 		f.mu.Lock()
 		now := time.Now()
 		for i, w := range ws {
 			f.release(res[i].rateKeys, res[i].concKeys, res[i].cost)
-			if err == nil {
+			if err == nil && answered {
 				if r := c.results[i]; r.err == nil && r.res != nil && r.res.Decision.Admitted {
 					f.recordAdmission(w, now)
 				}
 			}
 		}
-		if err == nil && c.results[0].res != nil {
+		if err == nil && answered && c.results[0].res != nil {
 			f.observeStamp(c.results[0].ts - releasedAt)
 		}
 		f.mu.Unlock()
 		f.wake()
 	}
 	if err != nil {
-		done()
+		done(false)
 		return
 	}
 	go func() {
 		select {
 		case <-c.done:
+			done(true)
 		case <-f.s.prop.stop:
+			done(false)
 		}
-		done()
 	}()
 }
 
