@@ -55,6 +55,7 @@ var Methods = map[string]Access{
 	"/quotad.v1.Admin/Members":            readers,
 	"/quotad.v1.Admin/ApplyLimits":        adminOnly,
 	"/quotad.v1.Admin/TransferLeadership": adminOnly,
+	"/quotad.v1.Admin/RemoveServer":       adminOnly,
 	"/quotad.v1.Admin/CreateToken":        adminOnly,
 	"/quotad.v1.Admin/ListTokens":         adminOnly,
 	"/quotad.v1.Admin/RevokeToken":        adminOnly,

@@ -201,7 +201,7 @@ func (c *Client) Wait(ctx context.Context, req Request) (Decision, error) {
 		if err == nil || !errors.Is(err, ErrDenied) || !transient(d.Reason) {
 			return d, err
 		}
-		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d.RetryAfter {
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d.RetryAfter && d.Reason != ReasonConcurrencyLimited {
 			return d, err
 		}
 		wait := waitAfterDenial(d, denials, c.cfg.Backoff)
@@ -235,10 +235,19 @@ func serverWait(ctx context.Context) time.Duration {
 }
 
 // waitAfterDenial is how long Wait sleeps after its n-th consecutive denial (0-based). With a
-// RetryAfter it is that plus up to 20% (so waiters do not all return at once); without one
-// (a concurrency permit returns when its holder releases it, which nobody can foresee) it is
-// the client's backoff with equal jitter, so waiters poll gently instead of spinning.
+// RetryAfter it is that plus up to 20% (so waiters do not all return at once); for a
+// concurrency denial (a permit returns when its holder releases it, which nobody can foresee,
+// or at the latest when the lease expires: RetryAfter) it is the client's backoff with equal
+// jitter, at most RetryAfter, so waiters poll gently instead of spinning.
 func waitAfterDenial(d Decision, n int, b BackoffConfig) time.Duration {
+	if d.Reason == ReasonConcurrencyLimited {
+		ceil := b.delayCeil(n)
+		w := ceil/2 + time.Duration(rand.Int64N(int64(ceil/2)+1))
+		if d.RetryAfter > 0 {
+			w = min(w, d.RetryAfter)
+		}
+		return w
+	}
 	if d.RetryAfter > 0 {
 		jitter := time.Duration(rand.Int64N(int64(d.RetryAfter/5) + int64(time.Millisecond)))
 		if d.RetryAfter > math.MaxInt64-jitter {

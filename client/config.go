@@ -163,6 +163,8 @@ func (c Config) Validate() error {
 	for i, a := range c.Addrs {
 		if a == "" {
 			errs = append(errs, fmt.Errorf("node address %d (Addrs[%d]) is empty", i, i))
+		} else if err := CheckAddr(a); err != nil {
+			errs = append(errs, fmt.Errorf("node address %d (Addrs[%d]): %w", i, i, err))
 		}
 	}
 	if len(c.ClientID) > 128 {

@@ -246,3 +246,17 @@ func TestRetriesStopAtTheHorizon(t *testing.T) {
 		t.Fatalf("gave up after %v with a 100ms horizon", took)
 	}
 }
+
+// A concurrency denial's RetryAfter is when a permit frees at the latest (the earliest lease
+// expiry): Wait polls with its backoff, never later than that.
+func TestWaitAfterConcurrencyDenialPollsWithinRetryAfter(t *testing.T) {
+	b := BackoffConfig{Initial: 100 * time.Millisecond, Max: time.Second, Factor: 2}
+	for n := 0; n < 8; n++ {
+		if w := waitAfterDenial(Decision{Reason: ReasonConcurrencyLimited, RetryAfter: 30 * time.Second}, n, b); w <= 0 || w > time.Second {
+			t.Fatalf("denial %d with a lease expiring in 30s: wait %v, want the backoff (<= 1s)", n, w)
+		}
+		if w := waitAfterDenial(Decision{Reason: ReasonConcurrencyLimited, RetryAfter: 5 * time.Millisecond}, n, b); w > 5*time.Millisecond {
+			t.Fatalf("denial %d with a lease expiring in 5ms: wait %v, want at most 5ms", n, w)
+		}
+	}
+}

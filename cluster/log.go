@@ -7,21 +7,24 @@ import (
 	"log"
 	"log/slog"
 	"strings"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 )
 
 // hclogAdapter routes hashicorp/raft's hclog output to slog. Only what raft uses is
-// implemented faithfully; everything is filtered at min.
+// implemented faithfully; everything is filtered at min. Warnings and errors about a peer are
+// rate-limited (logLimiter), shared by the loggers With and Named derive.
 type hclogAdapter struct {
-	l    *slog.Logger
-	name string
-	min  slog.Level
-	args []any
+	l     *slog.Logger
+	name  string
+	min   slog.Level
+	args  []any
+	limit *logLimiter
 }
 
 func newHCLog(l *slog.Logger, name string, min slog.Level) hclog.Logger {
-	return &hclogAdapter{l: l, name: name, min: min}
+	return &hclogAdapter{l: l, name: name, min: min, limit: newLogLimiter(DefaultPeerLogInterval)}
 }
 
 func toSlogLevel(level hclog.Level) slog.Level {
@@ -48,10 +51,21 @@ func (h *hclogAdapter) Log(level hclog.Level, msg string, args ...any) {
 	if !h.enabled(lv) {
 		return
 	}
-	all := make([]any, 0, len(h.args)+len(args)+2)
+	var suppressed int
+	var over time.Duration
+	if lv >= slog.LevelWarn {
+		var ok bool
+		if ok, suppressed, over = h.limit.allow(peerKey(msg, args)); !ok {
+			return
+		}
+	}
+	all := make([]any, 0, len(h.args)+len(args)+6)
 	all = append(all, "component", h.name)
 	all = append(all, h.args...)
 	all = append(all, args...)
+	if suppressed > 0 {
+		all = append(all, "repeated", suppressed, "over", over.Round(time.Millisecond))
+	}
 	h.l.Log(context.Background(), lv, msg, all...)
 }
 

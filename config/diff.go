@@ -67,6 +67,7 @@ func Diff(old, new *quota.Limits) []string {
 				{"resume_jitter", describeJitter(o.ResumeJitter), describeJitter(n.ResumeJitter)},
 				{"max_pause", describeJitter(o.MaxPause), describeJitter(n.MaxPause)},
 				{"max_keys", describeMaxKeys(o.MaxKeys), describeMaxKeys(n.MaxKeys)},
+				{"strict_keys", strconv.FormatBool(o.StrictKeys), strconv.FormatBool(n.StrictKeys)},
 			} {
 				if c.a != c.b {
 					out = append(out, fmt.Sprintf("~ %s: %s %s -> %s", name, c.what, c.a, c.b))
@@ -178,6 +179,9 @@ func domainSettings(d *quota.Domain) []string {
 	}
 	if len(d.WorkClasses) > 0 {
 		s = append(s, "work_classes "+describeWorkClasses(d.WorkClasses))
+	}
+	if d.StrictKeys {
+		s = append(s, "strict_keys")
 	}
 	return s
 }

@@ -13,6 +13,7 @@
 //	resume_jitter: 1s                     # quotad: spread of resumption after a provider pause
 //	max_pause: 5m                         # quotad: longest pause one provider feedback may set
 //	max_keys: 100000                      # quotad: buckets the domain may hold at once
+//	strict_keys: true                     # quotad: refuse descriptor keys not defined here
 //	descriptors:
 //	  - key: endpoint
 //	    value: charges                    # optional; absent: every value gets its own buckets
@@ -59,6 +60,10 @@
 // min_per_second defaults to 0; both 0 is an error. max_keys (1..2^30, default
 // quota.DefaultMaxKeys) caps the buckets the domain stores at once (a bucket is stored while it
 // is not full); an admission that would store more is refused with reason too_many_keys.
+// strict_keys: true (default false) refuses, as invalid and naming it, a request's descriptor
+// key the domain does not define at that point of its tree; without it, matching stops there
+// and the levels below are not charged (envoy's behaviour), so a typo (endpont=charges) skips
+// the endpoint's limit silently.
 //
 // Validation is strict, because a typo in a limits file silently removes a limit: unknown keys
 // at any level, wrong YAML types, bad units, zero or negative amounts, duplicate sibling

@@ -90,6 +90,9 @@ func domainNode(d *quota.Domain) *yaml.Node {
 	if d.MaxKeys != 0 {
 		add(m, "max_keys", uintNode(d.MaxKeys))
 	}
+	if d.StrictKeys {
+		add(m, "strict_keys", scalar("!!bool", "true"))
+	}
 	if len(d.Descriptors) > 0 {
 		add(m, "descriptors", descriptorsNode(d.Descriptors))
 	}

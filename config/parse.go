@@ -45,7 +45,7 @@ const unitChoices = "second, minute, hour, day, week, month or year"
 
 // Keys allowed at each level. Order is the order used in messages.
 var (
-	documentKeys    = []string{"domain", "rate_limit", "concurrency", "adaptive", "retry_budget", "work_classes", "resume_jitter", "max_pause", "max_keys", "descriptors"}
+	documentKeys    = []string{"domain", "rate_limit", "concurrency", "adaptive", "retry_budget", "work_classes", "resume_jitter", "max_pause", "max_keys", "strict_keys", "descriptors"}
 	descriptorKeys  = []string{"key", "value", "rate_limit", "unlimited", "shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "name", "replaces", "weight", "concurrency", "adaptive", "descriptors"}
 	domainRateKeys  = []string{"unit", "requests_per_unit", "unit_multiplier", "burst"}
 	levelRateKeys   = []string{"unit", "requests_per_unit", "unit_multiplier", "burst", "unlimited", "name", "replaces"}
@@ -283,6 +283,9 @@ func (p *parser) document(doc *yaml.Node) (parsedDomain, bool) {
 		out.Concurrency = p.concurrency(cf.val, "concurrency")
 	}
 	p.domainPolicy(f, &out.Domain)
+	if sf, has := f["strict_keys"]; has {
+		out.StrictKeys, _ = p.boolean(sf.val, "strict_keys")
+	}
 	if df, has := f["descriptors"]; has {
 		out.Descriptors = p.descriptors(df.val, "descriptors", 1)
 	}

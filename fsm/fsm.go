@@ -30,7 +30,13 @@ import (
 // (quota.Request.ScheduleWithin = min(max_wait_ms, MaxScheduleAhead)): if its buckets can pay
 // within that time it is admitted as of that moment, Decision.RetryAfter later, instead of
 // refused. Version 1 entries (older leaders) are applied as they were decided.
-const CommandVersion = 2
+//
+// Version 3: a concurrency_limited denial carries RetryAfter = the time until the earliest
+// expiry of a lease holding a permit of the refusing level (quota.Request.ConcurrencyRetryAfter);
+// version 1 and 2 entries are decided with RetryAfter 0, as their leaders decided them. Limits
+// may carry a domain's strict_keys (quota.Domain.StrictKeys), which an older build would drop:
+// only version 3 leaders accept it, and older nodes stop at their first version 3 entry.
+const CommandVersion = 3
 
 // MaxScheduleAhead bounds how far after its entry's time a scheduled grant may take effect.
 // It is part of the replicated semantics of version 2 commands: never change it without a
@@ -225,6 +231,7 @@ func (f *FSM) applyLocked(l *raft.Log) any {
 			if a.waits && cmd.version >= 2 {
 				a.req.ScheduleWithin = min(a.maxWait, MaxScheduleAhead)
 			}
+			a.req.ConcurrencyRetryAfter = cmd.version >= 3
 			f.applyAcquire(now, a, &res.Ops[i]) // in place: no copy of the result per admission
 			continue
 		}

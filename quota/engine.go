@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -48,6 +49,10 @@ type Engine struct {
 	debitSeq uint64                 // last admission that debited buckets (Decision.DebitSeq)
 	adapt    map[string]*adaptState // adaptive bucket key → effective rate, while below the ceiling
 	retries  map[string]*retryState // domain → retry budget, while not full
+
+	// held indexes the expiries of the leases holding each concurrency key (heldUntil); like
+	// expiries it is derived from leases and never seen by Hash or snapshots.
+	held map[string]*timeHeap[expiryEntry]
 
 	// scratch for Acquire; valid until the next call.
 	keybuf []byte
@@ -93,6 +98,7 @@ func NewEngine() *Engine {
 		buckets:  newBucketStore(),
 		leases:   make(map[uint64]*lease),
 		inflight: make(map[string]uint64),
+		held:     make(map[string]*timeHeap[expiryEntry]),
 		pauses:   make(map[string]Time),
 		adapt:    make(map[string]*adaptState),
 		retries:  make(map[string]*retryState),
@@ -214,6 +220,31 @@ func fieldTooLong(field string, n int) string {
 	return fmt.Sprintf("%s is %d bytes; the limit is %d bytes", field, n, MaxFieldBytes)
 }
 
+// undefinedKey returns why entries[i], the first entry that matched no child of lv, is refused
+// in a strict_keys domain, or "" if lv defines its key (only the value is not configured,
+// which matches nothing, as in a domain without strict_keys).
+func undefinedKey(root, lv *level, entries []Entry, i int) string {
+	key := entries[i].Key
+	if lv.children[key] != nil {
+		return ""
+	}
+	where := "at the top of the domain"
+	if i > 0 {
+		where = fmt.Sprintf("after %s=%s", entries[i-1].Key, entries[i-1].Value)
+	}
+	defined := make([]string, 0, len(lv.children))
+	for k := range lv.children {
+		defined = append(defined, k)
+	}
+	slices.Sort(defined)
+	hint := "none (the path ends there; send fewer entries)"
+	if len(defined) > 0 {
+		hint = strings.Join(defined, ", ")
+	}
+	return fmt.Sprintf("descriptor key %q (entry #%d) is not defined %s in domain %q, which has strict_keys; keys defined there: %s",
+		key, i, where, root.domain, hint)
+}
+
 // matchPath matches entries level by level below root and builds each level's key in e.keybuf.
 // Matching stops at the first entry that matches nothing; later entries charge nothing.
 func (e *Engine) matchPath(root *level, domain string, entries []Entry) []step {
@@ -246,9 +277,10 @@ func (e *Engine) matchPath(root *level, domain string, entries []Entry) []step {
 //     could never succeed, so rate_limited with a RetryAfter would be a lie;
 //  4. paused: the domain or a matched prefix is paused; Scope is the pause with the most time
 //     left, RetryAfter that time;
-//  5. concurrency_limited: a level's permits are all held; Scope is the outermost full level,
-//     RetryAfter 0 (a permit returns on Release or lease expiry, which the engine cannot
-//     foresee);
+//  5. concurrency_limited: a level's permits are all held; Scope is the outermost full level;
+//     with req.ConcurrencyRetryAfter, RetryAfter is the time until the earliest expiry of a
+//     lease holding one of its permits (a permit returns then at the latest, sooner on a
+//     Release), else 0;
 //  6. rate_limited: a bucket holds fewer than Cost units; when several do, Scope is the one
 //     with the longest RetryAfter (the binding one), so retrying after RetryAfter finds every
 //     bucket refilled enough (RetryAfter is exact: one nanosecond earlier is too early);
@@ -293,6 +325,11 @@ func (e *Engine) Acquire(now Time, req Request) Decision {
 	}
 	steps := e.matchPath(root, req.Domain, req.Descriptors)
 	kb := e.keybuf
+	if root.strict && len(steps) <= len(req.Descriptors) {
+		if msg := undefinedKey(root, steps[len(steps)-1].lv, req.Descriptors, len(steps)-1); msg != "" {
+			return Decision{Reason: ReasonInvalid, Message: msg, Cost: cost}
+		}
+	}
 
 	for i := range steps {
 		lv := steps[i].lv
@@ -345,7 +382,11 @@ func (e *Engine) Acquire(now Time, req Request) Decision {
 				shadow = appendScope(shadow, s.lv.scope)
 				continue
 			}
-			return Decision{Reason: ReasonConcurrencyLimited, Scope: s.lv.scope, Limit: c.MaxInFlight, Cost: cost, ShadowDenials: shadow}
+			d := Decision{Reason: ReasonConcurrencyLimited, Scope: s.lv.scope, Limit: c.MaxInFlight, Cost: cost, ShadowDenials: shadow}
+			if req.ConcurrencyRetryAfter {
+				d.RetryAfter = e.heldUntil(string(kb[:s.end]), now)
+			}
+			return d
 		}
 		nConc++
 		concEnd = s.end
@@ -694,6 +735,7 @@ func (e *Engine) RenewBy(now Time, leaseID uint64, ttl time.Duration, owner stri
 	ttl = min(ttl, e.leaseCap(l))
 	l.expiry = addSat(now, ttl)
 	e.expiries.push(expiryEntry{at: l.expiry, id: l.id})
+	e.indexHeld(l)
 	return ttl, nil
 }
 

@@ -90,6 +90,7 @@ func (e *Engine) endLease(l *lease) {
 	for _, k := range l.keys {
 		if n := e.inflight[k]; n <= 1 {
 			delete(e.inflight, k)
+			delete(e.held, k) // no lease holds k: its index entries are all stale
 		} else {
 			e.inflight[k] = n - 1
 		}
@@ -104,4 +105,52 @@ func (e *Engine) addLease(l *lease) {
 		e.inflight[k]++
 	}
 	e.expiries.push(expiryEntry{at: l.expiry, id: l.id})
+	e.indexHeld(l)
+}
+
+// indexHeld records l's (new) expiry under each of its concurrency keys. Entries of ended or
+// renewed leases are left behind and skipped later; a key's heap is compacted when stale
+// entries outnumber the live permits, so it stays within twice the permits held (plus slack).
+func (e *Engine) indexHeld(l *lease) {
+	for _, k := range l.keys {
+		h := e.held[k]
+		if h == nil {
+			h = new(timeHeap[expiryEntry])
+			e.held[k] = h
+		}
+		h.push(expiryEntry{at: l.expiry, id: l.id})
+		if n := uint64(len(*h)); n > 2*e.inflight[k]+8 {
+			live, kept := (*h)[:0], make(map[uint64]bool, e.inflight[k])
+			for _, x := range *h {
+				if e.liveExpiry(x) && !kept[x.id] { // a renewal to the same expiry repeats an entry
+					kept[x.id] = true
+					live = append(live, x)
+				}
+			}
+			clear((*h)[len(live):])
+			*h = live
+			for i := len(live)/2 - 1; i >= 0; i-- {
+				h.down(i)
+			}
+		}
+	}
+}
+
+// liveExpiry reports whether x is the current expiry of a live lease.
+func (e *Engine) liveExpiry(x expiryEntry) bool {
+	l := e.leases[x.id]
+	return l != nil && l.expiry == x.at
+}
+
+// heldUntil returns how long after now the first lease holding a permit at concurrency key k
+// expires (0 if none does: then a permit is free). Stale index entries on top are dropped.
+func (e *Engine) heldUntil(k string, now Time) time.Duration {
+	h := e.held[k]
+	for h != nil && len(*h) > 0 {
+		if x := (*h)[0]; e.liveExpiry(x) {
+			return max(0, x.at.Sub(now))
+		}
+		h.pop()
+	}
+	return 0
 }

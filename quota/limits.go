@@ -38,6 +38,7 @@ type level struct {
 	retry   *retryParams  // nil: retries are not budgeted
 	jitter  time.Duration // resume jitter window
 	maxKeys int           // stored buckets the domain may hold (max_keys)
+	strict  bool          // strict_keys: an undefined descriptor key is refused
 	// children by key; a nil map means a leaf.
 	children map[string]*childSet
 }
@@ -328,6 +329,7 @@ func cloneLimits(l *Limits) *Limits {
 			ResumeJitter: d.ResumeJitter,
 			MaxPause:     d.MaxPause,
 			MaxKeys:      d.MaxKeys,
+			StrictKeys:   d.StrictKeys,
 		}
 	}
 	return cp

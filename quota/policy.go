@@ -232,6 +232,7 @@ func (root *level) setPolicy(where string, d *Domain) error {
 		}
 		root.retry = p
 	}
+	root.strict = d.StrictKeys
 	switch {
 	case d.MaxKeys == 0:
 		root.maxKeys = DefaultMaxKeys

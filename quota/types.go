@@ -101,6 +101,10 @@ type Domain struct {
 	// bucket is not stored, it equals an absent one). An admission that would store one more
 	// is refused with ReasonTooManyKeys. 0 means DefaultMaxKeys.
 	MaxKeys uint64 `json:"max_keys,omitempty"`
+	// StrictKeys refuses (ReasonInvalid, naming the key) a request with a descriptor key the
+	// domain does not define at that point of its tree, instead of ignoring it and everything
+	// after it: a typo (endpont=charges) would otherwise skip that level's limit silently.
+	StrictKeys bool `json:"strict_keys,omitempty"`
 }
 
 // DefaultResumeJitter is the resume jitter window of a domain that does not set one.
@@ -262,6 +266,10 @@ type Request struct {
 	// then, and the caller must not learn of the admission before it. This is how the
 	// leader's fair scheduler puts a batch of grants at the bucket's pace into one log entry.
 	ScheduleWithin time.Duration
+	// ConcurrencyRetryAfter makes a concurrency_limited denial carry RetryAfter = the time
+	// until the earliest expiry of a lease holding a permit of the refusing level (without it,
+	// RetryAfter is 0, as decisions of older log entries were made).
+	ConcurrencyRetryAfter bool
 }
 
 // Decision is the outcome of one Request.

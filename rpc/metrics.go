@@ -58,7 +58,7 @@ func NewMetrics() *Metrics {
 	m.Registry.MustRegister(m.feedback)
 	m.rls = newRLSMetrics(m.Registry)
 	m.Registry.MustRegister(m.decisions, m.decisionTime, m.commitTime, m.entryOps, m.commitErrors,
-		m.leaderChanges, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		m.leaderChanges, buildInfoGauge(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 

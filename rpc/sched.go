@@ -53,9 +53,6 @@ const (
 	// fairPoll bounds how long the pump sleeps: it re-reads leadership and buckets limited
 	// only by concurrency (whose permits return at unpredictable times) at least this often.
 	fairPoll = 50 * time.Millisecond
-	// fairMargin is added to a predicted refill time so a released admission is not early by
-	// a rounding error (the FSM rounds against the caller).
-	fairMargin = 200 * time.Microsecond
 	// fairAgingAfter: a request waiting this long goes before its tenant's other work.
 	fairAgingAfter = 5 * time.Second
 	// fairReserveBurst: units of reserve credit an idle work class banks.
@@ -755,33 +752,36 @@ func (f *fair) submit(ws []*waiter) {
 		w.call, w.idx, w.submitErr = c, i, err
 		w.ready <- struct{}{}
 	}
-	done := func() {
+	// done releases the reservations; answered says the call's results are all written (not
+	// so when the proposer stopped first: commit may still be writing them).
+	done := func(answered bool) {
 		f.mu.Lock()
 		now := time.Now()
 		for i, w := range ws {
 			f.release(res[i].rateKeys, res[i].concKeys, res[i].cost)
-			if err == nil {
+			if err == nil && answered {
 				if r := c.results[i]; r.err == nil && r.res != nil && r.res.Decision.Admitted {
 					f.recordAdmission(w, now)
 				}
 			}
 		}
-		if err == nil && c.results[0].res != nil {
+		if err == nil && answered && c.results[0].res != nil {
 			f.observeStamp(c.results[0].ts - releasedAt)
 		}
 		f.mu.Unlock()
 		f.wake()
 	}
 	if err != nil {
-		done()
+		done(false)
 		return
 	}
 	go func() {
 		select {
 		case <-c.done:
+			done(true)
 		case <-f.s.prop.stop:
+			done(false)
 		}
-		done()
 	}()
 }
 

@@ -293,7 +293,7 @@ descriptors:
 	}
 	var at []time.Duration
 	for range n {
-		at = append(at, time.Since(start)-time.Since(<-got))
+		at = append(at, (<-got).Sub(start))
 	}
 	sort.Slice(at, func(i, j int) bool { return at[i] < at[j] })
 	for k, a := range at {

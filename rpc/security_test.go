@@ -229,7 +229,6 @@ func TestTokens(t *testing.T) {
 		return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tok)
 	}
 	leader := c.Leader()
-	lconn := p.dialAs(c.Addrs()[leader], "")
 	fconn := p.dialAs(c.Addrs()[(leader+1)%3], "")
 	admin := quotadv1.NewAdminClient(fconn)
 	q := quotadv1.NewQuotaClient(fconn)
@@ -337,7 +336,7 @@ func TestTokens(t *testing.T) {
 		c.Restart(i)
 	}
 	leader = c.WaitLeader(10 * time.Second)
-	lconn = p.dialAs(c.Addrs()[leader], "")
+	lconn := p.dialAs(c.Addrs()[leader], "")
 	follower := (leader + 1) % 3
 	fconn = p.dialAs(c.Addrs()[follower], "")
 	clustertest.Eventually(t, 10*time.Second, func() error {

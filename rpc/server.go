@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -54,6 +55,7 @@ type Node interface {
 	VerifyRead(ctx context.Context) error
 	Members() []cluster.Member
 	TransferLeadership(to string) error
+	RemoveServer(ctx context.Context, id string) ([]string, error)
 }
 
 // Server implements quotadv1.QuotaServer and quotadv1.AdminServer.
@@ -68,6 +70,8 @@ type Server struct {
 	metrics *Metrics
 	fair    *fair      // leader-side fair scheduler for waiting admissions (sched.go)
 	rls     *rlsServer // Envoy's rate limit service (envoy.go)
+
+	limitsMu sync.Mutex // serializes ApplyLimits' read-merge-propose on the leader (limits.go)
 }
 
 // NewServer returns a server for node, whose state machine is f. forwardCreds secure calls
@@ -465,34 +469,6 @@ func (s *Server) Status(ctx context.Context, req *quotadv1.StatusRequest) (*quot
 			ResetAfterMs: ceilMs(b.ResetAfter), InFlight: b.InFlight, MaxInFlight: b.MaxInFlight,
 			PausedForMs: ceilMs(b.PausedFor), WindowMs: b.Window.Milliseconds(),
 		})
-	}
-	return resp, nil
-}
-
-// ApplyLimits parses, validates and replicates a limits file.
-func (s *Server) ApplyLimits(ctx context.Context, req *quotadv1.ApplyLimitsRequest) (*quotadv1.ApplyLimitsResponse, error) {
-	name := req.FileName
-	if name == "" {
-		name = "limits"
-	}
-	limits, err := config.Parse(name, []byte(req.Yaml))
-	if err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
-	}
-	conn, err := s.route(ctx)
-	if err != nil || conn != nil {
-		if err != nil {
-			return nil, err
-		}
-		return quotadv1.NewAdminClient(conn).ApplyLimits(forwardCtx(ctx), req)
-	}
-	version, err := s.applyLimits(ctx, limits)
-	if err != nil {
-		return nil, err
-	}
-	resp := &quotadv1.ApplyLimitsResponse{Version: version}
-	for _, d := range limits.Domains {
-		resp.Domains = append(resp.Domains, d.Name)
 	}
 	return resp, nil
 }

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
+	"regexp"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -44,6 +46,12 @@ func agentCmd() *cobra.Command {
 addresses to form a new cluster; a node started later with --join is added as a non-voter and
 promoted once caught up. A node restarted with its --data-dir resumes where it stopped.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			switch {
+			case cc.ID == "":
+				return fmt.Errorf("--id is required: a unique, stable name for this node, e.g. --id n1")
+			case cc.DataDir == "":
+				return fmt.Errorf("--data-dir is required: the directory for this node's Raft log and snapshots, e.g. --data-dir /var/lib/quotad")
+			}
 			level := new(slog.LevelVar)
 			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
 				return fmt.Errorf("--log-level %q: use debug, info, warn or error", logLevel)
@@ -84,7 +92,7 @@ promoted once caught up. A node restarted with its --data-dir resumes where it s
 			chaosHooks(&acfg)
 			agent, err := rpc.StartAgent(acfg)
 			if err != nil {
-				return err
+				return flagNames(err)
 			}
 			cc.Logger.Info("quotad agent started", "grpc", agent.GRPCAddr(), "http", agent.HTTPAddr(), "raft", cc.RaftAddr, "gossip", cc.GossipAddr)
 			sig := make(chan os.Signal, 1)
@@ -207,4 +215,55 @@ func gossipKey(file string) ([]byte, error) {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	return key, nil
+}
+
+// configFlags maps cluster.Config fields to the agent flags that set them, so that a
+// configuration error names what the operator typed (flagNames).
+var configFlags = []struct{ field, flag string }{
+	{"LeaderLeaseTimeout", "--raft-leader-lease-timeout"},
+	{"HeartbeatTimeout", "--raft-heartbeat-timeout"},
+	{"ElectionTimeout", "--raft-election-timeout"},
+	{"SnapshotThreshold", "--snapshot-threshold"},
+	{"SnapshotInterval", "--snapshot-interval"},
+	{"DeadNodeTimeout", "--dead-node-timeout"},
+	{"BootstrapExpect", "--bootstrap-expect"},
+	{"GossipSecretKey", "the gossip key (--gossip-key-file)"},
+	{"TrailingLogs", "--trailing-logs"},
+	{"RejoinDelay", "--rejoin-delay"},
+	{"GossipAddr", "--gossip-addr"},
+	{"MinVoters", "--min-voters"},
+	{"GRPCAddr", "--grpc-addr"},
+	{"RaftAddr", "--raft-addr"},
+	{"HTTPAddr", "--http-addr"},
+	{"LogStore", "--raft-log-store"},
+	{"DataDir", "--data-dir"},
+}
+
+var configFieldRE = func() *regexp.Regexp {
+	names := make([]string, len(configFlags))
+	for i, c := range configFlags {
+		names[i] = c.field
+	}
+	return regexp.MustCompile(`\b(` + strings.Join(names, "|") + `)\b`)
+}()
+
+// flagNames rewrites a startup error's Go field names (cluster: LeaderLeaseTimeout 300ms must
+// be <= HeartbeatTimeout 5ms) into the flags that set them.
+func flagNames(err error) error {
+	msg := err.Error()
+	rest, ok := strings.CutPrefix(msg, "cluster: ")
+	if !ok {
+		return err
+	}
+	if r, isID := strings.CutPrefix(rest, "ID "); isID {
+		rest = "--id " + r
+	}
+	return errors.New(configFieldRE.ReplaceAllStringFunc(rest, func(f string) string {
+		for _, c := range configFlags {
+			if c.field == f {
+				return c.flag
+			}
+		}
+		return f
+	}))
 }

@@ -16,6 +16,7 @@ import (
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 	"github.com/quotad/quotad/client"
+	"github.com/quotad/quotad/config"
 )
 
 // Connection settings of the client commands (persistent flags; the environment fills what
@@ -46,7 +47,10 @@ func dialOptions() ([]grpc.DialOption, error) { return connConfig("").DialCreden
 
 // newClient returns a client library instance for the quota commands (leader discovery,
 // retries with one request ID, backoff).
-func newClient(addrs string) (*client.Client, error) {
+func newClient(ctx context.Context, addrs string) (*client.Client, error) {
+	if err := reach(ctx, splitList(addrs)); err != nil {
+		return nil, err
+	}
 	cfg := connConfig(addrs)
 	cfg.Batch.Disabled = true // one decision per invocation: nothing to batch
 	return client.New(cfg)
@@ -63,7 +67,10 @@ func call(ctx context.Context, addrs string, fn func(ctx context.Context, conn *
 	if err != nil {
 		return err
 	}
-	var last error
+	if err := reach(ctx, list); err != nil {
+		return err
+	}
+	last := make(map[string]error, len(list))
 	for attempt := 0; ; attempt++ {
 		for _, a := range list {
 			conn, err := grpc.NewClient(a, opts...)
@@ -81,11 +88,17 @@ func call(ctx context.Context, addrs string, fn func(ctx context.Context, conn *
 			if code != codes.Unavailable && code != codes.DeadlineExceeded {
 				return err
 			}
-			last = fmt.Errorf("%s: %w", a, err)
+			last[a] = err
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("no node answered in time: %w%s", last, plaintextHint())
+			var b strings.Builder
+			for _, a := range list {
+				if err := last[a]; err != nil {
+					fmt.Fprintf(&b, "\n  %s: %s", a, status.Convert(err).Message())
+				}
+			}
+			return fmt.Errorf("no node gave an answer in time:%s%s", b.String(), plaintextHint())
 		case <-time.After(time.Duration(100*(attempt+1)) * time.Millisecond):
 		}
 	}
@@ -127,6 +140,16 @@ func acquireCmd() *cobra.Command {
 		Use:   "acquire",
 		Short: "Ask for quota once: exit 0 if admitted, 3 if denied",
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			switch {
+			case domain == "":
+				return fmt.Errorf("--domain is required: the limits domain to spend in, e.g. --domain provider")
+			case cost == 0:
+				return fmt.Errorf("--cost 0: use 1 or more (the units this request spends)")
+			case leaseTTL < 0:
+				return fmt.Errorf("--lease-ttl %v is negative; use 0 for the limit's configured TTL", leaseTTL)
+			case timeout <= 0:
+				return fmt.Errorf("--timeout %v: use a positive duration", timeout)
+			}
 			req := client.Request{Domain: domain, Cost: cost, LeaseTTL: leaseTTL, Attempt: 1}
 			for _, d := range descs {
 				k, v, ok := strings.Cut(d, "=")
@@ -135,7 +158,7 @@ func acquireCmd() *cobra.Command {
 				}
 				req.Descriptors = append(req.Descriptors, client.Entry{Key: k, Value: v})
 			}
-			c, err := newClient(addr)
+			c, err := newClient(cmd.Context(), addr)
 			if err != nil {
 				return err
 			}
@@ -143,7 +166,10 @@ func acquireCmd() *cobra.Command {
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
 			dec, err := c.Allow(ctx, req)
-			if err != nil && !errors.Is(err, client.ErrDenied) {
+			// A denial, and a decision refusing the request as invalid (an undefined key in a
+			// strict_keys domain, an unknown domain), are answers: printed, exit code 3.
+			answered := errors.Is(err, client.ErrDenied) || (errors.Is(err, client.ErrInvalid) && dec.Reason != "")
+			if err != nil && !answered {
 				if errors.Is(err, client.ErrUnavailable) {
 					return fmt.Errorf("%w%s", err, plaintextHint())
 				}
@@ -184,7 +210,7 @@ func acquireCmd() *cobra.Command {
 	f.StringVar(&addr, "addr", defaultAddrs(), "comma-separated node gRPC addresses (any nodes)")
 	f.StringVar(&domain, "domain", "", "limits domain (required)")
 	f.StringArrayVar(&descs, "descriptor", nil, "descriptor entry key=value, outermost first (repeatable)")
-	f.Uint64Var(&cost, "cost", 1, "units to spend")
+	f.Uint64Var(&cost, "cost", 1, "units to spend (1 or more)")
 	f.DurationVar(&leaseTTL, "lease-ttl", 0, "TTL of concurrency permits (0: the limit's configured TTL)")
 	f.BoolVar(&asJSON, "json", false, "print the decision as JSON")
 	f.DurationVar(&timeout, "timeout", 10*time.Second, "give up after this long")
@@ -200,7 +226,10 @@ func releaseCmd() *cobra.Command {
 		Use:   "release",
 		Short: "Release a concurrency lease",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := newClient(addr)
+			if leaseID == 0 {
+				return fmt.Errorf("--lease-id is required: the lease_id an admitted acquire printed")
+			}
+			c, err := newClient(cmd.Context(), addr)
 			if err != nil {
 				return err
 			}
@@ -216,37 +245,72 @@ func releaseCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&addr, "addr", defaultAddrs(), "comma-separated node gRPC addresses")
-	cmd.Flags().Uint64Var(&leaseID, "lease-id", 0, "lease ID from an admitted acquire")
+	cmd.Flags().Uint64Var(&leaseID, "lease-id", 0, "lease ID from an admitted acquire (required)")
 	return cmd
 }
 
 func limitsCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "limits", Short: "Read or change the cluster's limits"}
-	var addr, file string
+	var (
+		addr               string
+		files              []string
+		replaceAll, dryRun bool
+	)
 	apply := &cobra.Command{
-		Use:   "apply",
-		Short: "Validate a limits file and replicate it (takes effect on the next acquire)",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			data, err := os.ReadFile(file)
-			if err != nil {
-				return fmt.Errorf("-f %q: %w", file, err)
+		Use:   "apply [FILE|DIR]...",
+		Short: "Add or replace the domains in limits files (the others stay); --dry-run shows the changes",
+		Long: `Validate limits files and replicate them: each domain in them is added, or replaces the
+domain of that name; domains they do not name stay as they are. A directory stands for its
+*.yaml and *.yml files (one or more domains each). --dry-run prints the changes against the
+limits in force and applies nothing; --replace-all makes the files the whole limit set (domains
+they do not name are removed). The change takes effect on the next acquire, on every node at once.`,
+		Example: `  quotad limits apply examples/limits.yaml --dry-run
+  quotad limits apply examples/limits.yaml
+  quotad limits apply -f limits.d/
+  quotad limits apply --replace-all all-limits.yaml`,
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			paths := append(append([]string(nil), files...), args...)
+			if len(paths) == 0 {
+				return fmt.Errorf("no limits file: name one, e.g. quotad limits apply examples/limits.yaml (or -f FILE, -f DIR)")
 			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), 15*time.Second)
-			defer cancel()
-			return call(ctx, addr, func(ctx context.Context, conn *grpc.ClientConn) error {
-				resp, err := quotadv1.NewAdminClient(conn).ApplyLimits(ctx, &quotadv1.ApplyLimitsRequest{Yaml: string(data), FileName: file})
-				if err != nil {
-					if status.Code(err) == codes.InvalidArgument {
-						return fmt.Errorf("%s", status.Convert(err).Message())
+			// Validate locally first: errors name the file, line and key of every problem.
+			limits, err := config.LoadFiles(paths...)
+			if err != nil {
+				return err
+			}
+			name, yaml := strings.Join(paths, ", "), ""
+			if len(paths) == 1 {
+				if st, err := os.Stat(paths[0]); err == nil && !st.IsDir() {
+					data, err := os.ReadFile(paths[0])
+					if err != nil {
+						return fmt.Errorf("%s: %w", paths[0], err)
 					}
-					return err
+					yaml = string(data) // as written, so the cluster's messages point at its lines
 				}
-				fmt.Printf("applied limits version %d (domains: %s)\n", resp.Version, strings.Join(resp.Domains, ", "))
-				return nil
-			})
+			}
+			if yaml == "" {
+				yaml = string(config.Format(limits))
+			}
+			if len(limits.Domains) == 0 {
+				return fmt.Errorf("%s: no domains: nothing to apply; a limits document starts with domain: NAME (to remove a domain: quotad limits delete DOMAIN)", name)
+			}
+			return changeLimits(cmd, addr, &quotadv1.ApplyLimitsRequest{Yaml: yaml, FileName: name, ReplaceAll: replaceAll, DryRun: dryRun})
 		},
 	}
-	apply.Flags().StringVarP(&file, "file", "f", "", "limits YAML file")
+	apply.Flags().StringArrayVarP(&files, "file", "f", nil, "limits YAML file or directory (repeatable; also as arguments)")
+	apply.Flags().BoolVar(&replaceAll, "replace-all", false, "make the files the whole limit set: domains they do not name are removed")
+	apply.Flags().BoolVar(&dryRun, "dry-run", false, "print the changes and apply nothing")
+	del := &cobra.Command{
+		Use:     "delete DOMAIN...",
+		Short:   "Remove domains from the limits (acquires in them become unknown_domain)",
+		Example: "  quotad limits delete platform --dry-run",
+		Args:    cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return changeLimits(cmd, addr, &quotadv1.ApplyLimitsRequest{DeleteDomains: args, DryRun: dryRun})
+		},
+	}
+	del.Flags().BoolVar(&dryRun, "dry-run", false, "print the changes and apply nothing")
 	get := &cobra.Command{
 		Use:   "get",
 		Short: "Print the limits in force as YAML",
@@ -263,8 +327,39 @@ func limitsCmd() *cobra.Command {
 		},
 	}
 	cmd.PersistentFlags().StringVar(&addr, "addr", defaultAddrs(), "comma-separated node gRPC addresses")
-	cmd.AddCommand(apply, get)
+	cmd.AddCommand(apply, del, get)
 	return cmd
+}
+
+// changeLimits sends an ApplyLimits request and prints the changes it made (or would make).
+func changeLimits(cmd *cobra.Command, addr string, req *quotadv1.ApplyLimitsRequest) error {
+	ctx, cancel := context.WithTimeout(cmd.Context(), 15*time.Second)
+	defer cancel()
+	return call(ctx, addr, func(ctx context.Context, conn *grpc.ClientConn) error {
+		resp, err := quotadv1.NewAdminClient(conn).ApplyLimits(ctx, req)
+		if err != nil {
+			switch status.Code(err) {
+			case codes.InvalidArgument, codes.NotFound:
+				return fmt.Errorf("%s", status.Convert(err).Message())
+			}
+			return err
+		}
+		for _, c := range resp.Changes {
+			fmt.Println(c)
+		}
+		domains := strings.Join(resp.Domains, ", ")
+		switch {
+		case !resp.Applied && len(resp.Changes) == 0:
+			fmt.Printf("dry run: no changes to limits version %d (domains: %s)\n", resp.Version, domains)
+		case !resp.Applied:
+			fmt.Printf("dry run: %d changes to limits version %d; nothing applied (domains would be: %s)\n", len(resp.Changes), resp.Version, domains)
+		case len(resp.Changes) == 0:
+			fmt.Printf("applied limits version %d: no changes (domains: %s)\n", resp.Version, domains)
+		default:
+			fmt.Printf("applied limits version %d (domains: %s)\n", resp.Version, domains)
+		}
+		return nil
+	})
 }
 
 func statusCmd() *cobra.Command {

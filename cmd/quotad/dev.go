@@ -6,13 +6,8 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -38,7 +33,11 @@ func devCmd() *cobra.Command {
 node, an admin client certificate, a gossip key and a bootstrap admin token in
 DATA_DIR/credentials, starts the nodes in secure mode with them (and --enable-debug), and writes
 DATA_DIR/dev.env: source it to point the quotad CLI and the examples at the cluster as admin.
-Ctrl-C stops all nodes.`,
+It prints each node's pid (also in DATA_DIR/NODE.pid). When a node exits (kill -9 it to see
+a failover), press Enter in the dev terminal or send the dev process SIGHUP to restart the nodes
+that exited, with the same command line and data. dev keeps running while any node runs, and
+until Ctrl-C (SIGINT/SIGTERM), which stops all nodes and removes DATA_DIR if dev made it (a temp
+dir; a --data-dir you give is kept).`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if nodes < 1 || nodes > 9 {
 				return fmt.Errorf("--nodes %d: use 1 to 9", nodes)
@@ -48,7 +47,8 @@ Ctrl-C stops all nodes.`,
 					return err
 				}
 			}
-			if dataDir == "" {
+			tempDir := dataDir == ""
+			if tempDir {
 				d, err := os.MkdirTemp("", "quotad-dev-")
 				if err != nil {
 					return err
@@ -58,6 +58,14 @@ Ctrl-C stops all nodes.`,
 			dataDir, err := filepath.Abs(dataDir)
 			if err != nil {
 				return err
+			}
+			// cleanup removes the data dir if dev made it (never a --data-dir the user gave).
+			cleanup := func() {
+				if tempDir {
+					if err := os.RemoveAll(dataDir); err == nil {
+						fmt.Fprintf(os.Stderr, "removed %s\n", dataDir)
+					}
+				}
 			}
 			self, err := os.Executable()
 			if err != nil {
@@ -75,15 +83,17 @@ Ctrl-C stops all nodes.`,
 			envFile := filepath.Join(dataDir, "dev.env")
 			if !insecure {
 				if creds, err = pkifiles.EnsureLocal(filepath.Join(dataDir, "credentials"), rpc.DefaultClusterName); err != nil {
+					cleanup()
 					return fmt.Errorf("making the dev credentials: %w", err)
 				}
-				if err := writeDevEnv(envFile, creds.Env(grpcs)); err != nil {
+				// QUOTAD_DEV_DIR: where the nodes' pid files are (kill -9 $(cat $QUOTAD_DEV_DIR/node2.pid)).
+				devDir := "export QUOTAD_DEV_DIR='" + strings.ReplaceAll(dataDir, "'", `'\''`) + "'\n"
+				if err := writeDevEnv(envFile, creds.Env(grpcs)+devDir); err != nil {
+					cleanup()
 					return err
 				}
 			}
-			var procs []*exec.Cmd
-			var wg sync.WaitGroup
-			exited := make(chan string, nodes)
+			var nodeArgs [][]string
 			for i := 0; i < nodes; i++ {
 				id := fmt.Sprintf("node%d", i+1)
 				args := []string{"agent", "--id", id,
@@ -101,27 +111,21 @@ Ctrl-C stops all nodes.`,
 				} else {
 					sec, err := creds.AgentArgs(id, host)
 					if err != nil {
-						stopAll(procs, &wg)
 						return err
 					}
 					args = append(args, sec...)
 				}
-				p := exec.Command(self, args...)
-				stderr, _ := p.StderrPipe()
-				p.Stdout = os.Stdout
-				if err := p.Start(); err != nil {
-					stopAll(procs, &wg)
-					return fmt.Errorf("starting %s: %w", id, err)
+				nodeArgs = append(nodeArgs, args)
+			}
+			dc := newDevCluster(self, dataDir, nodeArgs)
+			for i := range nodeArgs {
+				if err := dc.start(i); err != nil {
+					dc.stopAll()
+					cleanup()
+					return err
 				}
-				procs = append(procs, p)
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					prefixLines(os.Stderr, stderr, id)
-					err := p.Wait()
-					exited <- fmt.Sprintf("%s exited: %v", id, err)
-				}()
-				fmt.Printf("%s  grpc %s  raft %s  gossip %s  http %s  data %s\n", id, addr(0, i), addr(1, i), addr(2, i), addr(3, i), filepath.Join(dataDir, id))
+				n := dc.nodes[i]
+				fmt.Printf("%s  pid %d  grpc %s  raft %s  gossip %s  http %s  data %s\n", n.id, n.pid(), addr(0, i), addr(1, i), addr(2, i), addr(3, i), filepath.Join(dataDir, n.id))
 			}
 			if insecure {
 				fmt.Printf("\ninsecure cluster of %d (plaintext, no credentials needed): try\n  export QUOTAD_ADDR=%s\n  quotad status\n",
@@ -130,20 +134,16 @@ Ctrl-C stops all nodes.`,
 				fmt.Printf("\ncluster of %d (TLS; credentials in %s): in another shell\n  source %s\n  quotad status\n  quotad acquire --domain provider --descriptor endpoint=charges\n",
 					nodes, creds.Dir, envFile)
 			}
-			fmt.Printf("Ctrl-C stops all nodes (data stays in %s).\n\n", dataDir)
-			sig := make(chan os.Signal, 1)
-			signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
-			for alive := nodes; alive > 0; {
-				select {
-				case <-sig:
-					stopAll(procs, &wg)
-					return nil
-				case msg := <-exited:
-					fmt.Fprintln(os.Stderr, msg)
-					alive--
-				}
+			fmt.Printf("Each node's pid is in %s/NODE.pid ($QUOTAD_DEV_DIR after sourcing dev.env): kill -9 $(cat $QUOTAD_DEV_DIR/node1.pid) crashes node1.\n", dataDir)
+			fmt.Printf("Press Enter here (or kill -HUP %d) to restart the nodes that exited; Ctrl-C stops all nodes", os.Getpid())
+			if tempDir {
+				fmt.Printf(" and removes %s (a temp dir; give --data-dir to keep the data).\n\n", dataDir)
+			} else {
+				fmt.Printf(" (data stays in %s).\n\n", dataDir)
 			}
-			return fmt.Errorf("every node exited; see the log lines above")
+			err = dc.run()
+			cleanup()
+			return err
 		},
 	}
 	f := cmd.Flags()
@@ -154,27 +154,6 @@ Ctrl-C stops all nodes.`,
 	f.BoolVar(&insecure, "insecure", false, "run the nodes with --insecure (plaintext, no credentials) instead of with a throwaway CA, gossip key and admin token")
 	f.IntVar(&base, "port-base", 7100, "node i listens on grpc base+1+i, raft base+101+i, gossip base+201+i, http base+301+i")
 	return cmd
-}
-
-// stopAll asks every process to stop gracefully and kills what is still running after 10 s.
-// wg is done when every process has been waited for.
-func stopAll(procs []*exec.Cmd, wg *sync.WaitGroup) {
-	for _, p := range procs {
-		_ = p.Process.Signal(syscall.SIGTERM)
-	}
-	done := make(chan struct{})
-	go func() {
-		wg.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		for _, p := range procs {
-			_ = p.Process.Kill()
-		}
-		<-done
-	}
 }
 
 func prefixLines(w io.Writer, r io.Reader, prefix string) {

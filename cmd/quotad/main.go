@@ -10,6 +10,9 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/status"
+
+	"github.com/quotad/quotad/internal/buildinfo"
 )
 
 // exitError carries a specific exit code (acquire exits 3 when denied).
@@ -23,23 +26,43 @@ func main() {
 		Short:         "quotad: a Raft-replicated quota cluster",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       buildinfo.Get().Version,
+		// Client commands (those with --addr) check their addresses and that one answers.
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error { return checkAddrFlag(cmd) },
 	}
+	root.SetVersionTemplate(buildinfo.Get().String() + "\n")
 	pf := root.PersistentFlags()
 	pf.StringVar(&cliTLS.CAFile, "cacert", "", "client commands: PEM CA that signed the nodes' certificates (or $QUOTAD_CACERT)")
 	pf.StringVar(&cliTLS.CertFile, "client-cert", "", "client commands: PEM client certificate (or $QUOTAD_CLIENT_CERT)")
 	pf.StringVar(&cliTLS.KeyFile, "client-key", "", "client commands: PEM key for --client-cert (or $QUOTAD_CLIENT_KEY)")
 	pf.StringVar(&cliTokenFile, "token-file", "", "client commands: file holding a bearer token (or the token in $QUOTAD_TOKEN)")
-	root.AddCommand(agentCmd(), devCmd(), acquireCmd(), releaseCmd(), limitsCmd(), statusCmd(), topCmd(), tlsCmd(), keygenCmd(), tokenCmd(), pauseCmd())
+	root.AddCommand(agentCmd(), devCmd(), acquireCmd(), releaseCmd(), limitsCmd(), statusCmd(), topCmd(), tlsCmd(), keygenCmd(), tokenCmd(), pauseCmd(),
+		versionCmd(), bucketCmd(), feedbackCmd(), operatorCmd(), membersCmd())
+	refuseStrayArgs(root)
 	if err := root.Execute(); err != nil {
 		var ee exitError
 		if errors.As(err, &ee) {
 			os.Exit(ee.code)
 		}
 		msg := err.Error()
+		if st, ok := status.FromError(err); ok { // "rpc error: code = NotFound desc = ..." → "NotFound: ..."
+			msg = st.Code().String() + ": " + st.Message()
+		}
 		if !strings.HasPrefix(msg, "quotad: ") {
 			msg = "quotad: " + msg
 		}
 		fmt.Fprintln(os.Stderr, msg)
 		os.Exit(1)
+	}
+}
+
+// refuseStrayArgs makes every command that declares no arguments refuse them (cobra accepts
+// and ignores them by default): `quotad status extra` is an error, not a silent no-op.
+func refuseStrayArgs(c *cobra.Command) {
+	if c.Args == nil && c.Runnable() {
+		c.Args = cobra.NoArgs
+	}
+	for _, sub := range c.Commands() {
+		refuseStrayArgs(sub)
 	}
 }

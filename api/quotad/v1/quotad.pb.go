@@ -1106,9 +1106,20 @@ func (x *FeedbackResponse) GetLimit() uint64 {
 type ApplyLimitsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// yaml is one or more limits documents (envoyproxy/ratelimit format plus quotad extensions).
+	// By default each domain in it is added or replaces the domain of that name in force, and
+	// the other domains stay (upsert). A request with no domain and no delete_domains is refused.
 	Yaml string `protobuf:"bytes,1,opt,name=yaml,proto3" json:"yaml,omitempty"`
 	// file_name is used in error messages only.
-	FileName      string `protobuf:"bytes,2,opt,name=file_name,json=fileName,proto3" json:"file_name,omitempty"`
+	FileName string `protobuf:"bytes,2,opt,name=file_name,json=fileName,proto3" json:"file_name,omitempty"`
+	// replace_all makes yaml the whole limit set: domains in force that it does not name are
+	// removed. It may not be empty.
+	ReplaceAll bool `protobuf:"varint,3,opt,name=replace_all,json=replaceAll,proto3" json:"replace_all,omitempty"`
+	// dry_run computes the changes (ApplyLimitsResponse.changes) against the limits in force
+	// and applies nothing.
+	DryRun bool `protobuf:"varint,4,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	// delete_domains are removed (each must be in force), in the same atomic change as yaml's
+	// domains (a domain may not be both upserted and deleted).
+	DeleteDomains []string `protobuf:"bytes,5,rep,name=delete_domains,json=deleteDomains,proto3" json:"delete_domains,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1157,10 +1168,38 @@ func (x *ApplyLimitsRequest) GetFileName() string {
 	return ""
 }
 
+func (x *ApplyLimitsRequest) GetReplaceAll() bool {
+	if x != nil {
+		return x.ReplaceAll
+	}
+	return false
+}
+
+func (x *ApplyLimitsRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+func (x *ApplyLimitsRequest) GetDeleteDomains() []string {
+	if x != nil {
+		return x.DeleteDomains
+	}
+	return nil
+}
+
 type ApplyLimitsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Version       uint64                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
-	Domains       []string               `protobuf:"bytes,2,rep,name=domains,proto3" json:"domains,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// version is the limits version in force afterwards (the current one for a dry run).
+	Version uint64 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	// domains are the domains in force afterwards (what they would be, for a dry run).
+	Domains []string `protobuf:"bytes,2,rep,name=domains,proto3" json:"domains,omitempty"`
+	// changes lists what changes, one line each (config.Diff: "+ added", "- removed",
+	// "~ changed"); empty when the limits in force already say the same.
+	Changes []string `protobuf:"bytes,3,rep,name=changes,proto3" json:"changes,omitempty"`
+	// applied is false for a dry run.
+	Applied       bool `protobuf:"varint,4,opt,name=applied,proto3" json:"applied,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1207,6 +1246,20 @@ func (x *ApplyLimitsResponse) GetDomains() []string {
 		return x.Domains
 	}
 	return nil
+}
+
+func (x *ApplyLimitsResponse) GetChanges() []string {
+	if x != nil {
+		return x.Changes
+	}
+	return nil
+}
+
+func (x *ApplyLimitsResponse) GetApplied() bool {
+	if x != nil {
+		return x.Applied
+	}
+	return false
 }
 
 type GetLimitsRequest struct {
@@ -1576,6 +1629,96 @@ func (x *TransferLeadershipResponse) GetLeaderId() string {
 	return ""
 }
 
+type RemoveServerRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// id is the member to remove from the Raft configuration (quotad status lists them).
+	Id            string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveServerRequest) Reset() {
+	*x = RemoveServerRequest{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveServerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveServerRequest) ProtoMessage() {}
+
+func (x *RemoveServerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveServerRequest.ProtoReflect.Descriptor instead.
+func (*RemoveServerRequest) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *RemoveServerRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type RemoveServerResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// members are the servers of the configuration afterwards.
+	Members       []string `protobuf:"bytes,1,rep,name=members,proto3" json:"members,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveServerResponse) Reset() {
+	*x = RemoveServerResponse{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveServerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveServerResponse) ProtoMessage() {}
+
+func (x *RemoveServerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveServerResponse.ProtoReflect.Descriptor instead.
+func (*RemoveServerResponse) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *RemoveServerResponse) GetMembers() []string {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
 type CreateTokenRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// role: admin, worker or reader.
@@ -1591,7 +1734,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[25]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1603,7 +1746,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[25]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1616,7 +1759,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{25}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CreateTokenRequest) GetRole() string {
@@ -1658,7 +1801,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[26]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1670,7 +1813,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[26]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1683,7 +1826,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{26}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CreateTokenResponse) GetToken() string {
@@ -1708,7 +1851,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[27]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1720,7 +1863,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[27]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1733,7 +1876,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{27}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{29}
 }
 
 type TokenInfo struct {
@@ -1751,7 +1894,7 @@ type TokenInfo struct {
 
 func (x *TokenInfo) Reset() {
 	*x = TokenInfo{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[28]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1763,7 +1906,7 @@ func (x *TokenInfo) String() string {
 func (*TokenInfo) ProtoMessage() {}
 
 func (x *TokenInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[28]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1776,7 +1919,7 @@ func (x *TokenInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
 func (*TokenInfo) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{28}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *TokenInfo) GetAccessor() string {
@@ -1830,7 +1973,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[29]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1842,7 +1985,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[29]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1855,7 +1998,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{29}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListTokensResponse) GetTokens() []*TokenInfo {
@@ -1874,7 +2017,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[30]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1886,7 +2029,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[30]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1899,7 +2042,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{30}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RevokeTokenRequest) GetAccessor() string {
@@ -1917,7 +2060,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[31]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1929,7 +2072,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[31]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1942,7 +2085,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{31}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{33}
 }
 
 type LiftPauseRequest struct {
@@ -1956,7 +2099,7 @@ type LiftPauseRequest struct {
 
 func (x *LiftPauseRequest) Reset() {
 	*x = LiftPauseRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[32]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1968,7 +2111,7 @@ func (x *LiftPauseRequest) String() string {
 func (*LiftPauseRequest) ProtoMessage() {}
 
 func (x *LiftPauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[32]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1981,7 +2124,7 @@ func (x *LiftPauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LiftPauseRequest.ProtoReflect.Descriptor instead.
 func (*LiftPauseRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{32}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *LiftPauseRequest) GetDomain() string {
@@ -2009,7 +2152,7 @@ type LiftPauseResponse struct {
 
 func (x *LiftPauseResponse) Reset() {
 	*x = LiftPauseResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[33]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2021,7 +2164,7 @@ func (x *LiftPauseResponse) String() string {
 func (*LiftPauseResponse) ProtoMessage() {}
 
 func (x *LiftPauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[33]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2034,7 +2177,7 @@ func (x *LiftPauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LiftPauseResponse.ProtoReflect.Descriptor instead.
 func (*LiftPauseResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{33}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *LiftPauseResponse) GetLifted() bool {
@@ -2142,13 +2285,19 @@ const file_quotad_v1_quotad_proto_rawDesc = "" +
 	"attributed\x18\x03 \x01(\bR\n" +
 	"attributed\x12\x1c\n" +
 	"\tdecreased\x18\x04 \x01(\bR\tdecreased\x12\x14\n" +
-	"\x05limit\x18\x05 \x01(\x04R\x05limit\"E\n" +
+	"\x05limit\x18\x05 \x01(\x04R\x05limit\"\xa6\x01\n" +
 	"\x12ApplyLimitsRequest\x12\x12\n" +
 	"\x04yaml\x18\x01 \x01(\tR\x04yaml\x12\x1b\n" +
-	"\tfile_name\x18\x02 \x01(\tR\bfileName\"I\n" +
+	"\tfile_name\x18\x02 \x01(\tR\bfileName\x12\x1f\n" +
+	"\vreplace_all\x18\x03 \x01(\bR\n" +
+	"replaceAll\x12\x17\n" +
+	"\adry_run\x18\x04 \x01(\bR\x06dryRun\x12%\n" +
+	"\x0edelete_domains\x18\x05 \x03(\tR\rdeleteDomains\"}\n" +
 	"\x13ApplyLimitsResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x18\n" +
-	"\adomains\x18\x02 \x03(\tR\adomains\"\x12\n" +
+	"\adomains\x18\x02 \x03(\tR\adomains\x12\x18\n" +
+	"\achanges\x18\x03 \x03(\tR\achanges\x12\x18\n" +
+	"\aapplied\x18\x04 \x01(\bR\aapplied\"\x12\n" +
 	"\x10GetLimitsRequest\"A\n" +
 	"\x11GetLimitsResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x12\n" +
@@ -2170,7 +2319,11 @@ const file_quotad_v1_quotad_proto_rawDesc = "" +
 	"\x19TransferLeadershipRequest\x12\x0e\n" +
 	"\x02to\x18\x01 \x01(\tR\x02to\"9\n" +
 	"\x1aTransferLeadershipResponse\x12\x1b\n" +
-	"\tleader_id\x18\x01 \x01(\tR\bleaderId\"|\n" +
+	"\tleader_id\x18\x01 \x01(\tR\bleaderId\"%\n" +
+	"\x13RemoveServerRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"0\n" +
+	"\x14RemoveServerResponse\x12\x18\n" +
+	"\amembers\x18\x01 \x03(\tR\amembers\"|\n" +
 	"\x12CreateTokenRequest\x12\x12\n" +
 	"\x04role\x18\x01 \x01(\tR\x04role\x12\x18\n" +
 	"\adomains\x18\x02 \x03(\tR\adomains\x12\x16\n" +
@@ -2204,12 +2357,13 @@ const file_quotad_v1_quotad_proto_rawDesc = "" +
 	"\x05Renew\x12\x17.quotad.v1.RenewRequest\x1a\x18.quotad.v1.RenewResponse\x12=\n" +
 	"\x06Refund\x12\x18.quotad.v1.RefundRequest\x1a\x19.quotad.v1.RefundResponse\x12=\n" +
 	"\x06Status\x12\x18.quotad.v1.StatusRequest\x1a\x19.quotad.v1.StatusResponse\x12C\n" +
-	"\bFeedback\x12\x1a.quotad.v1.FeedbackRequest\x1a\x1b.quotad.v1.FeedbackResponse2\xf1\x04\n" +
+	"\bFeedback\x12\x1a.quotad.v1.FeedbackRequest\x1a\x1b.quotad.v1.FeedbackResponse2\xc2\x05\n" +
 	"\x05Admin\x12L\n" +
 	"\vApplyLimits\x12\x1d.quotad.v1.ApplyLimitsRequest\x1a\x1e.quotad.v1.ApplyLimitsResponse\x12F\n" +
 	"\tGetLimits\x12\x1b.quotad.v1.GetLimitsRequest\x1a\x1c.quotad.v1.GetLimitsResponse\x12@\n" +
 	"\aMembers\x12\x19.quotad.v1.MembersRequest\x1a\x1a.quotad.v1.MembersResponse\x12a\n" +
-	"\x12TransferLeadership\x12$.quotad.v1.TransferLeadershipRequest\x1a%.quotad.v1.TransferLeadershipResponse\x12L\n" +
+	"\x12TransferLeadership\x12$.quotad.v1.TransferLeadershipRequest\x1a%.quotad.v1.TransferLeadershipResponse\x12O\n" +
+	"\fRemoveServer\x12\x1e.quotad.v1.RemoveServerRequest\x1a\x1f.quotad.v1.RemoveServerResponse\x12L\n" +
 	"\vCreateToken\x12\x1d.quotad.v1.CreateTokenRequest\x1a\x1e.quotad.v1.CreateTokenResponse\x12I\n" +
 	"\n" +
 	"ListTokens\x12\x1c.quotad.v1.ListTokensRequest\x1a\x1d.quotad.v1.ListTokensResponse\x12L\n" +
@@ -2228,7 +2382,7 @@ func file_quotad_v1_quotad_proto_rawDescGZIP() []byte {
 	return file_quotad_v1_quotad_proto_rawDescData
 }
 
-var file_quotad_v1_quotad_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_quotad_v1_quotad_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_quotad_v1_quotad_proto_goTypes = []any{
 	(*Entry)(nil),                      // 0: quotad.v1.Entry
 	(*Admission)(nil),                  // 1: quotad.v1.Admission
@@ -2255,15 +2409,17 @@ var file_quotad_v1_quotad_proto_goTypes = []any{
 	(*MembersResponse)(nil),            // 22: quotad.v1.MembersResponse
 	(*TransferLeadershipRequest)(nil),  // 23: quotad.v1.TransferLeadershipRequest
 	(*TransferLeadershipResponse)(nil), // 24: quotad.v1.TransferLeadershipResponse
-	(*CreateTokenRequest)(nil),         // 25: quotad.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil),        // 26: quotad.v1.CreateTokenResponse
-	(*ListTokensRequest)(nil),          // 27: quotad.v1.ListTokensRequest
-	(*TokenInfo)(nil),                  // 28: quotad.v1.TokenInfo
-	(*ListTokensResponse)(nil),         // 29: quotad.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),         // 30: quotad.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),        // 31: quotad.v1.RevokeTokenResponse
-	(*LiftPauseRequest)(nil),           // 32: quotad.v1.LiftPauseRequest
-	(*LiftPauseResponse)(nil),          // 33: quotad.v1.LiftPauseResponse
+	(*RemoveServerRequest)(nil),        // 25: quotad.v1.RemoveServerRequest
+	(*RemoveServerResponse)(nil),       // 26: quotad.v1.RemoveServerResponse
+	(*CreateTokenRequest)(nil),         // 27: quotad.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),        // 28: quotad.v1.CreateTokenResponse
+	(*ListTokensRequest)(nil),          // 29: quotad.v1.ListTokensRequest
+	(*TokenInfo)(nil),                  // 30: quotad.v1.TokenInfo
+	(*ListTokensResponse)(nil),         // 31: quotad.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),         // 32: quotad.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),        // 33: quotad.v1.RevokeTokenResponse
+	(*LiftPauseRequest)(nil),           // 34: quotad.v1.LiftPauseRequest
+	(*LiftPauseResponse)(nil),          // 35: quotad.v1.LiftPauseResponse
 }
 var file_quotad_v1_quotad_proto_depIdxs = []int32{
 	0,  // 0: quotad.v1.Admission.descriptors:type_name -> quotad.v1.Entry
@@ -2274,7 +2430,7 @@ var file_quotad_v1_quotad_proto_depIdxs = []int32{
 	0,  // 5: quotad.v1.FeedbackRequest.descriptors:type_name -> quotad.v1.Entry
 	21, // 6: quotad.v1.MembersResponse.leader:type_name -> quotad.v1.Member
 	21, // 7: quotad.v1.MembersResponse.members:type_name -> quotad.v1.Member
-	28, // 8: quotad.v1.ListTokensResponse.tokens:type_name -> quotad.v1.TokenInfo
+	30, // 8: quotad.v1.ListTokensResponse.tokens:type_name -> quotad.v1.TokenInfo
 	0,  // 9: quotad.v1.LiftPauseRequest.descriptors:type_name -> quotad.v1.Entry
 	2,  // 10: quotad.v1.Quota.Acquire:input_type -> quotad.v1.AcquireRequest
 	5,  // 11: quotad.v1.Quota.Release:input_type -> quotad.v1.ReleaseRequest
@@ -2286,26 +2442,28 @@ var file_quotad_v1_quotad_proto_depIdxs = []int32{
 	18, // 17: quotad.v1.Admin.GetLimits:input_type -> quotad.v1.GetLimitsRequest
 	20, // 18: quotad.v1.Admin.Members:input_type -> quotad.v1.MembersRequest
 	23, // 19: quotad.v1.Admin.TransferLeadership:input_type -> quotad.v1.TransferLeadershipRequest
-	25, // 20: quotad.v1.Admin.CreateToken:input_type -> quotad.v1.CreateTokenRequest
-	27, // 21: quotad.v1.Admin.ListTokens:input_type -> quotad.v1.ListTokensRequest
-	30, // 22: quotad.v1.Admin.RevokeToken:input_type -> quotad.v1.RevokeTokenRequest
-	32, // 23: quotad.v1.Admin.LiftPause:input_type -> quotad.v1.LiftPauseRequest
-	4,  // 24: quotad.v1.Quota.Acquire:output_type -> quotad.v1.AcquireResponse
-	6,  // 25: quotad.v1.Quota.Release:output_type -> quotad.v1.ReleaseResponse
-	8,  // 26: quotad.v1.Quota.Renew:output_type -> quotad.v1.RenewResponse
-	10, // 27: quotad.v1.Quota.Refund:output_type -> quotad.v1.RefundResponse
-	13, // 28: quotad.v1.Quota.Status:output_type -> quotad.v1.StatusResponse
-	15, // 29: quotad.v1.Quota.Feedback:output_type -> quotad.v1.FeedbackResponse
-	17, // 30: quotad.v1.Admin.ApplyLimits:output_type -> quotad.v1.ApplyLimitsResponse
-	19, // 31: quotad.v1.Admin.GetLimits:output_type -> quotad.v1.GetLimitsResponse
-	22, // 32: quotad.v1.Admin.Members:output_type -> quotad.v1.MembersResponse
-	24, // 33: quotad.v1.Admin.TransferLeadership:output_type -> quotad.v1.TransferLeadershipResponse
-	26, // 34: quotad.v1.Admin.CreateToken:output_type -> quotad.v1.CreateTokenResponse
-	29, // 35: quotad.v1.Admin.ListTokens:output_type -> quotad.v1.ListTokensResponse
-	31, // 36: quotad.v1.Admin.RevokeToken:output_type -> quotad.v1.RevokeTokenResponse
-	33, // 37: quotad.v1.Admin.LiftPause:output_type -> quotad.v1.LiftPauseResponse
-	24, // [24:38] is the sub-list for method output_type
-	10, // [10:24] is the sub-list for method input_type
+	25, // 20: quotad.v1.Admin.RemoveServer:input_type -> quotad.v1.RemoveServerRequest
+	27, // 21: quotad.v1.Admin.CreateToken:input_type -> quotad.v1.CreateTokenRequest
+	29, // 22: quotad.v1.Admin.ListTokens:input_type -> quotad.v1.ListTokensRequest
+	32, // 23: quotad.v1.Admin.RevokeToken:input_type -> quotad.v1.RevokeTokenRequest
+	34, // 24: quotad.v1.Admin.LiftPause:input_type -> quotad.v1.LiftPauseRequest
+	4,  // 25: quotad.v1.Quota.Acquire:output_type -> quotad.v1.AcquireResponse
+	6,  // 26: quotad.v1.Quota.Release:output_type -> quotad.v1.ReleaseResponse
+	8,  // 27: quotad.v1.Quota.Renew:output_type -> quotad.v1.RenewResponse
+	10, // 28: quotad.v1.Quota.Refund:output_type -> quotad.v1.RefundResponse
+	13, // 29: quotad.v1.Quota.Status:output_type -> quotad.v1.StatusResponse
+	15, // 30: quotad.v1.Quota.Feedback:output_type -> quotad.v1.FeedbackResponse
+	17, // 31: quotad.v1.Admin.ApplyLimits:output_type -> quotad.v1.ApplyLimitsResponse
+	19, // 32: quotad.v1.Admin.GetLimits:output_type -> quotad.v1.GetLimitsResponse
+	22, // 33: quotad.v1.Admin.Members:output_type -> quotad.v1.MembersResponse
+	24, // 34: quotad.v1.Admin.TransferLeadership:output_type -> quotad.v1.TransferLeadershipResponse
+	26, // 35: quotad.v1.Admin.RemoveServer:output_type -> quotad.v1.RemoveServerResponse
+	28, // 36: quotad.v1.Admin.CreateToken:output_type -> quotad.v1.CreateTokenResponse
+	31, // 37: quotad.v1.Admin.ListTokens:output_type -> quotad.v1.ListTokensResponse
+	33, // 38: quotad.v1.Admin.RevokeToken:output_type -> quotad.v1.RevokeTokenResponse
+	35, // 39: quotad.v1.Admin.LiftPause:output_type -> quotad.v1.LiftPauseResponse
+	25, // [25:40] is the sub-list for method output_type
+	10, // [10:25] is the sub-list for method input_type
 	10, // [10:10] is the sub-list for extension type_name
 	10, // [10:10] is the sub-list for extension extendee
 	0,  // [0:10] is the sub-list for field type_name
@@ -2322,7 +2480,7 @@ func file_quotad_v1_quotad_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quotad_v1_quotad_proto_rawDesc), len(file_quotad_v1_quotad_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   34,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

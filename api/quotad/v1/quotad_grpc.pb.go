@@ -346,6 +346,7 @@ const (
 	Admin_GetLimits_FullMethodName          = "/quotad.v1.Admin/GetLimits"
 	Admin_Members_FullMethodName            = "/quotad.v1.Admin/Members"
 	Admin_TransferLeadership_FullMethodName = "/quotad.v1.Admin/TransferLeadership"
+	Admin_RemoveServer_FullMethodName       = "/quotad.v1.Admin/RemoveServer"
 	Admin_CreateToken_FullMethodName        = "/quotad.v1.Admin/CreateToken"
 	Admin_ListTokens_FullMethodName         = "/quotad.v1.Admin/ListTokens"
 	Admin_RevokeToken_FullMethodName        = "/quotad.v1.Admin/RevokeToken"
@@ -362,6 +363,9 @@ type AdminClient interface {
 	GetLimits(ctx context.Context, in *GetLimitsRequest, opts ...grpc.CallOption) (*GetLimitsResponse, error)
 	Members(ctx context.Context, in *MembersRequest, opts ...grpc.CallOption) (*MembersResponse, error)
 	TransferLeadership(ctx context.Context, in *TransferLeadershipRequest, opts ...grpc.CallOption) (*TransferLeadershipResponse, error)
+	// RemoveServer removes a member from the Raft configuration through the leader (the
+	// operator's remove-peer: a node that is gone for good, before --dead-node-timeout does it).
+	RemoveServer(ctx context.Context, in *RemoveServerRequest, opts ...grpc.CallOption) (*RemoveServerResponse, error)
 	// CreateToken makes a bearer token for a role. The token is in the response only: the
 	// cluster stores its SHA-256 and cannot show it again.
 	CreateToken(ctx context.Context, in *CreateTokenRequest, opts ...grpc.CallOption) (*CreateTokenResponse, error)
@@ -421,6 +425,16 @@ func (c *adminClient) TransferLeadership(ctx context.Context, in *TransferLeader
 	return out, nil
 }
 
+func (c *adminClient) RemoveServer(ctx context.Context, in *RemoveServerRequest, opts ...grpc.CallOption) (*RemoveServerResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RemoveServerResponse)
+	err := c.cc.Invoke(ctx, Admin_RemoveServer_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *adminClient) CreateToken(ctx context.Context, in *CreateTokenRequest, opts ...grpc.CallOption) (*CreateTokenResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(CreateTokenResponse)
@@ -471,6 +485,9 @@ type AdminServer interface {
 	GetLimits(context.Context, *GetLimitsRequest) (*GetLimitsResponse, error)
 	Members(context.Context, *MembersRequest) (*MembersResponse, error)
 	TransferLeadership(context.Context, *TransferLeadershipRequest) (*TransferLeadershipResponse, error)
+	// RemoveServer removes a member from the Raft configuration through the leader (the
+	// operator's remove-peer: a node that is gone for good, before --dead-node-timeout does it).
+	RemoveServer(context.Context, *RemoveServerRequest) (*RemoveServerResponse, error)
 	// CreateToken makes a bearer token for a role. The token is in the response only: the
 	// cluster stores its SHA-256 and cannot show it again.
 	CreateToken(context.Context, *CreateTokenRequest) (*CreateTokenResponse, error)
@@ -501,6 +518,9 @@ func (UnimplementedAdminServer) Members(context.Context, *MembersRequest) (*Memb
 }
 func (UnimplementedAdminServer) TransferLeadership(context.Context, *TransferLeadershipRequest) (*TransferLeadershipResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method TransferLeadership not implemented")
+}
+func (UnimplementedAdminServer) RemoveServer(context.Context, *RemoveServerRequest) (*RemoveServerResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method RemoveServer not implemented")
 }
 func (UnimplementedAdminServer) CreateToken(context.Context, *CreateTokenRequest) (*CreateTokenResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method CreateToken not implemented")
@@ -607,6 +627,24 @@ func _Admin_TransferLeadership_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_RemoveServer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveServerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).RemoveServer(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_RemoveServer_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).RemoveServer(ctx, req.(*RemoveServerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Admin_CreateToken_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(CreateTokenRequest)
 	if err := dec(in); err != nil {
@@ -701,6 +739,10 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "TransferLeadership",
 			Handler:    _Admin_TransferLeadership_Handler,
+		},
+		{
+			MethodName: "RemoveServer",
+			Handler:    _Admin_RemoveServer_Handler,
 		},
 		{
 			MethodName: "CreateToken",

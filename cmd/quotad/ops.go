@@ -1,0 +1,262 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"github.com/quotad/quotad/internal/buildinfo"
+)
+
+func versionCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "version",
+		Short: "Print quotad's version, commit and Go version (also: quotad --version)",
+		RunE: func(*cobra.Command, []string) error {
+			bi := buildinfo.Get()
+			if asJSON {
+				return printJSON(map[string]string{"version": bi.Version, "commit": bi.Commit, "go_version": bi.GoVersion})
+			}
+			fmt.Println(bi.String())
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+// descriptorFlag turns --descriptor key=value values into API entries.
+func descriptorFlag(values []string, example string) ([]*quotadv1.Entry, error) {
+	var out []*quotadv1.Entry
+	for _, d := range values {
+		k, v, ok := strings.Cut(d, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("--descriptor %q: use key=value, e.g. --descriptor %s", d, example)
+		}
+		out = append(out, &quotadv1.Entry{Key: k, Value: v})
+	}
+	return out, nil
+}
+
+func addrFlag(f interface {
+	StringVar(p *string, name, value, usage string)
+}, p *string) {
+	f.StringVar(p, "addr", defaultAddrs(), "comma-separated node gRPC addresses (any nodes)")
+}
+
+func bucketCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "bucket", Short: "Read buckets (worker or reader)"}
+	var (
+		addr, domain string
+		descs        []string
+		asJSON       bool
+	)
+	st := &cobra.Command{
+		Use:     "status",
+		Short:   "Show the buckets on a descriptor path: limit, remaining, in flight, pause (linearizable)",
+		Example: "  quotad bucket status --domain provider --descriptor endpoint=charges --descriptor tenant=acme",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if domain == "" {
+				return fmt.Errorf("--domain is required: the limits domain whose buckets to show")
+			}
+			entries, err := descriptorFlag(descs, "endpoint=charges")
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
+			defer cancel()
+			var resp *quotadv1.StatusResponse
+			if err := call(ctx, addr, func(ctx context.Context, conn *grpc.ClientConn) error {
+				resp, err = quotadv1.NewQuotaClient(conn).Status(ctx, &quotadv1.StatusRequest{Domain: domain, Descriptors: entries})
+				return err
+			}); err != nil {
+				return err
+			}
+			if asJSON {
+				type bucket struct {
+					Scope        string `json:"scope"`
+					Key          string `json:"key"`
+					Limit        uint64 `json:"limit"`
+					Burst        uint64 `json:"burst"`
+					Remaining    uint64 `json:"remaining"`
+					WindowMs     int64  `json:"window_ms"`
+					ResetAfterMs int64  `json:"reset_after_ms"`
+					InFlight     uint64 `json:"in_flight"`
+					MaxInFlight  uint64 `json:"max_in_flight"`
+					PausedForMs  int64  `json:"paused_for_ms"`
+				}
+				out := struct {
+					AppliedIndex uint64   `json:"applied_index"`
+					LeaderID     string   `json:"leader_id"`
+					Buckets      []bucket `json:"buckets"`
+				}{resp.AppliedIndex, resp.LeaderId, []bucket{}}
+				for _, b := range resp.Buckets {
+					out.Buckets = append(out.Buckets, bucket{b.Scope, b.Key, b.Limit, b.Burst, b.Remaining, b.WindowMs, b.ResetAfterMs, b.InFlight, b.MaxInFlight, b.PausedForMs})
+				}
+				return printJSON(out)
+			}
+			for _, b := range resp.Buckets {
+				fmt.Printf("%-10s %s\n", b.Scope, b.Key)
+				if b.Limit > 0 {
+					fmt.Printf("  rate        %d per %s, burst %d: remaining %d, full in %dms\n", b.Limit, time.Duration(b.WindowMs)*time.Millisecond, b.Burst, b.Remaining, b.ResetAfterMs)
+				}
+				if b.MaxInFlight > 0 {
+					fmt.Printf("  concurrency %d of %d in flight\n", b.InFlight, b.MaxInFlight)
+				}
+				if b.PausedForMs > 0 {
+					fmt.Printf("  paused      for %dms more\n", b.PausedForMs)
+				}
+				if b.Limit == 0 && b.MaxInFlight == 0 && b.PausedForMs == 0 {
+					fmt.Println("  no limit at this level")
+				}
+			}
+			return nil
+		},
+	}
+	f := st.Flags()
+	addrFlag(f, &addr)
+	f.StringVar(&domain, "domain", "", "limits domain (required)")
+	f.StringArrayVar(&descs, "descriptor", nil, "descriptor entry key=value, outermost first (repeatable)")
+	f.BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.AddCommand(st)
+	return cmd
+}
+
+func feedbackCmd() *cobra.Command {
+	var (
+		addr, domain, reason string
+		descs                []string
+		code                 uint32
+		retryAfter           time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "feedback",
+		Short: "Report a provider's 429/503 for a scope: quotad pauses it for every worker (worker)",
+		Example: `  quotad feedback --domain provider --status 429 --retry-after 30s --reason app
+  quotad feedback --domain provider --descriptor endpoint=charges --status 429 --retry-after 5s`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			switch {
+			case domain == "":
+				return fmt.Errorf("--domain is required: the limits domain the provider answered for")
+			case code != 429 && code != 503:
+				return fmt.Errorf("--status %d: use 429 or 503, the provider's throttling answers", code)
+			case retryAfter < 0:
+				return fmt.Errorf("--retry-after %v is negative; use 0 when the provider sent no Retry-After", retryAfter)
+			}
+			entries, err := descriptorFlag(descs, "endpoint=charges")
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
+			defer cancel()
+			return call(ctx, addr, func(ctx context.Context, conn *grpc.ClientConn) error {
+				resp, err := quotadv1.NewQuotaClient(conn).Feedback(ctx, &quotadv1.FeedbackRequest{Domain: domain, Descriptors: entries,
+					StatusCode: code, RetryAfterMs: retryAfter.Milliseconds(), Reason: reason})
+				if err != nil {
+					return err
+				}
+				switch {
+				case resp.PausedForMs > 0:
+					fmt.Printf("paused scope %s for %dms", resp.Scope, resp.PausedForMs)
+				case resp.Attributed:
+					fmt.Printf("recorded against scope %s (no pause)", resp.Scope)
+				default:
+					fmt.Printf("recorded as evidence only: a 429 without a reason for the whole domain is not assumed global (add --reason or a --descriptor)")
+				}
+				if resp.Decreased {
+					fmt.Printf("; adaptive rate decreased to %d", resp.Limit)
+				}
+				fmt.Println()
+				return nil
+			})
+		},
+	}
+	f := cmd.Flags()
+	addrFlag(f, &addr)
+	f.StringVar(&domain, "domain", "", "limits domain (required)")
+	f.StringArrayVar(&descs, "descriptor", nil, "descriptor entry key=value of the limited scope, outermost first (repeatable; none: the whole domain)")
+	f.Uint32Var(&code, "status", 429, "the provider's status code: 429 or 503")
+	f.DurationVar(&retryAfter, "retry-after", 0, "the provider's Retry-After (0: none sent)")
+	f.StringVar(&reason, "reason", "", "the provider's limiter-reason header, if any")
+	return cmd
+}
+
+func operatorCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "operator", Short: "Cluster operations (admin)"}
+	var (
+		addr, to string
+	)
+	transfer := &cobra.Command{
+		Use:   "transfer-leadership",
+		Short: "Hand leadership to another voter (--to ID, or the most up-to-date one)",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := context.WithTimeout(cmd.Context(), 15*time.Second)
+			defer cancel()
+			var leader string
+			if err := call(ctx, addr, func(ctx context.Context, conn *grpc.ClientConn) error {
+				resp, err := quotadv1.NewAdminClient(conn).TransferLeadership(ctx, &quotadv1.TransferLeadershipRequest{To: to})
+				if err == nil {
+					leader = resp.LeaderId
+				}
+				return err
+			}); err != nil {
+				return err
+			}
+			// The old leader may not know the new one yet: ask the nodes for a few seconds.
+			for wait := time.Now().Add(5 * time.Second); leader == "" && time.Now().Before(wait); time.Sleep(100 * time.Millisecond) {
+				_ = call(ctx, addr, func(ctx context.Context, conn *grpc.ClientConn) error {
+					resp, err := quotadv1.NewAdminClient(conn).Members(ctx, &quotadv1.MembersRequest{})
+					if err == nil && resp.Leader != nil {
+						leader = resp.Leader.Id
+					}
+					return err
+				})
+			}
+			if leader == "" {
+				fmt.Println("leadership transferred; the new leader is being elected (quotad status shows it)")
+			} else {
+				fmt.Printf("leadership transferred; leader: %s\n", leader)
+			}
+			return nil
+		},
+	}
+	addrFlag(transfer.Flags(), &addr)
+	transfer.Flags().StringVar(&to, "to", "", "member ID to hand leadership to (quotad status lists them; empty: raft picks)")
+	cmd.AddCommand(transfer)
+	return cmd
+}
+
+func membersCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "members", Short: "Cluster membership (admin)"}
+	var addr string
+	remove := &cobra.Command{
+		Use:   "remove ID",
+		Short: "Remove a member from the Raft configuration (a node gone for good; stop it first)",
+		Long: `Remove a member from the Raft configuration through the leader, as consul operator raft
+remove-peer does: for a node that is gone for good, before --dead-node-timeout removes it. A node
+that is still running and in gossip is added back (as a non-voter, promoted once caught up):
+stop it first.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := context.WithTimeout(cmd.Context(), 15*time.Second)
+			defer cancel()
+			return call(ctx, addr, func(ctx context.Context, conn *grpc.ClientConn) error {
+				resp, err := quotadv1.NewAdminClient(conn).RemoveServer(ctx, &quotadv1.RemoveServerRequest{Id: args[0]})
+				if err != nil {
+					return err
+				}
+				fmt.Printf("removed %s; members: %s\n", args[0], strings.Join(resp.Members, ", "))
+				return nil
+			})
+		},
+	}
+	addrFlag(remove.Flags(), &addr)
+	cmd.AddCommand(remove)
+	return cmd
+}

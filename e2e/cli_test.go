@@ -1,0 +1,250 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/quotad/quotad/internal/proccluster"
+)
+
+// cli runs the quotad binary with the cluster's admin credentials in the environment (as after
+// `source dev.env`) and returns its combined output, exit code and run time.
+func cli(t *testing.T, c *proccluster.Cluster, args ...string) (string, int, time.Duration) {
+	t.Helper()
+	cmd := exec.Command(binary, args...)
+	cmd.Env = os.Environ()
+	if c != nil {
+		cmd.Env = append(cmd.Env, c.ClientEnv()...)
+		cmd.Env = append(cmd.Env, "QUOTAD_ADDR="+strings.Join(c.GRPCAddrs(), ","))
+	}
+	start := time.Now()
+	out, err := cmd.CombinedOutput()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return string(out), code, time.Since(start)
+}
+
+// mustCLI is cli that wants exit code 0 and returns the output.
+func mustCLI(t *testing.T, c *proccluster.Cluster, args ...string) string {
+	t.Helper()
+	out, code, _ := cli(t, c, args...)
+	if code != 0 {
+		t.Fatalf("quotad %s: exit %d\n%s", strings.Join(args, " "), code, out)
+	}
+	return out
+}
+
+// wantCLI runs a command that must fail with exit code 1 (or 3 if code says so) and print
+// every word.
+func wantCLI(t *testing.T, c *proccluster.Cluster, code int, words []string, args ...string) string {
+	t.Helper()
+	out, got, _ := cli(t, c, args...)
+	if got != code {
+		t.Fatalf("quotad %s: exit %d, want %d\n%s", strings.Join(args, " "), got, code, out)
+	}
+	for _, w := range words {
+		if !strings.Contains(out, w) {
+			t.Fatalf("quotad %s: output lacks %q:\n%s", strings.Join(args, " "), w, out)
+		}
+	}
+	return out
+}
+
+// TestCLIRefusesBadInputAndDeadAddresses: the sharp edges of issue 15, tried as written there,
+// without a cluster: every refusal names the flag and says what to do, and a list of dead
+// addresses fails within 2 s naming each address and why.
+func TestCLIRefusesBadInputAndDeadAddresses(t *testing.T) {
+	ports, err := proccluster.FreePorts(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := []string{"127.0.0.1:" + strconv.Itoa(ports[0]), "127.0.0.1:" + strconv.Itoa(ports[1])}
+	for _, tc := range []struct {
+		args  []string
+		words []string
+	}{
+		{[]string{"acquire", "--addr", dead[0]}, []string{"--domain is required"}},
+		{[]string{"acquire", "--addr", dead[0], "--domain", "provider", "--cost", "0"}, []string{"--cost 0", "1 or more"}},
+		{[]string{"release", "--addr", dead[0]}, []string{"--lease-id is required"}},
+		{[]string{"status", "--addr", "127.0.0.1"}, []string{"--addr", `"127.0.0.1" has no port`, "host:port"}},
+		{[]string{"status", "--addr", dead[0], "extra"}, []string{`unknown command "extra"`}},
+		{[]string{"acquire", "--addr", dead[0], "--domain", "p", "stray"}, []string{`unknown command "stray"`}},
+		{[]string{"limits", "apply", "--addr", dead[0]}, []string{"no limits file"}},
+		{[]string{"agent", "--id", "n1"}, []string{"--data-dir is required"}},
+		{[]string{"agent", "--data-dir", t.TempDir()}, []string{"--id is required"}},
+		{[]string{"agent", "--insecure", "--id", "n1", "--data-dir", t.TempDir(), "--http-addr", "",
+			"--raft-leader-lease-timeout", "300ms", "--raft-heartbeat-timeout", "5ms"},
+			[]string{"--raft-leader-lease-timeout 300ms must be <= --raft-heartbeat-timeout 5ms"}},
+	} {
+		out := wantCLI(t, nil, 1, tc.words, tc.args...)
+		for _, goName := range []string{"Request.Domain", "DataDir", "LeaderLeaseTimeout", "HeartbeatTimeout"} {
+			if strings.Contains(out, goName) {
+				t.Fatalf("quotad %v names the Go field %s:\n%s", tc.args, goName, out)
+			}
+		}
+	}
+	empty := filepath.Join(t.TempDir(), "empty.yaml")
+	if err := os.WriteFile(empty, []byte("# no domains\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	wantCLI(t, nil, 1, []string{"empty.yaml", "no domains"}, "limits", "apply", "--addr", dead[0], empty)
+
+	for _, args := range [][]string{
+		{"status", "--addr", strings.Join(dead, ",")},
+		{"acquire", "--addr", strings.Join(dead, ","), "--domain", "provider"},
+		{"limits", "get", "--addr", strings.Join(dead, ",")},
+	} {
+		out, code, took := cli(t, nil, args...)
+		if code != 1 || took > 2*time.Second {
+			t.Fatalf("quotad %v against dead addresses: exit %d after %v, want 1 within 2s\n%s", args, code, took, out)
+		}
+		for _, a := range dead {
+			if !regexp.MustCompile(regexp.QuoteMeta(a) + `: connection refused`).MatchString(out) {
+				t.Fatalf("quotad %v: output does not say why %s failed:\n%s", args, a, out)
+			}
+		}
+	}
+	// The version, both ways.
+	v1, v2 := mustCLI(t, nil, "version"), mustCLI(t, nil, "--version")
+	if v1 != v2 || !strings.HasPrefix(v1, "quotad ") || !strings.Contains(v1, "go1.") {
+		t.Fatalf("quotad version %q, --version %q", v1, v2)
+	}
+}
+
+const concurrencyDomain = `
+domain: jobs
+descriptors:
+  - key: kind
+    value: report
+    concurrency: {max_in_flight: 1, lease_ttl: 20s}
+`
+
+// TestCLIOperatorCommands drives a 3-process secure cluster through the CLI as an operator:
+// limits apply (positional, dry run, upsert, -f DIR, replace-all, delete, empty refused),
+// strict_keys against the endpont typo, a concurrency denial's retry_after, bucket status,
+// feedback, leadership transfer, member removal, and quotad_build_info on /metrics.
+func TestCLIOperatorCommands(t *testing.T) {
+	c := startCluster(t, 3)
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	jobs := write("jobs.yaml", concurrencyDomain)
+
+	// Dry run: the change is printed, nothing applied.
+	out := mustCLI(t, c, "limits", "apply", jobs, "--dry-run")
+	if !strings.Contains(out, "+ domain jobs") || !strings.Contains(out, "nothing applied") {
+		t.Fatalf("dry run:\n%s", out)
+	}
+	if got := mustCLI(t, c, "limits", "get"); strings.Contains(got, "domain: jobs") {
+		t.Fatalf("a dry run applied:\n%s", got)
+	}
+	// Upsert, the file positional: provider stays.
+	out = mustCLI(t, c, "limits", "apply", jobs)
+	if !strings.Contains(out, "+ domain jobs") || !strings.Contains(out, "domains: jobs, provider") {
+		t.Fatalf("upsert:\n%s", out)
+	}
+	// A concurrency denial says when the lease on that level expires.
+	acq := []string{"acquire", "--domain", "jobs", "--descriptor", "kind=report", "--json"}
+	mustCLI(t, c, acq...)
+	out = wantCLI(t, c, 3, []string{`"concurrency_limited"`}, acq...)
+	var d cliDecision
+	if err := json.Unmarshal([]byte(out), &d); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if d.RetryAfterMs < 15000 || d.RetryAfterMs > 20000 {
+		t.Fatalf("concurrency denial retry_after_ms %d, want the 20 s lease's remaining time", d.RetryAfterMs)
+	}
+	// bucket status shows the permit held.
+	var st struct {
+		Buckets []struct {
+			Scope       string `json:"scope"`
+			InFlight    uint64 `json:"in_flight"`
+			MaxInFlight uint64 `json:"max_in_flight"`
+		} `json:"buckets"`
+	}
+	out = mustCLI(t, c, "bucket", "status", "--domain", "jobs", "--descriptor", "kind=report", "--json")
+	if err := json.Unmarshal([]byte(out), &st); err != nil || len(st.Buckets) != 2 || st.Buckets[1].InFlight != 1 || st.Buckets[1].MaxInFlight != 1 {
+		t.Fatalf("bucket status: %v\n%s", err, out)
+	}
+	// -f DIR of per-domain files, with strict_keys on provider: the endpont typo is refused.
+	strict := strings.Replace(limits, "descriptors:", "strict_keys: true\ndescriptors:", 1)
+	write("limits.d/provider.yaml", strict)
+	write("limits.d/jobs.yaml", concurrencyDomain)
+	out = mustCLI(t, c, "limits", "apply", "-f", filepath.Join(dir, "limits.d"))
+	if !strings.Contains(out, "~ provider: strict_keys false -> true") {
+		t.Fatalf("apply -f DIR:\n%s", out)
+	}
+	wantCLI(t, c, 3, []string{"reason=invalid", `"endpont"`, "strict_keys"}, "acquire", "--domain", "provider", "--descriptor", "endpont=charges")
+	// Feedback pauses the scope named.
+	mustCLI(t, c, "feedback", "--domain", "provider", "--descriptor", "endpoint=search", "--status", "429", "--retry-after", "30s")
+	wantCLI(t, c, 3, []string{"reason=paused", "scope=endpoint"}, "acquire", "--domain", "provider", "--descriptor", "endpoint=search")
+	// Delete, and the refusals.
+	wantCLI(t, c, 1, []string{`"nope" is not in force`, "jobs, provider"}, "limits", "delete", "nope")
+	out = mustCLI(t, c, "limits", "delete", "jobs")
+	if !strings.Contains(out, "- domain jobs") || !strings.Contains(out, "domains: provider") {
+		t.Fatalf("delete:\n%s", out)
+	}
+	wantCLI(t, c, 1, []string{"no domains"}, "limits", "apply", "--replace-all", write("empty.yaml", "---\n"))
+	out = mustCLI(t, c, "limits", "apply", "--replace-all", jobs)
+	if !strings.Contains(out, "- domain provider") || !strings.Contains(out, "domains: jobs)") {
+		t.Fatalf("replace-all:\n%s", out)
+	}
+
+	// Leadership transfer to a named follower.
+	leader := c.Leader(context.Background())
+	to := c.Nodes[(leader+1)%3].ID
+	out = mustCLI(t, c, "operator", "transfer-leadership", "--to", to)
+	if !strings.Contains(out, "leader: "+to) {
+		t.Fatalf("transfer-leadership:\n%s", out)
+	}
+	// Member removal: stop a follower for good, remove it.
+	gone := (c.Leader(context.Background()) + 1) % 3
+	c.Stop(gone)
+	wantCLI(t, c, 1, []string{"NotFound", `"nodeX" is not in the Raft configuration`}, "members", "remove", "nodeX")
+	out = mustCLI(t, c, "members", "remove", c.Nodes[gone].ID)
+	if strings.Contains(strings.SplitN(out, "members:", 2)[1], c.Nodes[gone].ID) {
+		t.Fatalf("members remove:\n%s", out)
+	}
+	var members struct {
+		Members []struct{ ID string } `json:"members"`
+	}
+	if err := json.Unmarshal([]byte(mustCLI(t, c, "status", "--json")), &members); err != nil || len(members.Members) != 2 {
+		t.Fatalf("status after removing %s: %v %+v", c.Nodes[gone].ID, err, members)
+	}
+
+	// quotad_build_info says what `quotad version` says.
+	var vi struct{ Version, Commit string }
+	if err := json.Unmarshal([]byte(mustCLI(t, nil, "version", "--json")), &vi); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.HTTPClient().Get(c.URL(c.Leader(context.Background()), "/metrics"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if !regexp.MustCompile(`quotad_build_info\{[^}]*version="` + regexp.QuoteMeta(vi.Version) + `"[^}]*\} 1`).Match(body) {
+		t.Fatalf("/metrics has no quotad_build_info with version %q", vi.Version)
+	}
+}

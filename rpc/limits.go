@@ -1,0 +1,151 @@
+package rpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"github.com/quotad/quotad/cluster"
+	"github.com/quotad/quotad/config"
+	"github.com/quotad/quotad/quota"
+)
+
+// ApplyLimits parses and validates a limits file and replicates the change it makes: by
+// default its domains are added or replace the domains of the same name (upsert), the others
+// stay; with replace_all the file is the whole set; delete_domains are removed. The leader
+// computes the new set from the limits in force (read after a barrier, under a lock, so two
+// applies never lose each other's domains) and replicates it as one SetLimits entry: every
+// replica switches at once. dry_run returns the changes and applies nothing.
+func (s *Server) ApplyLimits(ctx context.Context, req *quotadv1.ApplyLimitsRequest) (*quotadv1.ApplyLimitsResponse, error) {
+	name := req.FileName
+	if name == "" {
+		name = "limits"
+	}
+	parsed, err := config.Parse(name, []byte(req.Yaml))
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if err := applyProblem(name, parsed, req); err != nil {
+		return nil, err
+	}
+	conn, err := s.route(ctx)
+	if err != nil || conn != nil {
+		if err != nil {
+			return nil, err
+		}
+		return quotadv1.NewAdminClient(conn).ApplyLimits(forwardCtx(ctx), req)
+	}
+	s.limitsMu.Lock()
+	defer s.limitsMu.Unlock()
+	if err := s.node.VerifyRead(ctx); err != nil {
+		return nil, s.applyError(err)
+	}
+	cur := s.fsm.Limits()
+	next, err := mergeLimits(cur, parsed, req.ReplaceAll, req.DeleteDomains)
+	if err != nil {
+		return nil, err
+	}
+	resp := &quotadv1.ApplyLimitsResponse{Version: cur.Version, Changes: config.Diff(cur, next)}
+	for _, d := range next.Domains {
+		resp.Domains = append(resp.Domains, d.Name)
+	}
+	if req.DryRun {
+		return resp, nil
+	}
+	if resp.Version, err = s.applyLimits(ctx, next); err != nil {
+		return nil, err
+	}
+	resp.Applied = true
+	return resp, nil
+}
+
+// applyProblem refuses requests that can never be applied, before they reach the leader.
+func applyProblem(name string, parsed *quota.Limits, req *quotadv1.ApplyLimitsRequest) error {
+	switch {
+	case req.ReplaceAll && len(req.DeleteDomains) > 0:
+		return status.Error(codes.InvalidArgument, "replace_all with delete_domains: replace_all already removes every domain the file does not name; use one or the other")
+	case req.ReplaceAll && len(parsed.Domains) == 0:
+		return status.Errorf(codes.InvalidArgument, "%s has no domains: replacing the limits with an empty set would make every acquire unknown_domain; to remove domains, delete them by name (quotad limits delete DOMAIN)", name)
+	case len(parsed.Domains) == 0 && len(req.DeleteDomains) == 0:
+		return status.Errorf(codes.InvalidArgument, "%s has no domains: nothing to apply; a limits document starts with domain: NAME", name)
+	}
+	seen := make(map[string]bool, len(req.DeleteDomains))
+	for _, d := range req.DeleteDomains {
+		if err := invalidArg(fieldProblem("delete_domains", d)); err != nil {
+			return err
+		}
+		switch {
+		case d == "":
+			return status.Error(codes.InvalidArgument, "delete_domains has an empty name; name each domain to remove")
+		case seen[d]:
+			return status.Errorf(codes.InvalidArgument, "delete_domains names %q twice", d)
+		case slices.ContainsFunc(parsed.Domains, func(x quota.Domain) bool { return x.Name == d }):
+			return status.Errorf(codes.InvalidArgument, "domain %q is both in %s and to be deleted; do one or the other", d, name)
+		}
+		seen[d] = true
+	}
+	return nil
+}
+
+// mergeLimits is the limit set an apply makes of cur: see ApplyLimits. Domains are sorted by
+// name, as config.Parse returns them.
+func mergeLimits(cur, file *quota.Limits, replaceAll bool, del []string) (*quota.Limits, error) {
+	next := &quota.Limits{Domains: slices.Clone(file.Domains)}
+	if !replaceAll {
+		inFile := make(map[string]bool, len(file.Domains))
+		for _, d := range file.Domains {
+			inFile[d.Name] = true
+		}
+		for _, d := range cur.Domains {
+			if !inFile[d.Name] && !slices.Contains(del, d.Name) {
+				next.Domains = append(next.Domains, d)
+			}
+		}
+	}
+	for _, name := range del {
+		if !slices.ContainsFunc(cur.Domains, func(d quota.Domain) bool { return d.Name == name }) {
+			have := make([]string, len(cur.Domains))
+			for i, d := range cur.Domains {
+				have[i] = d.Name
+			}
+			return nil, status.Errorf(codes.NotFound, "domain %q is not in force (limits version %d has: %s); nothing was changed",
+				name, cur.Version, strings.Join(have, ", "))
+		}
+	}
+	slices.SortFunc(next.Domains, func(a, b quota.Domain) int { return strings.Compare(a.Name, b.Name) })
+	return next, nil
+}
+
+// RemoveServer removes a member from the Raft configuration through the leader.
+func (s *Server) RemoveServer(ctx context.Context, req *quotadv1.RemoveServerRequest) (*quotadv1.RemoveServerResponse, error) {
+	if req.Id == "" {
+		return nil, status.Error(codes.InvalidArgument, "id is empty; name the member to remove (quotad status lists them)")
+	}
+	if err := invalidArg(fieldProblem("id", req.Id)); err != nil {
+		return nil, err
+	}
+	conn, err := s.route(ctx)
+	if err != nil || conn != nil {
+		if err != nil {
+			return nil, err
+		}
+		return quotadv1.NewAdminClient(conn).RemoveServer(forwardCtx(ctx), req)
+	}
+	ids, err := s.node.RemoveServer(ctx, req.Id)
+	switch {
+	case err == nil:
+		return &quotadv1.RemoveServerResponse{Members: ids}, nil
+	case errors.Is(err, cluster.ErrUnknownServer):
+		return nil, status.Error(codes.NotFound, fmt.Sprintf("%v; quotad status lists the members", err))
+	case errors.Is(err, cluster.ErrNotLeader), errors.Is(err, cluster.ErrShutdown):
+		return nil, s.applyError(err)
+	default:
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	}
+}
