@@ -22,6 +22,9 @@ type level struct {
 	rate   *rateParams
 	conc   *Concurrency // nil: no concurrency cap here
 	shadow bool
+	weight uint32 // Node.Weight (0: 1), the weight of flows ending here in share allocation
+	// shares: the level lends to share holders; nil: it does not.
+	shares *shareParams
 	// adaptive: the rate adapts to provider feedback (AIMD); nil: fixed. Only with rate.
 	adaptive *adaptiveParams
 	// Domain (root) levels only:
@@ -85,6 +88,9 @@ func compileLimits(l *Limits, version uint64) (*compiled, error) {
 			return nil, err
 		}
 		if err := root.setPolicy(where, d); err != nil {
+			return nil, err
+		}
+		if root.shares, err = newShareParams(where, d.Shares, root); err != nil {
 			return nil, err
 		}
 		if err := c.compileChildren(root, d.Name, "", d.Descriptors); err != nil {
@@ -167,6 +173,10 @@ func (c *compiled) compileChildren(parent *level, domain, path string, nodes []N
 		if lv.adaptive, err = newAdaptiveParams(where, n.Adaptive, lv.rate); err != nil {
 			return err
 		}
+		lv.weight = n.Weight
+		if lv.shares, err = newShareParams(where, n.Shares, lv); err != nil {
+			return err
+		}
 		if n.Value == "" {
 			cs.any = lv
 		} else {
@@ -245,6 +255,7 @@ func cloneLimits(l *Limits) *Limits {
 			ResumeJitter: d.ResumeJitter,
 			MaxPause:     d.MaxPause,
 			MaxKeys:      d.MaxKeys,
+			Shares:       clonePtr(d.Shares),
 		}
 	}
 	return cp
@@ -259,6 +270,7 @@ func cloneNodes(ns []Node) []Node {
 		n.Rate = cloneRate(n.Rate)
 		n.Concurrency = cloneConc(n.Concurrency)
 		n.Adaptive = clonePtr(n.Adaptive)
+		n.Shares = clonePtr(n.Shares)
 		n.Replaces = slices.Clone(n.Replaces)
 		n.Children = cloneNodes(n.Children)
 		out[i] = n

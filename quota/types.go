@@ -101,6 +101,9 @@ type Domain struct {
 	// bucket is not stored, it equals an absent one). An admission that would store one more
 	// is refused with ReasonTooManyKeys. 0 means DefaultMaxKeys.
 	MaxKeys uint64 `json:"max_keys,omitempty"`
+	// Shares makes the domain ceiling lendable to share holders (see Shares). Nil: it does not
+	// lend, and no path through it is decided locally.
+	Shares *Shares `json:"shares,omitempty"`
 }
 
 // DefaultResumeJitter is the resume jitter window of a domain that does not set one.
@@ -187,8 +190,10 @@ type Node struct {
 	// API charges the whole path and ignores it).
 	Replaces []string `json:"replaces,omitempty"`
 	// Name identifies the limit for Replaces.
-	Name     string `json:"name,omitempty"`
-	Children []Node `json:"descriptors,omitempty"`
+	Name string `json:"name,omitempty"`
+	// Shares makes this level lendable to share holders (see Shares). Nil: it does not lend.
+	Shares   *Shares `json:"shares,omitempty"`
+	Children []Node  `json:"descriptors,omitempty"`
 }
 
 // Rate is a token bucket: Burst units of capacity, refilled at RequestsPerUnit per Unit.
