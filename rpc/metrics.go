@@ -20,6 +20,7 @@ type Metrics struct {
 	commitErrors  prometheus.Counter
 	leaderChanges prometheus.Counter
 	feedback      *prometheus.CounterVec
+	shares        *shareMetrics // registerShares
 }
 
 // NewMetrics registers quotad's metrics on a fresh registry (never the global one, so several
