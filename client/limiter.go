@@ -465,17 +465,37 @@ func (h *shareHolder) renew() time.Duration {
 	if err != nil {
 		return 250 * time.Millisecond // a new seq soon; the grant in hand stays valid meanwhile
 	}
-	h.apply(resp, paths, sentFast)
-	return renewInterval(resp.term)
+	decreased, starved := h.apply(resp, paths, sentFast)
+	next := renewInterval(resp.term)
+	if starved {
+		// Wanting more than it holds: renew twice as often (what others give up reaches
+		// it sooner), and right after a competing charge may end.
+		next = min(next, renewInterval(resp.term/2))
+		if resp.renewAfter > 0 {
+			next = min(next, resp.renewAfter+20*time.Millisecond)
+		}
+	}
+	if decreased {
+		// A smaller share is charged at the old size until acknowledged: acknowledge soon,
+		// so the capacity given up reaches the others.
+		next = min(next, 200*time.Millisecond)
+	}
+	return next
 }
+
+// demandTau is the time constant of the demand EWMA: an interval of length Δt weighs
+// 1 − e^(−Δt/τ) (about 0.86 for a 5 s renewal interval).
+const demandTau = 2500 * time.Millisecond
 
 // demand is the path's demand in micro-units per second: an EWMA of attempted cost, × 1.25.
 func (p *sharePath) demand(slowNow int64) uint64 {
 	a := p.attempts.Load()
 	if p.lastAt != 0 && slowNow-p.lastAt >= int64(100*time.Millisecond) {
-		rate := float64(a-p.lastAttempts) / (float64(slowNow-p.lastAt) / 1e9)
+		dt := float64(slowNow - p.lastAt)
+		rate := float64(a-p.lastAttempts) / (dt / 1e9)
 		if p.observed {
-			p.ewma = p.ewma/2 + rate/2
+			w := 1 - math.Exp(-dt/float64(demandTau))
+			p.ewma = p.ewma*(1-w) + rate*w
 		} else {
 			p.ewma, p.observed = rate, true
 		}
@@ -501,7 +521,10 @@ func (p *sharePath) demand(slowNow int64) uint64 {
 // others carry the old balance, clamped to the new burst, if the old grant had not ended),
 // then the paths' new states. The old buckets are sealed first, so no decision is lost
 // between them.
-func (h *shareHolder) apply(resp *shareResponse, paths []*sharePath, sentFast int64) {
+//
+// It reports whether a bucket's share decreased (rate or burst below the previous grant's)
+// and whether a lent path wants more than it holds (starved).
+func (h *shareHolder) apply(resp *shareResponse, paths []*sharePath, sentFast int64) (decreased, starved bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	slow, fast := h.clock.now()
@@ -519,6 +542,7 @@ func (h *shareHolder) apply(resp *shareResponse, paths []*sharePath, sentFast in
 			}
 			var carried uint64
 			if old := h.levels[lv.key]; old != nil {
+				decreased = decreased || lv.rate < old.rate || lv.burst < old.burst
 				carried = old.seal(slow)
 				delete(h.levels, lv.key)
 			}
@@ -534,6 +558,7 @@ func (h *shareHolder) apply(resp *shareResponse, paths []*sharePath, sentFast in
 	}
 	for _, old := range h.levels {
 		old.seal(slow)
+		decreased = true // a share given up entirely
 	}
 	h.levels, h.endFast, h.applied, h.term = next, endFast, resp.seq, resp.term
 	expiry := time.Now().Add(time.Duration(endFast - fast))
@@ -561,11 +586,19 @@ func (h *shareHolder) apply(resp *shareResponse, paths []*sharePath, sentFast in
 				st.fallback = newGCRA(pr.fallback, burst, 0, slow, math.MaxInt64/(2*timeScale))
 			}
 			st.info.Rate, st.info.Capacity, st.info.Expiry, st.info.Local = rate, capacity, expiry, true
+			if p.observed && rate < 0.9*p.ewma {
+				starved = true
+			}
+		case "too_small":
+			// Starved only if the path would be lent with room: r·term ≥ 20 × its cost.
+			cost := float64(max(p.maxCost.Load(), 1))
+			starved = starved || p.observed && p.ewma*1.25*resp.term.Seconds() >= 20*cost
 		}
 		if _, ok := h.paths[p.key]; ok || p.refs > 0 {
 			p.setState(st)
 		}
 	}
+	return decreased, starved
 }
 
 // release gives the shares back: the local buckets are sealed (no decision after this) and

@@ -28,10 +28,11 @@ type sharePathRequest struct {
 }
 
 type shareResponse struct {
-	seq    uint64
-	term   time.Duration
-	margin time.Duration
-	paths  []pathShare
+	seq        uint64
+	term       time.Duration
+	margin     time.Duration
+	renewAfter time.Duration
+	paths      []pathShare
 }
 
 type pathShare struct {
@@ -69,7 +70,8 @@ func (c *Client) sendShare(ctx context.Context, r *shareRequest) (*shareResponse
 		return nil, err
 	}
 	out := &shareResponse{seq: resp.GetSeq(), term: time.Duration(resp.GetTermNs()), margin: time.Duration(resp.GetMarginNs()),
-		paths: make([]pathShare, len(resp.GetPaths()))}
+		renewAfter: time.Duration(resp.GetRenewAfterNs()),
+		paths:      make([]pathShare, len(resp.GetPaths()))}
 	for i, p := range resp.GetPaths() {
 		ps := pathShare{status: p.GetStatus(), message: p.GetMessage(), pausedFor: millis(p.GetPausedForMs()), fallback: p.GetFallback()}
 		for _, l := range p.GetLevels() {

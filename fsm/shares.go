@@ -45,7 +45,8 @@ func (f *FSM) applyReleaseShare(now quota.Time, o *fsmv1.ReleaseShare) OpResult 
 // ShareResponse converts a grant to the API's answer.
 func ShareResponse(g *quota.ShareGrant) *quotadv1.ShareResponse {
 	resp := &quotadv1.ShareResponse{Seq: g.Seq, Duplicate: g.Duplicate, TermNs: int64(g.Term), MarginNs: int64(quota.ShareMarginHolder),
-		Paths: make([]*quotadv1.PathShare, len(g.Paths))}
+		RenewAfterNs: int64(g.RenewAfter),
+		Paths:        make([]*quotadv1.PathShare, len(g.Paths))}
 	for i, p := range g.Paths {
 		ps := &quotadv1.PathShare{Status: string(p.Status), Message: p.Message, Fallback: p.Fallback,
 			PausedForMs: int64((p.PausedFor + time.Millisecond - 1) / time.Millisecond)}

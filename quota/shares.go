@@ -165,6 +165,11 @@ type ShareGrant struct {
 	// holder uses it until then minus ShareMarginHolder.
 	Term  time.Duration
 	Paths []PathGrant // one per request path, in order
+	// RenewAfter > 0 advises a holder whose demand exceeds what it was lent, because other
+	// holders are charged for the rest, to renew this long from now: when the earliest of
+	// those charges ends if its holder does not renew (a crashed holder's rate is reclaimed
+	// without waiting for the regular renewal).
+	RenewAfter time.Duration
 }
 
 // PathGrant is the share of one path.
@@ -951,7 +956,47 @@ func (e *Engine) answer(h *holder, g *grant, now Time, dup bool) ShareGrant {
 		pg.PausedFor = e.pausedFor(p, now)
 		out.Paths[i] = pg
 	}
+	out.RenewAfter = e.renewHint(h, g, now)
 	return out
+}
+
+// renewHint is ShareGrant.RenewAfter: for the buckets where h's demand through them exceeds
+// its share by more than a tenth, the earliest time another holder's charge there ends.
+func (e *Engine) renewHint(h *holder, g *grant, now Time) time.Duration {
+	want := map[string]uint64{}
+	for i := range h.paths {
+		p := &h.paths[i]
+		if p.status != ShareLent {
+			continue
+		}
+		for _, k := range p.levels {
+			want[k] = satAdd(want[k], p.demand)
+		}
+	}
+	var hint time.Duration
+	for _, k := range sortedKeys(want) {
+		var r uint64
+		if l := g.level(k); l != nil {
+			r = l.r
+		}
+		if want[k] <= satAdd(r, r/10) {
+			continue
+		}
+		d, _, _ := strings.Cut(k, "/")
+		d, _ = unescape(d)
+		for _, o := range e.sh.domains[d] {
+			if o == h || len(o.grants) == 0 {
+				continue
+			}
+			if or, ob := e.charge(o, k); or == 0 && ob == 0 {
+				continue
+			}
+			if until := e.chargedUntil(o.grants[len(o.grants)-1]); until > now && (hint == 0 || until.Sub(now) < hint) {
+				hint = until.Sub(now)
+			}
+		}
+	}
+	return hint
 }
 
 // pausedFor is the longest pause covering path p at now.
@@ -1012,7 +1057,8 @@ func (e *Engine) allocate(h *holder, now Time) *grant {
 	levelRate := map[string]uint64{} // h's rate per key
 	myW, totalW := map[string]uint64{}, map[string]uint64{}
 	caps := map[string]levelCaps{}
-	var lent []*holderPath // h's paths with a positive allocation
+	free := map[string]uint64{} // lendable rate no flow was given, per key
+	var lent []*holderPath      // h's paths with a positive allocation
 	for _, d := range sortedKeys(domains) {
 		var flows []flowRef
 		holders := make([]*holder, 0, len(e.sh.domains[d]))
@@ -1072,9 +1118,13 @@ func (e *Engine) allocate(h *holder, now Time) *grant {
 				break
 			}
 		}
+		used := make([]uint64, len(keys))
 		for i, f := range flows {
 			if excluded[i] || !e.lendable(x[i], f.p, g.term, caps) {
 				x[i] = 0
+			}
+			for _, k := range f.p.levels {
+				used[idx[k]] = satAdd(used[idx[k]], x[i])
 			}
 			for _, k := range f.p.levels {
 				totalW[k] += f.p.weight
@@ -1089,6 +1139,9 @@ func (e *Engine) allocate(h *holder, now Time) *grant {
 				levelRate[k] = satAdd(levelRate[k], x[i])
 				myW[k] += f.p.weight
 			}
+		}
+		for i, k := range keys {
+			free[k] = capR[i] - min(capR[i], used[i])
 		}
 	}
 	// Per key: b in proportion to r, the caps by what the others are charged, hysteresis.
@@ -1105,7 +1158,10 @@ func (e *Engine) allocate(h *holder, now Time) *grant {
 		othersR, othersB := ls.sumR-min(ls.sumR, myR), ls.sumB-min(ls.sumB, myB)
 		capR := c.lendR - min(c.lendR, othersR)
 		capB := c.lendB - min(c.lendB, othersB)
-		if cur := e.currentLevel(h, k); cur != nil && within(cur.r, r) && within(cur.b, b) && cur.r <= capR && cur.b <= capB {
+		// Hysteresis: keep the current share if the new one is within 10 % of it — unless
+		// keeping a larger one would take rate another flow was given.
+		if cur := e.currentLevel(h, k); cur != nil && within(cur.r, r) && within(cur.b, b) && cur.r <= capR && cur.b <= capB &&
+			(cur.r <= r || cur.r-r <= free[k]) {
 			r, b = cur.r, cur.b
 		}
 		r, b = min(r, capR), min(b, capB)

@@ -250,3 +250,22 @@ func TestShareSeqReplays(t *testing.T) {
 		t.Fatal("an older seq changed the state")
 	}
 }
+
+// The rewrite hysteresis never keeps a larger share at the expense of another flow: a small
+// demand next to a holder of everything gets its share within two rounds.
+func TestShareHysteresisYieldsToOthers(t *testing.T) {
+	w := newSimWorld(t, sharedDomain(1000, 1000, &Shares{}))
+	a := w.holder("a", SharePath{Domain: "d", Demand: 1500 * microPerUnit, MaxCost: 1})
+	b := w.holder("b", SharePath{Domain: "d", Demand: 50 * microPerUnit, MaxCost: 1})
+	a.renew(false)
+	for range 2 {
+		w.advance(5 * time.Second)
+		b.renew(false)
+		a.renew(false)
+		a.renew(false) // the acknowledgement of the decrease
+	}
+	b.renew(false)
+	if rb := b.grant.Paths[0]; rb.Status != ShareLent || rb.Levels[0].Rate != 50*microPerUnit {
+		t.Fatalf("b: %+v, want 50/s", rb)
+	}
+}

@@ -2214,7 +2214,11 @@ type ShareResponse struct {
 	TermNs   int64 `protobuf:"varint,3,opt,name=term_ns,json=termNs,proto3" json:"term_ns,omitempty"`
 	MarginNs int64 `protobuf:"varint,4,opt,name=margin_ns,json=marginNs,proto3" json:"margin_ns,omitempty"`
 	// paths answer the request's paths, in order.
-	Paths         []*PathShare `protobuf:"bytes,5,rep,name=paths,proto3" json:"paths,omitempty"`
+	Paths []*PathShare `protobuf:"bytes,5,rep,name=paths,proto3" json:"paths,omitempty"`
+	// renew_after_ns > 0: the holder wants more than it was lent because other holders are
+	// charged for the rest; the earliest of those charges ends this long from now unless its
+	// holder renews. Renewing then reclaims a crashed holder's rate without delay.
+	RenewAfterNs  int64 `protobuf:"varint,6,opt,name=renew_after_ns,json=renewAfterNs,proto3" json:"renew_after_ns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2282,6 +2286,13 @@ func (x *ShareResponse) GetPaths() []*PathShare {
 		return x.Paths
 	}
 	return nil
+}
+
+func (x *ShareResponse) GetRenewAfterNs() int64 {
+	if x != nil {
+		return x.RenewAfterNs
+	}
+	return 0
 }
 
 type PathShare struct {
@@ -2778,13 +2789,14 @@ const file_quotad_v1_quotad_proto_rawDesc = "" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x122\n" +
 	"\vdescriptors\x18\x02 \x03(\v2\x10.quotad.v1.EntryR\vdescriptors\x12\x16\n" +
 	"\x06demand\x18\x03 \x01(\x04R\x06demand\x12\x19\n" +
-	"\bmax_cost\x18\x04 \x01(\x04R\amaxCost\"\xa1\x01\n" +
+	"\bmax_cost\x18\x04 \x01(\x04R\amaxCost\"\xc7\x01\n" +
 	"\rShareResponse\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x1c\n" +
 	"\tduplicate\x18\x02 \x01(\bR\tduplicate\x12\x17\n" +
 	"\aterm_ns\x18\x03 \x01(\x03R\x06termNs\x12\x1b\n" +
 	"\tmargin_ns\x18\x04 \x01(\x03R\bmarginNs\x12*\n" +
-	"\x05paths\x18\x05 \x03(\v2\x14.quotad.v1.PathShareR\x05paths\"\xac\x01\n" +
+	"\x05paths\x18\x05 \x03(\v2\x14.quotad.v1.PathShareR\x05paths\x12$\n" +
+	"\x0erenew_after_ns\x18\x06 \x01(\x03R\frenewAfterNs\"\xac\x01\n" +
 	"\tPathShare\x12\x16\n" +
 	"\x06status\x18\x01 \x01(\tR\x06status\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12-\n" +
