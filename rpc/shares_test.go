@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 	"github.com/quotad/quotad/rpc/rpctest"
@@ -58,9 +59,9 @@ func TestShareOverTheCluster(t *testing.T) {
 	if _, err := q.Share(ctx, req); err != nil {
 		t.Fatal(err)
 	}
-	old := *req
+	old := proto.Clone(req).(*quotadv1.ShareRequest)
 	old.Seq = 1
-	if _, err := q.Share(ctx, &old); status.Code(err) != codes.FailedPrecondition {
+	if _, err := q.Share(ctx, old); status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("replayed seq 1: %v, want FailedPrecondition", err)
 	}
 	if _, err := q.Share(ctx, &quotadv1.ShareRequest{HolderId: "", Seq: 1}); status.Code(err) != codes.InvalidArgument {
