@@ -2,7 +2,7 @@ GO ?= go
 BIN := bin/quotad
 PROTOC ?= protoc
 
-.PHONY: all build run test test-short test-envoy race vet lint proto bench bench-fair bench-soak chaos chaos-long chaos-bugs chaos-docker clean
+.PHONY: all build run test test-short test-envoy race vet lint proto bench bench-fair bench-soak bench-shares chaos chaos-long chaos-bugs chaos-docker clean
 
 all: build
 
@@ -90,6 +90,13 @@ bench-soak:
 
 bench-fair:
 	$(GO) run ./bench/fair
+
+# bench-shares measures the client's Limiter on a real 3-node cluster (issue 12): local
+# decisions/s with 64 goroutines on 1000 keys (and the Raft entries meanwhile), the bound and
+# utilization with 4 holder processes + 1 central caller while a holder and the leader are
+# killed, rebalance and reclaim times; writes bench/results/shares.json (about 3 minutes).
+bench-shares:
+	$(GO) run ./bench/shares
 
 clean:
 	rm -rf bin

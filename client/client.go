@@ -34,6 +34,9 @@ type Client struct {
 	leasesMu sync.Mutex
 	leases   map[*Lease]struct{}
 
+	sharesOnce sync.Once
+	shares     *shareHolder // Limiters' share holder, started by the first Limiter
+
 	metrics struct {
 		admissions, batches, rpcs, retries atomic.Uint64
 	}
@@ -94,6 +97,10 @@ func (c *Client) nextID() uint64 { return c.seq.Add(1) }
 func (c *Client) Close() error {
 	var err error
 	c.closeOnce.Do(func() {
+		c.sharesOnce.Do(func() {}) // no holder starts from now on
+		if c.shares != nil {
+			c.shares.close() // releases the shares while the connections are up
+		}
 		c.leasesMu.Lock()
 		held := make([]*Lease, 0, len(c.leases))
 		for l := range c.leases {

@@ -71,3 +71,9 @@ func newTestClient(t testing.TB, addrs []string, mutate func(*Config)) *Client {
 }
 
 func testingProcs() int { return runtime.GOMAXPROCS(0) }
+
+// startShareCluster starts three agents with the share test limits.
+func startShareCluster(t testing.TB) *rpctest.Cluster {
+	t.Helper()
+	return rpctest.Start(t, 3, shareTestLimits)
+}

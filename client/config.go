@@ -67,6 +67,11 @@ type Config struct {
 	// Batch configures the coalescing of concurrent admissions into one RPC.
 	Batch BatchConfig
 
+	// LimiterClock, if set, replaces the system clocks the Limiters time their shares with
+	// (CLOCK_MONOTONIC_RAW and CLOCK_BOOTTIME): for tests and the chaos suite, which slew and
+	// stop clocks. Nil: the system clocks.
+	LimiterClock LimiterClock
+
 	// Backoff configures the delay between retries of a failed RPC.
 	Backoff BackoffConfig
 

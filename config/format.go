@@ -93,6 +93,9 @@ func domainNode(d *quota.Domain) *yaml.Node {
 	if d.StrictKeys {
 		add(m, "strict_keys", scalar("!!bool", "true"))
 	}
+	if d.Shares != nil {
+		add(m, "shares", sharesNode(d.Shares))
+	}
 	if len(d.Descriptors) > 0 {
 		add(m, "descriptors", descriptorsNode(d.Descriptors))
 	}
@@ -148,6 +151,9 @@ func descriptorNode(n *quota.Node) *yaml.Node {
 	}
 	if n.Adaptive != nil {
 		add(m, "adaptive", adaptiveNode(n.Adaptive))
+	}
+	if n.Shares != nil {
+		add(m, "shares", sharesNode(n.Shares))
 	}
 	if len(n.Children) > 0 {
 		add(m, "descriptors", descriptorsNode(n.Children))

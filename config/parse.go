@@ -45,8 +45,8 @@ const unitChoices = "second, minute, hour, day, week, month or year"
 
 // Keys allowed at each level. Order is the order used in messages.
 var (
-	documentKeys    = []string{"domain", "rate_limit", "concurrency", "adaptive", "retry_budget", "work_classes", "resume_jitter", "max_pause", "max_keys", "strict_keys", "descriptors"}
-	descriptorKeys  = []string{"key", "value", "rate_limit", "unlimited", "shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "name", "replaces", "weight", "concurrency", "adaptive", "descriptors"}
+	documentKeys    = []string{"domain", "rate_limit", "concurrency", "adaptive", "retry_budget", "work_classes", "resume_jitter", "max_pause", "max_keys", "strict_keys", "shares", "descriptors"}
+	descriptorKeys  = []string{"key", "value", "rate_limit", "unlimited", "shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "name", "replaces", "weight", "concurrency", "adaptive", "shares", "descriptors"}
 	domainRateKeys  = []string{"unit", "requests_per_unit", "unit_multiplier", "burst"}
 	levelRateKeys   = []string{"unit", "requests_per_unit", "unit_multiplier", "burst", "unlimited", "name", "replaces"}
 	concurrencyKeys = []string{"max_in_flight", "lease_ttl"}
@@ -286,6 +286,9 @@ func (p *parser) document(doc *yaml.Node) (parsedDomain, bool) {
 	if sf, has := f["strict_keys"]; has {
 		out.StrictKeys, _ = p.boolean(sf.val, "strict_keys")
 	}
+	if sf, has := f["shares"]; has && !isNull(deref(sf.val)) {
+		out.Shares = p.shares(sf.key, sf.val, "shares", out.Rate)
+	}
 	if df, has := f["descriptors"]; has {
 		out.Descriptors = p.descriptors(df.val, "descriptors", 1)
 	}
@@ -423,6 +426,9 @@ func (p *parser) descriptor(n *yaml.Node, path string, depth int) (quota.Node, b
 	}
 	if af, has := f["adaptive"]; has && !isNull(deref(af.val)) {
 		d.Adaptive = p.adaptive(af, join(path, "adaptive"), d.Rate, f["rate_limit"])
+	}
+	if sf, has := f["shares"]; has && !isNull(deref(sf.val)) {
+		d.Shares = p.shares(sf.key, sf.val, join(path, "shares"), d.Rate)
 	}
 	if df, has := f["descriptors"]; has {
 		d.Children = p.descriptors(df.val, join(path, "descriptors"), depth+1)

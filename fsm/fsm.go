@@ -130,7 +130,9 @@ type OtherResult struct {
 	Feedback      quota.FeedbackResult // Feedback
 	LimitsVersion uint64               // SetLimits
 	RateLimit     quota.RLSDecision    // RateLimit (Envoy RLS)
-	Err           error                // Release, Renew, Pause, Feedback, SetLimits, CreateToken, RevokeToken, LiftPause
+	Share         *quota.ShareGrant    // Share (nil with Err)
+	Returned      uint64               // ReleaseShare: micro-units put back
+	Err           error                // Release, Renew, Pause, Feedback, SetLimits, CreateToken, RevokeToken, LiftPause, Share, ReleaseShare
 }
 
 // Decision is the answer to an Acquire: a quota.Decision without Charges, Cost and DebitSeq
@@ -322,6 +324,10 @@ func (f *FSM) applyOp(now quota.Time, op *fsmv1.Op) OpResult {
 			return other(OtherResult{Err: err})
 		}
 		return other(OtherResult{Lifted: lifted})
+	case *fsmv1.Op_Share:
+		return f.applyShare(now, o.Share)
+	case *fsmv1.Op_ReleaseShare:
+		return f.applyReleaseShare(now, o.ReleaseShare)
 	default:
 		// An op this build does not know comes from a newer leader. Skipping it would let this
 		// replica diverge silently from the ones that apply it, so stop instead.

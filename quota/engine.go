@@ -49,6 +49,8 @@ type Engine struct {
 	debitSeq uint64                 // last admission that debited buckets (Decision.DebitSeq)
 	adapt    map[string]*adaptState // adaptive bucket key → effective rate, while below the ceiling
 	retries  map[string]*retryState // domain → retry budget, while not full
+	sh       shareState             // share holders and lends (shares.go)
+	rules    ruleSet                // share rules switched off by timeline tests only
 
 	// held indexes the expiries of the leases holding each concurrency key (heldUntil); like
 	// expiries it is derived from leases and never seen by Hash or snapshots.
@@ -102,6 +104,7 @@ func NewEngine() *Engine {
 		pauses:   make(map[string]Time),
 		adapt:    make(map[string]*adaptState),
 		retries:  make(map[string]*retryState),
+		sh:       newShareState(),
 	}
 	e.buckets.setDomains(lim)
 	return e
@@ -132,6 +135,9 @@ func (e *Engine) Advance(now Time) { e.advance(now) }
 
 func (e *Engine) advance(now Time) Time {
 	if now > e.clock {
+		if len(e.sh.events) > 0 {
+			e.expireShares(now) // lend ends in FSM-time order, before anything at now
+		}
 		e.clock = now
 		if uint64(now-e.buckets.base) >= rebaseAfter {
 			e.buckets.rebase(now)
@@ -183,6 +189,10 @@ func (e *Engine) SetLimits(now Time, l *Limits) error {
 	}
 	st.setDomains(c)
 	e.rebuildFullAt()
+	if len(e.sh.holders) > 0 || len(e.sh.lends) > 0 {
+		e.rebuildLends()
+		e.clampLent()
+	}
 	st.settle()
 	return nil
 }
@@ -397,6 +407,7 @@ func (e *Engine) Acquire(now Time, req Request) Decision {
 		costMicro = cost * microPerUnit
 	}
 	concShadow := len(shadow)
+	e.observeCentral(steps, now, cost)
 	at := now // when the buckets are debited: now, or a scheduled grant's slot
 	deny, denyRetry, nRate := e.rateSteps(steps, now, costMicro, &shadow)
 	if deny >= 0 && req.ScheduleWithin > 0 && denyRetry <= req.ScheduleWithin {
@@ -524,10 +535,13 @@ func (e *Engine) rateSteps(steps []step, now Time, costMicro uint64, shadow *[]s
 			if s.lv.adaptive != nil {
 				r = e.rateOf(string(key), s.lv, now)
 			}
+			r = e.lentRate(key, r)
 			s.tokens, s.last = r.capMicro, now
 		} else {
 			if s.lv.adaptive != nil {
 				r = e.slotRate(s.slot)
+			} else {
+				r = e.lentRate(key, r)
 			}
 			b := e.buckets.peek(s.slot)
 			storedTokens, storedLast = b.tokens.get(), Time(b.last.get())
@@ -625,6 +639,7 @@ func (e *Engine) levelView(s *step, now Time) Decision {
 		if s.lv.adaptive != nil {
 			r = e.rateOf(string(key), s.lv, last)
 		}
+		r = e.lentRate(key, r)
 		rateView(&d, s.lv, r, tokens, last, now)
 	} else if s.lv.blocked > 0 {
 		d.Window = s.lv.blocked
@@ -849,6 +864,10 @@ func (e *Engine) dropFull(now Time) {
 			return
 		}
 		s := st.top().slot
+		if e.isLent(s) { // never swept: absent would mean full at burst − lent
+			st.setDue(s, math.MaxUint32)
+			continue
+		}
 		fa := e.slotFullAt(s)
 		if fa <= now {
 			st.pop()
@@ -875,7 +894,9 @@ func (e *Engine) sweepFull(now Time, cnow uint32) {
 	kept := 0
 	for p := 0; p < st.hlen; p++ { // each read yields at most one write, at or before it
 		x := *st.hAt(p)
-		if x.due <= cnow {
+		if x.due <= cnow && e.isLent(x.slot) {
+			x.due = math.MaxUint32
+		} else if x.due <= cnow {
 			fa := e.slotFullAt(x.slot)
 			if fa <= now {
 				dropped = append(dropped, x.slot)
@@ -904,8 +925,14 @@ func (e *Engine) sweepFull(now Time, cnow uint32) {
 	}
 }
 
-// slotRate returns the rate that governs the stored bucket in slot s (see rateOf).
+// slotRate returns the rate that governs the stored bucket in slot s (see rateOf): its central
+// part when it has lends.
 func (e *Engine) slotRate(s uint32) *rateParams {
+	return e.lentRate(e.buckets.key(s), e.baseSlotRate(s))
+}
+
+// baseSlotRate is slotRate before lends.
+func (e *Engine) baseSlotRate(s uint32) *rateParams {
 	b := e.buckets.peek(s)
 	lv := e.lim.levels[b.lvl]
 	if lv.adaptive == nil {
@@ -976,11 +1003,12 @@ func (e *Engine) Status(now Time, domain string, path []Entry) ([]BucketStatus, 
 func (e *Engine) status(lv *level, key string, now Time) BucketStatus {
 	st := BucketStatus{Scope: lv.scope, Key: key}
 	if r := lv.rate; r != nil {
-		tokens, last := e.stored(key, r, now)
+		tokens, last := e.stored(key, e.lentRate([]byte(key), r), now)
 		if lv.adaptive != nil {
 			r = e.rateOf(key, lv, last)
 			st.Ceiling = lv.rate.rpu
 		}
+		r = e.lentRate([]byte(key), r)
 		refilled, _ := r.refill(tokens, last, now)
 		st.Limit, st.Burst, st.Window = r.rpu, r.capUnits, r.window
 		st.Remaining = refilled / microPerUnit

@@ -31,6 +31,9 @@ type level struct {
 	// shareKey, for a wildcard level with share_threshold, is the value that stands for every
 	// matching value in bucket keys (the pattern, e.g. "files*"): they share one bucket.
 	shareKey string
+	weight uint32 // Node.Weight (0: 1), the weight of flows ending here in share allocation
+	// shares: the level lends to share holders; nil: it does not.
+	shares *shareParams
 	// adaptive: the rate adapts to provider feedback (AIMD); nil: fixed. Only with rate.
 	adaptive *adaptiveParams
 	// Domain (root) levels only:
@@ -129,6 +132,9 @@ func compileLimits(l *Limits, version uint64) (*compiled, error) {
 			return nil, err
 		}
 		if err := root.setPolicy(where, d); err != nil {
+			return nil, err
+		}
+		if root.shares, err = newShareParams(where, d.Shares, root); err != nil {
 			return nil, err
 		}
 		if err := c.compileChildren(root, d.Name, "", d.Descriptors); err != nil {
@@ -246,6 +252,10 @@ func (c *compiled) compileChildren(parent *level, domain, path string, nodes []N
 		if lv.adaptive, err = newAdaptiveParams(where, n.Adaptive, lv.rate); err != nil {
 			return err
 		}
+		lv.weight = n.Weight
+		if lv.shares, err = newShareParams(where, n.Shares, lv); err != nil {
+			return err
+		}
 		switch {
 		case n.Value == "":
 			cs.any = lv
@@ -330,6 +340,7 @@ func cloneLimits(l *Limits) *Limits {
 			MaxPause:     d.MaxPause,
 			MaxKeys:      d.MaxKeys,
 			StrictKeys:   d.StrictKeys,
+			Shares:       clonePtr(d.Shares),
 		}
 	}
 	return cp
@@ -344,6 +355,7 @@ func cloneNodes(ns []Node) []Node {
 		n.Rate = cloneRate(n.Rate)
 		n.Concurrency = cloneConc(n.Concurrency)
 		n.Adaptive = clonePtr(n.Adaptive)
+		n.Shares = clonePtr(n.Shares)
 		n.Replaces = slices.Clone(n.Replaces)
 		n.Children = cloneNodes(n.Children)
 		out[i] = n

@@ -24,6 +24,9 @@ const (
 	// snapshotFormat4 is format 3 followed by the lease owners: a count, then (lease ID,
 	// owner) for every live lease that has an owner, by ID. Written once a lease has one.
 	snapshotFormat4 byte = 4
+	// snapshotFormat5 is format 4 (its owners section possibly empty) followed by the share
+	// section (shares_snapshot.go). Written once a share holder exists.
+	snapshotFormat5 byte = 5
 )
 
 // hashFormat versions the Hash layout. New state is folded in only when present, so the hash of
@@ -119,6 +122,9 @@ func (e *Engine) Hash() uint64 {
 		}
 		h = h.u64(uint64(len(e.adapt))).u64(adaptSum).u64(uint64(len(e.retries))).u64(retrySum)
 	}
+	if len(e.sh.holders) > 0 || len(e.sh.lends) > 0 {
+		h = e.hashShares(h) // folded in only when present: states without shares hash as before
+	}
 	return uint64(h)
 }
 
@@ -152,6 +158,7 @@ type Capture struct {
 	head     []byte      // format byte, limits, clock, lease counter
 	tail     []byte      // leases, pauses; then adaptive rates and retry budgets (format 2, 3)
 	owners   []byte      // lease owners (format 4)
+	shares   []byte      // share holders and lends (format 5)
 	format   byte
 	debitSeq uint64
 	clock    Time
@@ -204,6 +211,12 @@ func (e *Engine) capture() (*Capture, error) {
 	}
 	if owners := e.appendOwners(nil); owners != nil {
 		c.format, c.owners = snapshotFormat4, owners
+	}
+	if len(e.sh.holders) > 0 || len(e.sh.lends) > 0 {
+		c.format, c.shares = snapshotFormat5, e.appendShares(nil)
+		if c.owners == nil {
+			c.owners = binary.AppendUvarint(nil, 0)
+		}
 	}
 	buf := make([]byte, 0, 32+len(js))
 	buf = append(buf, c.format)
@@ -330,7 +343,8 @@ func (c *Capture) AppendBinary(buf []byte) []byte {
 			buf = binary.AppendUvarint(buf, st.peek(x.slot).debit.get())
 		}
 	}
-	return append(buf, c.owners...)
+	buf = append(buf, c.owners...)
+	return append(buf, c.shares...)
 }
 
 func appendString(buf []byte, s string) []byte {
@@ -482,8 +496,8 @@ func decodeSnapshot(data []byte) (*Engine, error) {
 		return nil, fmt.Errorf("empty input")
 	}
 	format := data[0]
-	if format < snapshotFormat1 || format > snapshotFormat4 {
-		return nil, fmt.Errorf("unknown format %d (this build reads formats 1 to 4); upgrade this node", format)
+	if format < snapshotFormat1 || format > snapshotFormat5 {
+		return nil, fmt.Errorf("unknown format %d (this build reads formats 1 to 5); upgrade this node", format)
 	}
 	d := &decoder{data: data, off: 1}
 	js := d.bytes(d.uvarint())
@@ -598,6 +612,9 @@ func decodeSnapshot(data []byte) (*Engine, error) {
 			}
 		}
 	}
+	if format >= snapshotFormat5 {
+		decodeShares(d, e)
+	}
 	if d.err == nil && d.off != len(data) {
 		d.fail("%d trailing bytes", len(data)-d.off)
 	}
@@ -605,6 +622,9 @@ func decodeSnapshot(data []byte) (*Engine, error) {
 		return nil, d.err
 	}
 	e.rebuildFullAt()
+	if format >= snapshotFormat5 {
+		e.rebuildLends()
+	}
 	return e, nil
 }
 

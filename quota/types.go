@@ -105,6 +105,9 @@ type Domain struct {
 	// domain does not define at that point of its tree, instead of ignoring it and everything
 	// after it: a typo (endpont=charges) would otherwise skip that level's limit silently.
 	StrictKeys bool `json:"strict_keys,omitempty"`
+	// Shares makes the domain ceiling lendable to share holders (see Shares). Nil: it does not
+	// lend, and no path through it is decided locally.
+	Shares *Shares `json:"shares,omitempty"`
 }
 
 // DefaultResumeJitter is the resume jitter window of a domain that does not set one.
@@ -205,7 +208,9 @@ type Node struct {
 	// values instead of the configured ones); they change no decision.
 	DetailedMetric bool   `json:"detailed_metric,omitempty"`
 	ValueToMetric  bool   `json:"value_to_metric,omitempty"`
-	Children       []Node `json:"descriptors,omitempty"`
+	// Shares makes this level lendable to share holders (see Shares). Nil: it does not lend.
+	Shares   *Shares `json:"shares,omitempty"`
+	Children []Node  `json:"descriptors,omitempty"`
 }
 
 // Rate is a token bucket: Burst units of capacity, refilled at RequestsPerUnit per Unit.

@@ -21,6 +21,7 @@ type Metrics struct {
 	leaderChanges prometheus.Counter
 	feedback      *prometheus.CounterVec
 	rls           *rlsMetrics // Envoy RLS (envoy_metrics.go)
+	shares        *shareMetrics // registerShares
 }
 
 // NewMetrics registers quotad's metrics on a fresh registry (never the global one, so several

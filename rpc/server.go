@@ -80,6 +80,7 @@ func NewServer(node Node, f *fsm.FSM, pc ProposerConfig, forwardCreds credential
 	s := &Server{node: node, fsm: f, prop: newProposer(node, pc), fwd: newForwarder(forwardCreds), metrics: metrics}
 	if metrics != nil {
 		s.prop.observe = metrics.observeCommit
+		metrics.registerShares(f)
 	}
 	s.fair = newFair(s)
 	s.rls = &rlsServer{s: s}

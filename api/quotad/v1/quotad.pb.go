@@ -2194,6 +2194,587 @@ func (x *LiftPauseResponse) GetScope() string {
 	return ""
 }
 
+// ShareRequest obtains or renews a holder's shares. A holder is (the caller's identity,
+// holder_id, incarnation); a restarted process must use a new incarnation. seq orders the
+// holder's commands: a request applies only if seq is newer than the holder's last; the same
+// seq again (a retry) gets the stored answer, an older one FAILED_PRECONDITION.
+type ShareRequest struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	HolderId    string                 `protobuf:"bytes,1,opt,name=holder_id,json=holderId,proto3" json:"holder_id,omitempty"`
+	Incarnation uint64                 `protobuf:"varint,2,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	Seq         uint64                 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
+	// ack_seq is the seq of the last grant the holder applied (0: none). Grants it has not
+	// acknowledged stay charged until their end.
+	AckSeq        uint64       `protobuf:"varint,4,opt,name=ack_seq,json=ackSeq,proto3" json:"ack_seq,omitempty"`
+	Paths         []*SharePath `protobuf:"bytes,5,rep,name=paths,proto3" json:"paths,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShareRequest) Reset() {
+	*x = ShareRequest{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShareRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShareRequest) ProtoMessage() {}
+
+func (x *ShareRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShareRequest.ProtoReflect.Descriptor instead.
+func (*ShareRequest) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *ShareRequest) GetHolderId() string {
+	if x != nil {
+		return x.HolderId
+	}
+	return ""
+}
+
+func (x *ShareRequest) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
+func (x *ShareRequest) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *ShareRequest) GetAckSeq() uint64 {
+	if x != nil {
+		return x.AckSeq
+	}
+	return 0
+}
+
+func (x *ShareRequest) GetPaths() []*SharePath {
+	if x != nil {
+		return x.Paths
+	}
+	return nil
+}
+
+type SharePath struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Domain      string                 `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
+	Descriptors []*Entry               `protobuf:"bytes,2,rep,name=descriptors,proto3" json:"descriptors,omitempty"`
+	// demand on the path in micro-units per second (EWMA of attempted cost x 1.25);
+	// 18446744073709551615: unknown, as much as is fair.
+	Demand uint64 `protobuf:"varint,3,opt,name=demand,proto3" json:"demand,omitempty"`
+	// max_cost is the largest cost asked at once (0 means 1).
+	MaxCost       uint64 `protobuf:"varint,4,opt,name=max_cost,json=maxCost,proto3" json:"max_cost,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SharePath) Reset() {
+	*x = SharePath{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SharePath) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SharePath) ProtoMessage() {}
+
+func (x *SharePath) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SharePath.ProtoReflect.Descriptor instead.
+func (*SharePath) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *SharePath) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
+}
+
+func (x *SharePath) GetDescriptors() []*Entry {
+	if x != nil {
+		return x.Descriptors
+	}
+	return nil
+}
+
+func (x *SharePath) GetDemand() uint64 {
+	if x != nil {
+		return x.Demand
+	}
+	return 0
+}
+
+func (x *SharePath) GetMaxCost() uint64 {
+	if x != nil {
+		return x.MaxCost
+	}
+	return 0
+}
+
+type ShareResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Seq   uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	// duplicate: the stored answer to a repeated seq.
+	Duplicate bool `protobuf:"varint,2,opt,name=duplicate,proto3" json:"duplicate,omitempty"`
+	// term_ns: the grant ends term_ns after the holder's send time of this seq's first
+	// attempt; the holder stops deciding margin_ns before that.
+	TermNs   int64 `protobuf:"varint,3,opt,name=term_ns,json=termNs,proto3" json:"term_ns,omitempty"`
+	MarginNs int64 `protobuf:"varint,4,opt,name=margin_ns,json=marginNs,proto3" json:"margin_ns,omitempty"`
+	// paths answer the request's paths, in order.
+	Paths []*PathShare `protobuf:"bytes,5,rep,name=paths,proto3" json:"paths,omitempty"`
+	// renew_after_ns > 0: the holder wants more than it was lent because other holders are
+	// charged for the rest; the earliest of those charges ends this long from now unless its
+	// holder renews. Renewing then reclaims a crashed holder's rate without delay.
+	RenewAfterNs  int64 `protobuf:"varint,6,opt,name=renew_after_ns,json=renewAfterNs,proto3" json:"renew_after_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShareResponse) Reset() {
+	*x = ShareResponse{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShareResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShareResponse) ProtoMessage() {}
+
+func (x *ShareResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShareResponse.ProtoReflect.Descriptor instead.
+func (*ShareResponse) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *ShareResponse) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *ShareResponse) GetDuplicate() bool {
+	if x != nil {
+		return x.Duplicate
+	}
+	return false
+}
+
+func (x *ShareResponse) GetTermNs() int64 {
+	if x != nil {
+		return x.TermNs
+	}
+	return 0
+}
+
+func (x *ShareResponse) GetMarginNs() int64 {
+	if x != nil {
+		return x.MarginNs
+	}
+	return 0
+}
+
+func (x *ShareResponse) GetPaths() []*PathShare {
+	if x != nil {
+		return x.Paths
+	}
+	return nil
+}
+
+func (x *ShareResponse) GetRenewAfterNs() int64 {
+	if x != nil {
+		return x.RenewAfterNs
+	}
+	return 0
+}
+
+type PathShare struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// status: lent (decide locally), central (a level on the path does not lend: use Acquire),
+	// too_small (the fair share is below the lend threshold now: use Acquire), invalid.
+	Status  string `protobuf:"bytes,1,opt,name=status,proto3" json:"status,omitempty"`
+	Message string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	// levels: the path's lendable levels, outermost first (when lent). A bucket shared by
+	// several paths appears with the same values in each.
+	Levels []*LevelShare `protobuf:"bytes,3,rep,name=levels,proto3" json:"levels,omitempty"`
+	// paused_for_ms: no local admission on the path before this (provider feedback).
+	PausedForMs int64 `protobuf:"varint,4,opt,name=paused_for_ms,json=pausedForMs,proto3" json:"paused_for_ms,omitempty"`
+	// fallback: micro-units per second the holder may admit on the path once its lease has
+	// ended without a renewal (0: fail closed).
+	Fallback      uint64 `protobuf:"varint,5,opt,name=fallback,proto3" json:"fallback,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PathShare) Reset() {
+	*x = PathShare{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PathShare) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PathShare) ProtoMessage() {}
+
+func (x *PathShare) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PathShare.ProtoReflect.Descriptor instead.
+func (*PathShare) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *PathShare) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+func (x *PathShare) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *PathShare) GetLevels() []*LevelShare {
+	if x != nil {
+		return x.Levels
+	}
+	return nil
+}
+
+func (x *PathShare) GetPausedForMs() int64 {
+	if x != nil {
+		return x.PausedForMs
+	}
+	return 0
+}
+
+func (x *PathShare) GetFallback() uint64 {
+	if x != nil {
+		return x.Fallback
+	}
+	return 0
+}
+
+type LevelShare struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Scope string                 `protobuf:"bytes,2,opt,name=scope,proto3" json:"scope,omitempty"`
+	// rate in micro-units per second; burst (the local bucket's capacity) in micro-units.
+	Rate  uint64 `protobuf:"varint,3,opt,name=rate,proto3" json:"rate,omitempty"`
+	Burst uint64 `protobuf:"varint,4,opt,name=burst,proto3" json:"burst,omitempty"`
+	// initial micro-units moved from the central bucket; only with first.
+	Initial uint64 `protobuf:"varint,5,opt,name=initial,proto3" json:"initial,omitempty"`
+	// first: the holder held no share of this bucket before; its local balance is initial.
+	First         bool `protobuf:"varint,6,opt,name=first,proto3" json:"first,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LevelShare) Reset() {
+	*x = LevelShare{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LevelShare) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LevelShare) ProtoMessage() {}
+
+func (x *LevelShare) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LevelShare.ProtoReflect.Descriptor instead.
+func (*LevelShare) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *LevelShare) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *LevelShare) GetScope() string {
+	if x != nil {
+		return x.Scope
+	}
+	return ""
+}
+
+func (x *LevelShare) GetRate() uint64 {
+	if x != nil {
+		return x.Rate
+	}
+	return 0
+}
+
+func (x *LevelShare) GetBurst() uint64 {
+	if x != nil {
+		return x.Burst
+	}
+	return 0
+}
+
+func (x *LevelShare) GetInitial() uint64 {
+	if x != nil {
+		return x.Initial
+	}
+	return 0
+}
+
+func (x *LevelShare) GetFirst() bool {
+	if x != nil {
+		return x.First
+	}
+	return false
+}
+
+type ReleaseShareRequest struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	HolderId    string                 `protobuf:"bytes,1,opt,name=holder_id,json=holderId,proto3" json:"holder_id,omitempty"`
+	Incarnation uint64                 `protobuf:"varint,2,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	// seq is newer than the holder's last.
+	Seq uint64 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
+	// tokens: the holder's unused balance per bucket, after it stopped deciding.
+	Tokens        []*LevelTokens `protobuf:"bytes,4,rep,name=tokens,proto3" json:"tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseShareRequest) Reset() {
+	*x = ReleaseShareRequest{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseShareRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseShareRequest) ProtoMessage() {}
+
+func (x *ReleaseShareRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseShareRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseShareRequest) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *ReleaseShareRequest) GetHolderId() string {
+	if x != nil {
+		return x.HolderId
+	}
+	return ""
+}
+
+func (x *ReleaseShareRequest) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
+func (x *ReleaseShareRequest) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *ReleaseShareRequest) GetTokens() []*LevelTokens {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
+type LevelTokens struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Tokens        uint64                 `protobuf:"varint,2,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LevelTokens) Reset() {
+	*x = LevelTokens{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LevelTokens) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LevelTokens) ProtoMessage() {}
+
+func (x *LevelTokens) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LevelTokens.ProtoReflect.Descriptor instead.
+func (*LevelTokens) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *LevelTokens) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *LevelTokens) GetTokens() uint64 {
+	if x != nil {
+		return x.Tokens
+	}
+	return 0
+}
+
+type ReleaseShareResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// returned micro-units put back into the central buckets.
+	Returned      uint64 `protobuf:"varint,1,opt,name=returned,proto3" json:"returned,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseShareResponse) Reset() {
+	*x = ReleaseShareResponse{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseShareResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseShareResponse) ProtoMessage() {}
+
+func (x *ReleaseShareResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseShareResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseShareResponse) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *ReleaseShareResponse) GetReturned() uint64 {
+	if x != nil {
+		return x.Returned
+	}
+	return 0
+}
+
 var File_quotad_v1_quotad_proto protoreflect.FileDescriptor
 
 const file_quotad_v1_quotad_proto_rawDesc = "" +
@@ -2350,14 +2931,58 @@ const file_quotad_v1_quotad_proto_rawDesc = "" +
 	"\vdescriptors\x18\x02 \x03(\v2\x10.quotad.v1.EntryR\vdescriptors\"A\n" +
 	"\x11LiftPauseResponse\x12\x16\n" +
 	"\x06lifted\x18\x01 \x01(\bR\x06lifted\x12\x14\n" +
-	"\x05scope\x18\x02 \x01(\tR\x05scope2\x8a\x03\n" +
+	"\x05scope\x18\x02 \x01(\tR\x05scope\"\xa4\x01\n" +
+	"\fShareRequest\x12\x1b\n" +
+	"\tholder_id\x18\x01 \x01(\tR\bholderId\x12 \n" +
+	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12\x10\n" +
+	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12\x17\n" +
+	"\aack_seq\x18\x04 \x01(\x04R\x06ackSeq\x12*\n" +
+	"\x05paths\x18\x05 \x03(\v2\x14.quotad.v1.SharePathR\x05paths\"\x8a\x01\n" +
+	"\tSharePath\x12\x16\n" +
+	"\x06domain\x18\x01 \x01(\tR\x06domain\x122\n" +
+	"\vdescriptors\x18\x02 \x03(\v2\x10.quotad.v1.EntryR\vdescriptors\x12\x16\n" +
+	"\x06demand\x18\x03 \x01(\x04R\x06demand\x12\x19\n" +
+	"\bmax_cost\x18\x04 \x01(\x04R\amaxCost\"\xc7\x01\n" +
+	"\rShareResponse\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x1c\n" +
+	"\tduplicate\x18\x02 \x01(\bR\tduplicate\x12\x17\n" +
+	"\aterm_ns\x18\x03 \x01(\x03R\x06termNs\x12\x1b\n" +
+	"\tmargin_ns\x18\x04 \x01(\x03R\bmarginNs\x12*\n" +
+	"\x05paths\x18\x05 \x03(\v2\x14.quotad.v1.PathShareR\x05paths\x12$\n" +
+	"\x0erenew_after_ns\x18\x06 \x01(\x03R\frenewAfterNs\"\xac\x01\n" +
+	"\tPathShare\x12\x16\n" +
+	"\x06status\x18\x01 \x01(\tR\x06status\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12-\n" +
+	"\x06levels\x18\x03 \x03(\v2\x15.quotad.v1.LevelShareR\x06levels\x12\"\n" +
+	"\rpaused_for_ms\x18\x04 \x01(\x03R\vpausedForMs\x12\x1a\n" +
+	"\bfallback\x18\x05 \x01(\x04R\bfallback\"\x8e\x01\n" +
+	"\n" +
+	"LevelShare\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05scope\x18\x02 \x01(\tR\x05scope\x12\x12\n" +
+	"\x04rate\x18\x03 \x01(\x04R\x04rate\x12\x14\n" +
+	"\x05burst\x18\x04 \x01(\x04R\x05burst\x12\x18\n" +
+	"\ainitial\x18\x05 \x01(\x04R\ainitial\x12\x14\n" +
+	"\x05first\x18\x06 \x01(\bR\x05first\"\x96\x01\n" +
+	"\x13ReleaseShareRequest\x12\x1b\n" +
+	"\tholder_id\x18\x01 \x01(\tR\bholderId\x12 \n" +
+	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12\x10\n" +
+	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12.\n" +
+	"\x06tokens\x18\x04 \x03(\v2\x16.quotad.v1.LevelTokensR\x06tokens\"7\n" +
+	"\vLevelTokens\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x16\n" +
+	"\x06tokens\x18\x02 \x01(\x04R\x06tokens\"2\n" +
+	"\x14ReleaseShareResponse\x12\x1a\n" +
+	"\breturned\x18\x01 \x01(\x04R\breturned2\x97\x04\n" +
 	"\x05Quota\x12@\n" +
 	"\aAcquire\x12\x19.quotad.v1.AcquireRequest\x1a\x1a.quotad.v1.AcquireResponse\x12@\n" +
 	"\aRelease\x12\x19.quotad.v1.ReleaseRequest\x1a\x1a.quotad.v1.ReleaseResponse\x12:\n" +
 	"\x05Renew\x12\x17.quotad.v1.RenewRequest\x1a\x18.quotad.v1.RenewResponse\x12=\n" +
 	"\x06Refund\x12\x18.quotad.v1.RefundRequest\x1a\x19.quotad.v1.RefundResponse\x12=\n" +
 	"\x06Status\x12\x18.quotad.v1.StatusRequest\x1a\x19.quotad.v1.StatusResponse\x12C\n" +
-	"\bFeedback\x12\x1a.quotad.v1.FeedbackRequest\x1a\x1b.quotad.v1.FeedbackResponse2\xc2\x05\n" +
+	"\bFeedback\x12\x1a.quotad.v1.FeedbackRequest\x1a\x1b.quotad.v1.FeedbackResponse\x12:\n" +
+	"\x05Share\x12\x17.quotad.v1.ShareRequest\x1a\x18.quotad.v1.ShareResponse\x12O\n" +
+	"\fReleaseShare\x12\x1e.quotad.v1.ReleaseShareRequest\x1a\x1f.quotad.v1.ReleaseShareResponse2\xc2\x05\n" +
 	"\x05Admin\x12L\n" +
 	"\vApplyLimits\x12\x1d.quotad.v1.ApplyLimitsRequest\x1a\x1e.quotad.v1.ApplyLimitsResponse\x12F\n" +
 	"\tGetLimits\x12\x1b.quotad.v1.GetLimitsRequest\x1a\x1c.quotad.v1.GetLimitsResponse\x12@\n" +
@@ -2382,7 +3007,7 @@ func file_quotad_v1_quotad_proto_rawDescGZIP() []byte {
 	return file_quotad_v1_quotad_proto_rawDescData
 }
 
-var file_quotad_v1_quotad_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_quotad_v1_quotad_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_quotad_v1_quotad_proto_goTypes = []any{
 	(*Entry)(nil),                      // 0: quotad.v1.Entry
 	(*Admission)(nil),                  // 1: quotad.v1.Admission
@@ -2420,6 +3045,14 @@ var file_quotad_v1_quotad_proto_goTypes = []any{
 	(*RevokeTokenResponse)(nil),        // 33: quotad.v1.RevokeTokenResponse
 	(*LiftPauseRequest)(nil),           // 34: quotad.v1.LiftPauseRequest
 	(*LiftPauseResponse)(nil),          // 35: quotad.v1.LiftPauseResponse
+	(*ShareRequest)(nil),               // 36: quotad.v1.ShareRequest
+	(*SharePath)(nil),                  // 37: quotad.v1.SharePath
+	(*ShareResponse)(nil),              // 38: quotad.v1.ShareResponse
+	(*PathShare)(nil),                  // 39: quotad.v1.PathShare
+	(*LevelShare)(nil),                 // 40: quotad.v1.LevelShare
+	(*ReleaseShareRequest)(nil),        // 41: quotad.v1.ReleaseShareRequest
+	(*LevelTokens)(nil),                // 42: quotad.v1.LevelTokens
+	(*ReleaseShareResponse)(nil),       // 43: quotad.v1.ReleaseShareResponse
 }
 var file_quotad_v1_quotad_proto_depIdxs = []int32{
 	0,  // 0: quotad.v1.Admission.descriptors:type_name -> quotad.v1.Entry
@@ -2432,41 +3065,50 @@ var file_quotad_v1_quotad_proto_depIdxs = []int32{
 	21, // 7: quotad.v1.MembersResponse.members:type_name -> quotad.v1.Member
 	30, // 8: quotad.v1.ListTokensResponse.tokens:type_name -> quotad.v1.TokenInfo
 	0,  // 9: quotad.v1.LiftPauseRequest.descriptors:type_name -> quotad.v1.Entry
-	2,  // 10: quotad.v1.Quota.Acquire:input_type -> quotad.v1.AcquireRequest
-	5,  // 11: quotad.v1.Quota.Release:input_type -> quotad.v1.ReleaseRequest
-	7,  // 12: quotad.v1.Quota.Renew:input_type -> quotad.v1.RenewRequest
-	9,  // 13: quotad.v1.Quota.Refund:input_type -> quotad.v1.RefundRequest
-	11, // 14: quotad.v1.Quota.Status:input_type -> quotad.v1.StatusRequest
-	14, // 15: quotad.v1.Quota.Feedback:input_type -> quotad.v1.FeedbackRequest
-	16, // 16: quotad.v1.Admin.ApplyLimits:input_type -> quotad.v1.ApplyLimitsRequest
-	18, // 17: quotad.v1.Admin.GetLimits:input_type -> quotad.v1.GetLimitsRequest
-	20, // 18: quotad.v1.Admin.Members:input_type -> quotad.v1.MembersRequest
-	23, // 19: quotad.v1.Admin.TransferLeadership:input_type -> quotad.v1.TransferLeadershipRequest
-	25, // 20: quotad.v1.Admin.RemoveServer:input_type -> quotad.v1.RemoveServerRequest
-	27, // 21: quotad.v1.Admin.CreateToken:input_type -> quotad.v1.CreateTokenRequest
-	29, // 22: quotad.v1.Admin.ListTokens:input_type -> quotad.v1.ListTokensRequest
-	32, // 23: quotad.v1.Admin.RevokeToken:input_type -> quotad.v1.RevokeTokenRequest
-	34, // 24: quotad.v1.Admin.LiftPause:input_type -> quotad.v1.LiftPauseRequest
-	4,  // 25: quotad.v1.Quota.Acquire:output_type -> quotad.v1.AcquireResponse
-	6,  // 26: quotad.v1.Quota.Release:output_type -> quotad.v1.ReleaseResponse
-	8,  // 27: quotad.v1.Quota.Renew:output_type -> quotad.v1.RenewResponse
-	10, // 28: quotad.v1.Quota.Refund:output_type -> quotad.v1.RefundResponse
-	13, // 29: quotad.v1.Quota.Status:output_type -> quotad.v1.StatusResponse
-	15, // 30: quotad.v1.Quota.Feedback:output_type -> quotad.v1.FeedbackResponse
-	17, // 31: quotad.v1.Admin.ApplyLimits:output_type -> quotad.v1.ApplyLimitsResponse
-	19, // 32: quotad.v1.Admin.GetLimits:output_type -> quotad.v1.GetLimitsResponse
-	22, // 33: quotad.v1.Admin.Members:output_type -> quotad.v1.MembersResponse
-	24, // 34: quotad.v1.Admin.TransferLeadership:output_type -> quotad.v1.TransferLeadershipResponse
-	26, // 35: quotad.v1.Admin.RemoveServer:output_type -> quotad.v1.RemoveServerResponse
-	28, // 36: quotad.v1.Admin.CreateToken:output_type -> quotad.v1.CreateTokenResponse
-	31, // 37: quotad.v1.Admin.ListTokens:output_type -> quotad.v1.ListTokensResponse
-	33, // 38: quotad.v1.Admin.RevokeToken:output_type -> quotad.v1.RevokeTokenResponse
-	35, // 39: quotad.v1.Admin.LiftPause:output_type -> quotad.v1.LiftPauseResponse
-	25, // [25:40] is the sub-list for method output_type
-	10, // [10:25] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	37, // 10: quotad.v1.ShareRequest.paths:type_name -> quotad.v1.SharePath
+	0,  // 11: quotad.v1.SharePath.descriptors:type_name -> quotad.v1.Entry
+	39, // 12: quotad.v1.ShareResponse.paths:type_name -> quotad.v1.PathShare
+	40, // 13: quotad.v1.PathShare.levels:type_name -> quotad.v1.LevelShare
+	42, // 14: quotad.v1.ReleaseShareRequest.tokens:type_name -> quotad.v1.LevelTokens
+	2,  // 15: quotad.v1.Quota.Acquire:input_type -> quotad.v1.AcquireRequest
+	5,  // 16: quotad.v1.Quota.Release:input_type -> quotad.v1.ReleaseRequest
+	7,  // 17: quotad.v1.Quota.Renew:input_type -> quotad.v1.RenewRequest
+	9,  // 18: quotad.v1.Quota.Refund:input_type -> quotad.v1.RefundRequest
+	11, // 19: quotad.v1.Quota.Status:input_type -> quotad.v1.StatusRequest
+	14, // 20: quotad.v1.Quota.Feedback:input_type -> quotad.v1.FeedbackRequest
+	36, // 21: quotad.v1.Quota.Share:input_type -> quotad.v1.ShareRequest
+	41, // 22: quotad.v1.Quota.ReleaseShare:input_type -> quotad.v1.ReleaseShareRequest
+	16, // 23: quotad.v1.Admin.ApplyLimits:input_type -> quotad.v1.ApplyLimitsRequest
+	18, // 24: quotad.v1.Admin.GetLimits:input_type -> quotad.v1.GetLimitsRequest
+	20, // 25: quotad.v1.Admin.Members:input_type -> quotad.v1.MembersRequest
+	23, // 26: quotad.v1.Admin.TransferLeadership:input_type -> quotad.v1.TransferLeadershipRequest
+	25, // 27: quotad.v1.Admin.RemoveServer:input_type -> quotad.v1.RemoveServerRequest
+	27, // 28: quotad.v1.Admin.CreateToken:input_type -> quotad.v1.CreateTokenRequest
+	29, // 29: quotad.v1.Admin.ListTokens:input_type -> quotad.v1.ListTokensRequest
+	32, // 30: quotad.v1.Admin.RevokeToken:input_type -> quotad.v1.RevokeTokenRequest
+	34, // 31: quotad.v1.Admin.LiftPause:input_type -> quotad.v1.LiftPauseRequest
+	4,  // 32: quotad.v1.Quota.Acquire:output_type -> quotad.v1.AcquireResponse
+	6,  // 33: quotad.v1.Quota.Release:output_type -> quotad.v1.ReleaseResponse
+	8,  // 34: quotad.v1.Quota.Renew:output_type -> quotad.v1.RenewResponse
+	10, // 35: quotad.v1.Quota.Refund:output_type -> quotad.v1.RefundResponse
+	13, // 36: quotad.v1.Quota.Status:output_type -> quotad.v1.StatusResponse
+	15, // 37: quotad.v1.Quota.Feedback:output_type -> quotad.v1.FeedbackResponse
+	38, // 38: quotad.v1.Quota.Share:output_type -> quotad.v1.ShareResponse
+	43, // 39: quotad.v1.Quota.ReleaseShare:output_type -> quotad.v1.ReleaseShareResponse
+	17, // 40: quotad.v1.Admin.ApplyLimits:output_type -> quotad.v1.ApplyLimitsResponse
+	19, // 41: quotad.v1.Admin.GetLimits:output_type -> quotad.v1.GetLimitsResponse
+	22, // 42: quotad.v1.Admin.Members:output_type -> quotad.v1.MembersResponse
+	24, // 43: quotad.v1.Admin.TransferLeadership:output_type -> quotad.v1.TransferLeadershipResponse
+	26, // 44: quotad.v1.Admin.RemoveServer:output_type -> quotad.v1.RemoveServerResponse
+	28, // 45: quotad.v1.Admin.CreateToken:output_type -> quotad.v1.CreateTokenResponse
+	31, // 46: quotad.v1.Admin.ListTokens:output_type -> quotad.v1.ListTokensResponse
+	33, // 47: quotad.v1.Admin.RevokeToken:output_type -> quotad.v1.RevokeTokenResponse
+	35, // 48: quotad.v1.Admin.LiftPause:output_type -> quotad.v1.LiftPauseResponse
+	32, // [32:49] is the sub-list for method output_type
+	15, // [15:32] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_quotad_v1_quotad_proto_init() }
@@ -2480,7 +3122,7 @@ func file_quotad_v1_quotad_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quotad_v1_quotad_proto_rawDesc), len(file_quotad_v1_quotad_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   36,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

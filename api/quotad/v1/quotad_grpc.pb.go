@@ -28,12 +28,14 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Quota_Acquire_FullMethodName  = "/quotad.v1.Quota/Acquire"
-	Quota_Release_FullMethodName  = "/quotad.v1.Quota/Release"
-	Quota_Renew_FullMethodName    = "/quotad.v1.Quota/Renew"
-	Quota_Refund_FullMethodName   = "/quotad.v1.Quota/Refund"
-	Quota_Status_FullMethodName   = "/quotad.v1.Quota/Status"
-	Quota_Feedback_FullMethodName = "/quotad.v1.Quota/Feedback"
+	Quota_Acquire_FullMethodName      = "/quotad.v1.Quota/Acquire"
+	Quota_Release_FullMethodName      = "/quotad.v1.Quota/Release"
+	Quota_Renew_FullMethodName        = "/quotad.v1.Quota/Renew"
+	Quota_Refund_FullMethodName       = "/quotad.v1.Quota/Refund"
+	Quota_Status_FullMethodName       = "/quotad.v1.Quota/Status"
+	Quota_Feedback_FullMethodName     = "/quotad.v1.Quota/Feedback"
+	Quota_Share_FullMethodName        = "/quotad.v1.Quota/Share"
+	Quota_ReleaseShare_FullMethodName = "/quotad.v1.Quota/ReleaseShare"
 )
 
 // QuotaClient is the client API for Quota service.
@@ -57,6 +59,13 @@ type QuotaClient interface {
 	// Feedback reports a provider's answer (429/503 with Retry-After) so quotad pauses the quota
 	// domain the provider named.
 	Feedback(ctx context.Context, in *FeedbackRequest, opts ...grpc.CallOption) (*FeedbackResponse, error)
+	// Share obtains or renews the caller's shares: slices (rate, capacity) of the buckets on its
+	// paths that it then spends locally, deciding at memory speed, until the grant's term ends.
+	// One call covers all of a holder's paths (one lease). Needs the worker role for every
+	// path's domain; the shares belong to the caller's identity.
+	Share(ctx context.Context, in *ShareRequest, opts ...grpc.CallOption) (*ShareResponse, error)
+	// ReleaseShare ends a holder's shares at once and returns its unused tokens.
+	ReleaseShare(ctx context.Context, in *ReleaseShareRequest, opts ...grpc.CallOption) (*ReleaseShareResponse, error)
 }
 
 type quotaClient struct {
@@ -127,6 +136,26 @@ func (c *quotaClient) Feedback(ctx context.Context, in *FeedbackRequest, opts ..
 	return out, nil
 }
 
+func (c *quotaClient) Share(ctx context.Context, in *ShareRequest, opts ...grpc.CallOption) (*ShareResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ShareResponse)
+	err := c.cc.Invoke(ctx, Quota_Share_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *quotaClient) ReleaseShare(ctx context.Context, in *ReleaseShareRequest, opts ...grpc.CallOption) (*ReleaseShareResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleaseShareResponse)
+	err := c.cc.Invoke(ctx, Quota_ReleaseShare_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // QuotaServer is the server API for Quota service.
 // All implementations must embed UnimplementedQuotaServer
 // for forward compatibility.
@@ -148,6 +177,13 @@ type QuotaServer interface {
 	// Feedback reports a provider's answer (429/503 with Retry-After) so quotad pauses the quota
 	// domain the provider named.
 	Feedback(context.Context, *FeedbackRequest) (*FeedbackResponse, error)
+	// Share obtains or renews the caller's shares: slices (rate, capacity) of the buckets on its
+	// paths that it then spends locally, deciding at memory speed, until the grant's term ends.
+	// One call covers all of a holder's paths (one lease). Needs the worker role for every
+	// path's domain; the shares belong to the caller's identity.
+	Share(context.Context, *ShareRequest) (*ShareResponse, error)
+	// ReleaseShare ends a holder's shares at once and returns its unused tokens.
+	ReleaseShare(context.Context, *ReleaseShareRequest) (*ReleaseShareResponse, error)
 	mustEmbedUnimplementedQuotaServer()
 }
 
@@ -175,6 +211,12 @@ func (UnimplementedQuotaServer) Status(context.Context, *StatusRequest) (*Status
 }
 func (UnimplementedQuotaServer) Feedback(context.Context, *FeedbackRequest) (*FeedbackResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Feedback not implemented")
+}
+func (UnimplementedQuotaServer) Share(context.Context, *ShareRequest) (*ShareResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Share not implemented")
+}
+func (UnimplementedQuotaServer) ReleaseShare(context.Context, *ReleaseShareRequest) (*ReleaseShareResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ReleaseShare not implemented")
 }
 func (UnimplementedQuotaServer) mustEmbedUnimplementedQuotaServer() {}
 func (UnimplementedQuotaServer) testEmbeddedByValue()               {}
@@ -305,6 +347,42 @@ func _Quota_Feedback_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Quota_Share_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ShareRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(QuotaServer).Share(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Quota_Share_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(QuotaServer).Share(ctx, req.(*ShareRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Quota_ReleaseShare_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleaseShareRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(QuotaServer).ReleaseShare(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Quota_ReleaseShare_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(QuotaServer).ReleaseShare(ctx, req.(*ReleaseShareRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Quota_ServiceDesc is the grpc.ServiceDesc for Quota service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -335,6 +413,14 @@ var Quota_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Feedback",
 			Handler:    _Quota_Feedback_Handler,
+		},
+		{
+			MethodName: "Share",
+			Handler:    _Quota_Share_Handler,
+		},
+		{
+			MethodName: "ReleaseShare",
+			Handler:    _Quota_ReleaseShare_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

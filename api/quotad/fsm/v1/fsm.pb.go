@@ -102,6 +102,8 @@ type Op struct {
 	//	*Op_RevokeToken
 	//	*Op_LiftPause
 	//	*Op_RateLimit
+	//	*Op_Share
+	//	*Op_ReleaseShare
 	Op            isOp_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -243,6 +245,24 @@ func (x *Op) GetRateLimit() *RateLimit {
 	return nil
 }
 
+func (x *Op) GetShare() *Share {
+	if x != nil {
+		if x, ok := x.Op.(*Op_Share); ok {
+			return x.Share
+		}
+	}
+	return nil
+}
+
+func (x *Op) GetReleaseShare() *ReleaseShare {
+	if x != nil {
+		if x, ok := x.Op.(*Op_ReleaseShare); ok {
+			return x.ReleaseShare
+		}
+	}
+	return nil
+}
+
 type isOp_Op interface {
 	isOp_Op()
 }
@@ -292,6 +312,14 @@ type Op_RateLimit struct {
 	RateLimit *RateLimit `protobuf:"bytes,20,opt,name=rate_limit,json=rateLimit,proto3,oneof"`
 }
 
+type Op_Share struct {
+	Share *Share `protobuf:"bytes,11,opt,name=share,proto3,oneof"`
+}
+
+type Op_ReleaseShare struct {
+	ReleaseShare *ReleaseShare `protobuf:"bytes,12,opt,name=release_share,json=releaseShare,proto3,oneof"`
+}
+
 func (*Op_Acquire) isOp_Op() {}
 
 func (*Op_Release) isOp_Op() {}
@@ -313,6 +341,10 @@ func (*Op_RevokeToken) isOp_Op() {}
 func (*Op_LiftPause) isOp_Op() {}
 
 func (*Op_RateLimit) isOp_Op() {}
+
+func (*Op_Share) isOp_Op() {}
+
+func (*Op_ReleaseShare) isOp_Op() {}
 
 // owner, in Acquire, Release, Renew and Refund, is the authenticated caller's identity name,
 // set by the leader (never taken from a client). Leases belong to their owner and request IDs
@@ -1058,6 +1090,113 @@ func (x *RateLimitDescriptor) GetHits() uint64 {
 	return 0
 }
 
+// Share obtains or renews a holder's shares (quota.Engine.Share). owner is the caller's
+// identity, set by the leader.
+type Share struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Owner         string                 `protobuf:"bytes,1,opt,name=owner,proto3" json:"owner,omitempty"`
+	Request       *v1.ShareRequest       `protobuf:"bytes,2,opt,name=request,proto3" json:"request,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Share) Reset() {
+	*x = Share{}
+	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Share) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Share) ProtoMessage() {}
+
+func (x *Share) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Share.ProtoReflect.Descriptor instead.
+func (*Share) Descriptor() ([]byte, []int) {
+	return file_quotad_fsm_v1_fsm_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *Share) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *Share) GetRequest() *v1.ShareRequest {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+// ReleaseShare ends a holder's shares (quota.Engine.ReleaseShare).
+type ReleaseShare struct {
+	state         protoimpl.MessageState  `protogen:"open.v1"`
+	Owner         string                  `protobuf:"bytes,1,opt,name=owner,proto3" json:"owner,omitempty"`
+	Request       *v1.ReleaseShareRequest `protobuf:"bytes,2,opt,name=request,proto3" json:"request,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseShare) Reset() {
+	*x = ReleaseShare{}
+	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseShare) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseShare) ProtoMessage() {}
+
+func (x *ReleaseShare) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseShare.ProtoReflect.Descriptor instead.
+func (*ReleaseShare) Descriptor() ([]byte, []int) {
+	return file_quotad_fsm_v1_fsm_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ReleaseShare) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *ReleaseShare) GetRequest() *v1.ReleaseShareRequest {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
 var File_quotad_fsm_v1_fsm_proto protoreflect.FileDescriptor
 
 const file_quotad_fsm_v1_fsm_proto_rawDesc = "" +
@@ -1066,7 +1205,7 @@ const file_quotad_fsm_v1_fsm_proto_rawDesc = "" +
 	"\aCommand\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x0e\n" +
 	"\x02ts\x18\x02 \x01(\x03R\x02ts\x12#\n" +
-	"\x03ops\x18\x03 \x03(\v2\x11.quotad.fsm.v1.OpR\x03ops\"\xe9\x04\n" +
+	"\x03ops\x18\x03 \x03(\v2\x11.quotad.fsm.v1.OpR\x03ops\"\xdb\x05\n" +
 	"\x02Op\x122\n" +
 	"\aacquire\x18\x01 \x01(\v2\x16.quotad.fsm.v1.AcquireH\x00R\aacquire\x122\n" +
 	"\arelease\x18\x02 \x01(\v2\x16.quotad.fsm.v1.ReleaseH\x00R\arelease\x12,\n" +
@@ -1082,7 +1221,9 @@ const file_quotad_fsm_v1_fsm_proto_rawDesc = "" +
 	"lift_pause\x18\n" +
 	" \x01(\v2\x18.quotad.fsm.v1.LiftPauseH\x00R\tliftPause\x129\n" +
 	"\n" +
-	"rate_limit\x18\x14 \x01(\v2\x18.quotad.fsm.v1.RateLimitH\x00R\trateLimitB\x04\n" +
+	"rate_limit\x18\x14 \x01(\v2\x18.quotad.fsm.v1.RateLimitH\x00R\trateLimit\x12,\n" +
+	"\x05share\x18\v \x01(\v2\x14.quotad.fsm.v1.ShareH\x00R\x05share\x12B\n" +
+	"\rrelease_share\x18\f \x01(\v2\x1b.quotad.fsm.v1.ReleaseShareH\x00R\freleaseShareB\x04\n" +
 	"\x02op\"p\n" +
 	"\aAcquire\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x122\n" +
@@ -1135,7 +1276,13 @@ const file_quotad_fsm_v1_fsm_proto_rawDesc = "" +
 	"\x13RateLimitDescriptor\x12*\n" +
 	"\aentries\x18\x01 \x03(\v2\x10.quotad.v1.EntryR\aentries\x12\x19\n" +
 	"\bhas_hits\x18\x02 \x01(\bR\ahasHits\x12\x12\n" +
-	"\x04hits\x18\x03 \x01(\x04R\x04hitsB2Z0github.com/quotad/quotad/api/quotad/fsm/v1;fsmv1b\x06proto3"
+	"\x04hits\x18\x03 \x01(\x04R\x04hits\"P\n" +
+	"\x05Share\x12\x14\n" +
+	"\x05owner\x18\x01 \x01(\tR\x05owner\x121\n" +
+	"\arequest\x18\x02 \x01(\v2\x17.quotad.v1.ShareRequestR\arequest\"^\n" +
+	"\fReleaseShare\x12\x14\n" +
+	"\x05owner\x18\x01 \x01(\tR\x05owner\x128\n" +
+	"\arequest\x18\x02 \x01(\v2\x1e.quotad.v1.ReleaseShareRequestR\arequestB2Z0github.com/quotad/quotad/api/quotad/fsm/v1;fsmv1b\x06proto3"
 
 var (
 	file_quotad_fsm_v1_fsm_proto_rawDescOnce sync.Once
@@ -1149,24 +1296,28 @@ func file_quotad_fsm_v1_fsm_proto_rawDescGZIP() []byte {
 	return file_quotad_fsm_v1_fsm_proto_rawDescData
 }
 
-var file_quotad_fsm_v1_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_quotad_fsm_v1_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_quotad_fsm_v1_fsm_proto_goTypes = []any{
-	(*Command)(nil),             // 0: quotad.fsm.v1.Command
-	(*Op)(nil),                  // 1: quotad.fsm.v1.Op
-	(*Acquire)(nil),             // 2: quotad.fsm.v1.Acquire
-	(*Release)(nil),             // 3: quotad.fsm.v1.Release
-	(*Renew)(nil),               // 4: quotad.fsm.v1.Renew
-	(*Refund)(nil),              // 5: quotad.fsm.v1.Refund
-	(*SetLimits)(nil),           // 6: quotad.fsm.v1.SetLimits
-	(*Pause)(nil),               // 7: quotad.fsm.v1.Pause
-	(*Feedback)(nil),            // 8: quotad.fsm.v1.Feedback
-	(*CreateToken)(nil),         // 9: quotad.fsm.v1.CreateToken
-	(*RevokeToken)(nil),         // 10: quotad.fsm.v1.RevokeToken
-	(*LiftPause)(nil),           // 11: quotad.fsm.v1.LiftPause
-	(*RateLimit)(nil),           // 12: quotad.fsm.v1.RateLimit
-	(*RateLimitDescriptor)(nil), // 13: quotad.fsm.v1.RateLimitDescriptor
-	(*v1.Admission)(nil),        // 14: quotad.v1.Admission
-	(*v1.Entry)(nil),            // 15: quotad.v1.Entry
+	(*Command)(nil),                // 0: quotad.fsm.v1.Command
+	(*Op)(nil),                     // 1: quotad.fsm.v1.Op
+	(*Acquire)(nil),                // 2: quotad.fsm.v1.Acquire
+	(*Release)(nil),                // 3: quotad.fsm.v1.Release
+	(*Renew)(nil),                  // 4: quotad.fsm.v1.Renew
+	(*Refund)(nil),                 // 5: quotad.fsm.v1.Refund
+	(*SetLimits)(nil),              // 6: quotad.fsm.v1.SetLimits
+	(*Pause)(nil),                  // 7: quotad.fsm.v1.Pause
+	(*Feedback)(nil),               // 8: quotad.fsm.v1.Feedback
+	(*CreateToken)(nil),            // 9: quotad.fsm.v1.CreateToken
+	(*RevokeToken)(nil),            // 10: quotad.fsm.v1.RevokeToken
+	(*LiftPause)(nil),              // 11: quotad.fsm.v1.LiftPause
+	(*RateLimit)(nil),              // 12: quotad.fsm.v1.RateLimit
+	(*RateLimitDescriptor)(nil),    // 13: quotad.fsm.v1.RateLimitDescriptor
+	(*Share)(nil),                  // 14: quotad.fsm.v1.Share
+	(*ReleaseShare)(nil),           // 15: quotad.fsm.v1.ReleaseShare
+	(*v1.Admission)(nil),           // 16: quotad.v1.Admission
+	(*v1.Entry)(nil),               // 17: quotad.v1.Entry
+	(*v1.ShareRequest)(nil),        // 18: quotad.v1.ShareRequest
+	(*v1.ReleaseShareRequest)(nil), // 19: quotad.v1.ReleaseShareRequest
 }
 var file_quotad_fsm_v1_fsm_proto_depIdxs = []int32{
 	1,  // 0: quotad.fsm.v1.Command.ops:type_name -> quotad.fsm.v1.Op
@@ -1181,17 +1332,21 @@ var file_quotad_fsm_v1_fsm_proto_depIdxs = []int32{
 	10, // 9: quotad.fsm.v1.Op.revoke_token:type_name -> quotad.fsm.v1.RevokeToken
 	11, // 10: quotad.fsm.v1.Op.lift_pause:type_name -> quotad.fsm.v1.LiftPause
 	12, // 11: quotad.fsm.v1.Op.rate_limit:type_name -> quotad.fsm.v1.RateLimit
-	14, // 12: quotad.fsm.v1.Acquire.admission:type_name -> quotad.v1.Admission
-	15, // 13: quotad.fsm.v1.Pause.prefix:type_name -> quotad.v1.Entry
-	15, // 14: quotad.fsm.v1.Feedback.prefix:type_name -> quotad.v1.Entry
-	15, // 15: quotad.fsm.v1.LiftPause.prefix:type_name -> quotad.v1.Entry
-	13, // 16: quotad.fsm.v1.RateLimit.descriptors:type_name -> quotad.fsm.v1.RateLimitDescriptor
-	15, // 17: quotad.fsm.v1.RateLimitDescriptor.entries:type_name -> quotad.v1.Entry
-	18, // [18:18] is the sub-list for method output_type
-	18, // [18:18] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	14, // 12: quotad.fsm.v1.Op.share:type_name -> quotad.fsm.v1.Share
+	15, // 13: quotad.fsm.v1.Op.release_share:type_name -> quotad.fsm.v1.ReleaseShare
+	16, // 14: quotad.fsm.v1.Acquire.admission:type_name -> quotad.v1.Admission
+	17, // 15: quotad.fsm.v1.Pause.prefix:type_name -> quotad.v1.Entry
+	17, // 16: quotad.fsm.v1.Feedback.prefix:type_name -> quotad.v1.Entry
+	17, // 17: quotad.fsm.v1.LiftPause.prefix:type_name -> quotad.v1.Entry
+	13, // 18: quotad.fsm.v1.RateLimit.descriptors:type_name -> quotad.fsm.v1.RateLimitDescriptor
+	17, // 19: quotad.fsm.v1.RateLimitDescriptor.entries:type_name -> quotad.v1.Entry
+	18, // 20: quotad.fsm.v1.Share.request:type_name -> quotad.v1.ShareRequest
+	19, // 21: quotad.fsm.v1.ReleaseShare.request:type_name -> quotad.v1.ReleaseShareRequest
+	22, // [22:22] is the sub-list for method output_type
+	22, // [22:22] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_quotad_fsm_v1_fsm_proto_init() }
@@ -1211,6 +1366,8 @@ func file_quotad_fsm_v1_fsm_proto_init() {
 		(*Op_RevokeToken)(nil),
 		(*Op_LiftPause)(nil),
 		(*Op_RateLimit)(nil),
+		(*Op_Share)(nil),
+		(*Op_ReleaseShare)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1218,7 +1375,7 @@ func file_quotad_fsm_v1_fsm_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quotad_fsm_v1_fsm_proto_rawDesc), len(file_quotad_fsm_v1_fsm_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

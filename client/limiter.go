@@ -1,0 +1,645 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Limiter decides admissions of one request (domain and descriptor path) locally, at memory
+// speed, from a share of the path's buckets that the cluster lends to this client. It is the
+// x/time/rate-style counterpart of Client.Allow: Allow and AllowN answer at once from a local
+// token bucket (no RPC, no allocation), Wait blocks until a unit is available.
+//
+// The client holds one share lease for all its Limiters (one holder: its client ID and a
+// random incarnation) and renews it in the background every term/3 ± 10 %, carrying each
+// path's demand (an EWMA of the cost attempted, × 1.25). The cluster keeps the bound exact
+// across holders and central callers (docs/architecture.md "Shares"). A Limiter decides
+// centrally, through Client.Allow, when the path's levels do not lend (no shares in the
+// limits, a concurrency limit), when its fair share is too small to lend now, when a cost is
+// larger than its local bucket, and until the first grant arrives. After its grant ends
+// without a renewal (cluster unreachable) it fails closed, or admits at its slice of the
+// level's fallback_rate when the limits set one.
+//
+// A Limiter is safe for concurrent use by many goroutines; the local path is lock-free. The
+// zero value is not usable: call Client.Limiter. Close it when done.
+type Limiter struct {
+	c       *Client
+	h       *shareHolder
+	p       *sharePath // nil: invalid request
+	req     Request
+	timeout time.Duration
+	err     error
+	closed  atomic.Bool
+}
+
+// LimiterOptions tune a Limiter. The zero value is usable.
+type LimiterOptions struct {
+	// Demand is the rate (units per second) expected before any is observed; the first
+	// share request asks for this. 0: as much as is fair (the cluster's max-min share).
+	Demand float64
+	// MaxCost is the largest cost AllowN will be asked for at once (0: the request's Cost,
+	// or 1). The cluster lends a path only if its share is at least 20 × this per term and
+	// its bucket at least 2 × this.
+	MaxCost uint64
+	// CentralTimeout bounds a central decision (default 1s).
+	CentralTimeout time.Duration
+}
+
+// ShareInfo describes a Limiter's current share of its path.
+type ShareInfo struct {
+	// Local: decisions are made locally (the path is lent and the grant has not ended).
+	Local bool
+	// Status is the cluster's answer for the path: lent, central, too_small, invalid, or
+	// pending (no answer yet).
+	Status string
+	// Rate (units per second) and Capacity (units) of the tightest local bucket.
+	Rate     float64
+	Capacity float64
+	// Expiry is when the grant ends (this process's clock, less the holder margin).
+	Expiry time.Time
+	// Message explains a central or invalid status.
+	Message string
+}
+
+// ErrLimiterClosed is returned by Wait on a closed Limiter.
+var ErrLimiterClosed = errors.New("client: limiter closed")
+
+// Limiter returns a Limiter for req (Cost is the default cost of Allow). The first call starts
+// the client's share holder. An invalid request gives a Limiter that admits nothing and whose
+// Wait returns the error.
+func (c *Client) Limiter(req Request, opts LimiterOptions) *Limiter {
+	l := &Limiter{c: c, req: req, timeout: opts.CentralTimeout}
+	if l.timeout <= 0 {
+		l.timeout = time.Second
+	}
+	req.MaxWait, req.LeaseTTL = 0, 0
+	if err := req.validate(); err != nil {
+		l.err = err
+		return l
+	}
+	h, err := c.shareHolder()
+	if err != nil {
+		l.err = err
+		return l
+	}
+	l.h = h
+	l.p = h.addPath(req, opts)
+	return l
+}
+
+// Allow is AllowN(1) (or the request's Cost).
+func (l *Limiter) Allow() bool { return l.AllowN(max(l.req.Cost, 1)) }
+
+// AllowN reports whether n units may be spent now, and if so spends them. It never waits;
+// locally it costs a clock read and one compare-and-swap per lendable level.
+func (l *Limiter) AllowN(n uint64) bool {
+	p := l.p
+	if p == nil || l.closed.Load() {
+		return false
+	}
+	if n == 0 {
+		n = 1
+	}
+	p.attempts.Add(n)
+	if n > p.maxCost.Load() {
+		p.raiseMaxCost(n)
+	}
+	for {
+		st := p.state.Load()
+		if st.mode != modeLocal || n > st.maxLocal {
+			return l.central(n, st)
+		}
+		slow, fast := l.h.clock.now()
+		if fast >= st.endFast {
+			if st.fallback == nil {
+				return false
+			}
+			ok, _ := st.fallback.take(n, slow)
+			return ok
+		}
+		if slow < st.pausedUntil {
+			return false
+		}
+		ok, reload := st.takeAll(n, slow)
+		if !reload {
+			return ok
+		}
+		runtime.Gosched() // a new grant is being installed
+	}
+}
+
+// central decides n units through the cluster.
+func (l *Limiter) central(n uint64, st *pathState) bool {
+	if st.mode == modeInvalid {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
+	defer cancel()
+	r := l.req
+	r.Cost = n
+	_, err := l.c.Allow(ctx, r)
+	return err == nil
+}
+
+// Wait blocks until one unit (or the request's Cost) is admitted or ctx ends.
+func (l *Limiter) Wait(ctx context.Context) error { return l.WaitN(ctx, max(l.req.Cost, 1)) }
+
+// WaitN blocks until n units are admitted or ctx ends (then it returns ctx's error). Where the
+// path is decided centrally it is Client.Wait.
+func (l *Limiter) WaitN(ctx context.Context, n uint64) error {
+	if l.err != nil {
+		return l.err
+	}
+	for {
+		if l.closed.Load() {
+			return ErrLimiterClosed
+		}
+		if l.AllowN(n) {
+			return nil
+		}
+		st := l.p.state.Load()
+		var wait time.Duration
+		switch {
+		case st.mode != modeLocal || n > st.maxLocal:
+			r := l.req
+			r.Cost = n
+			if _, err := l.c.Wait(ctx, r); err == nil {
+				return nil
+			} else if errors.Is(err, ErrInvalid) {
+				return err
+			}
+			wait = 10 * time.Millisecond
+		default:
+			slow, fast := l.h.clock.now()
+			switch {
+			case fast >= st.endFast && st.fallback == nil:
+				wait = time.Second // until a renewal lands (changed wakes us)
+			case fast >= st.endFast:
+				wait = time.Duration(st.fallback.wait(n, slow))
+			case slow < st.pausedUntil:
+				wait = time.Duration(st.pausedUntil - slow)
+			default:
+				for _, g := range st.levels {
+					wait = max(wait, time.Duration(g.wait(n, slow)))
+				}
+			}
+		}
+		wait = max(wait, 50*time.Microsecond)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		case <-st.changed:
+			t.Stop()
+		}
+	}
+}
+
+// Share returns the Limiter's current share.
+func (l *Limiter) Share() ShareInfo {
+	if l.p == nil {
+		return ShareInfo{Status: "invalid", Message: fmt.Sprint(l.err)}
+	}
+	st := l.p.state.Load()
+	info := st.info
+	if st.mode == modeLocal {
+		_, fast := l.h.clock.now()
+		info.Expiry = time.Now().Add(time.Duration(st.endFast - fast))
+		info.Local = fast < st.endFast
+	}
+	return info
+}
+
+// Close stops the Limiter: Allow answers false from then on. When the client's last Limiter
+// on the path closes, the next renewal gives the path's share back. Close is idempotent.
+func (l *Limiter) Close() error {
+	if l.closed.Swap(true) || l.p == nil {
+		return nil
+	}
+	l.h.removePath(l.p)
+	return nil
+}
+
+const (
+	modePending uint8 = iota // no answer yet: decide centrally
+	modeLocal
+	modeCentral
+	modeInvalid
+)
+
+// pathState is what deciders read for a path: immutable once stored (the buckets inside
+// change by compare-and-swap).
+type pathState struct {
+	mode        uint8
+	levels      []*gcra
+	maxLocal    uint64 // largest cost the local buckets can hold (units)
+	endFast     int64
+	pausedUntil int64 // slow ns
+	fallback    *gcra // after endFast; nil: fail closed
+	info        ShareInfo
+	changed     chan struct{} // closed when the next state replaces this one
+}
+
+func (st *pathState) takeAll(n uint64, now int64) (ok, reload bool) {
+	for i, g := range st.levels {
+		ok, sealedSeen := g.take(n, now)
+		if !ok {
+			for _, u := range st.levels[:i] {
+				u.untake(n)
+			}
+			return false, sealedSeen
+		}
+	}
+	return true, false
+}
+
+// sharePath is one path the holder shares, used by one or more Limiters.
+type sharePath struct {
+	key      string
+	domain   string
+	descs    []Entry
+	attempts atomic.Uint64
+	maxCost  atomic.Uint64
+	state    atomic.Pointer[pathState]
+	_        [32]byte
+
+	// Under shareHolder.mu:
+	refs          int
+	ewma          float64 // units per second
+	observed      bool
+	lastAttempts  uint64
+	lastAt        int64 // slow ns
+	initialDemand float64
+}
+
+func (p *sharePath) raiseMaxCost(n uint64) {
+	for {
+		m := p.maxCost.Load()
+		if n <= m || p.maxCost.CompareAndSwap(m, n) {
+			return
+		}
+	}
+}
+
+func (p *sharePath) setState(st *pathState) {
+	st.changed = make(chan struct{})
+	old := p.state.Swap(st)
+	if old != nil {
+		close(old.changed)
+	}
+}
+
+func pathKey(domain string, descs []Entry) string {
+	var b strings.Builder
+	b.WriteString(domain)
+	for _, e := range descs {
+		b.WriteByte(0)
+		b.WriteString(e.Key)
+		b.WriteByte(0)
+		b.WriteString(e.Value)
+	}
+	return b.String()
+}
+
+// shareHolder is the client's one share holder: the paths of its Limiters, the current
+// grant's local buckets, and the renewal loop.
+type shareHolder struct {
+	c           *Client
+	clock       *timeSource
+	incarnation uint64
+
+	mu       sync.Mutex
+	paths    map[string]*sharePath
+	seq      uint64 // last seq sent
+	applied  uint64 // last grant applied (acknowledged by the next request)
+	levels   map[string]*gcra
+	endFast  int64
+	term     time.Duration
+	held     bool // holds (or may hold) shares: a release is due when the paths are gone
+	wake     chan struct{}
+	stop     chan struct{}
+	done     chan struct{}
+	stopOnce sync.Once
+	// Renewals counts share requests sent (for tests and benchmarks).
+	renewals atomic.Uint64
+}
+
+func (c *Client) shareHolder() (*shareHolder, error) {
+	c.sharesOnce.Do(func() {
+		var b [8]byte
+		inc := uint64(time.Now().UnixNano())
+		if _, err := randRead(b[:]); err == nil {
+			inc ^= uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 | uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
+		}
+		h := &shareHolder{c: c, clock: newTimeSource(c.cfg.LimiterClock), incarnation: inc | 1,
+			paths: map[string]*sharePath{}, levels: map[string]*gcra{},
+			wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+		c.shares = h
+		go h.run()
+	})
+	if c.shares == nil {
+		return nil, ErrClosed
+	}
+	select {
+	case <-c.closing:
+		return nil, ErrClosed
+	default:
+	}
+	return c.shares, nil
+}
+
+func (h *shareHolder) addPath(req Request, opts LimiterOptions) *sharePath {
+	key := pathKey(req.Domain, req.Descriptors)
+	h.mu.Lock()
+	p := h.paths[key]
+	if p == nil {
+		p = &sharePath{key: key, domain: req.Domain, descs: append([]Entry(nil), req.Descriptors...), initialDemand: opts.Demand}
+		p.setState(&pathState{mode: modePending, info: ShareInfo{Status: "pending"}})
+		h.paths[key] = p
+		h.poke()
+	}
+	p.refs++
+	p.raiseMaxCost(max(opts.MaxCost, req.Cost, 1))
+	h.mu.Unlock()
+	return p
+}
+
+func (h *shareHolder) removePath(p *sharePath) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if p.refs--; p.refs <= 0 {
+		delete(h.paths, p.key)
+		h.poke()
+	}
+}
+
+func (h *shareHolder) poke() {
+	select {
+	case h.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run renews the share every term/3 ± 10 % (sooner when paths come and go, or after a
+// failure) until the client closes.
+func (h *shareHolder) run() {
+	defer close(h.done)
+	timer := time.NewTimer(time.Hour)
+	for {
+		select {
+		case <-h.stop:
+			timer.Stop()
+			return
+		case <-h.wake:
+			// Let a burst of new Limiters join one request.
+			select {
+			case <-time.After(2 * time.Millisecond):
+			case <-h.stop:
+				timer.Stop()
+				return
+			}
+		case <-timer.C:
+		}
+		next := h.renew()
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+		timer.Reset(next)
+	}
+}
+
+// renewInterval is term/3 with ±10 % jitter.
+func renewInterval(term time.Duration) time.Duration {
+	base := term / 3
+	return base - base/10 + time.Duration(randInt63n(int64(base/5)+1))
+}
+
+// renew sends one share request (retried under the same seq until it is answered or the
+// attempt's time is up) and applies the answer. It returns when to renew next.
+func (h *shareHolder) renew() time.Duration {
+	h.mu.Lock()
+	if len(h.paths) == 0 {
+		held := h.held
+		h.mu.Unlock()
+		if held {
+			h.release(context.Background())
+		}
+		return time.Hour
+	}
+	h.seq++
+	h.held = true
+	seq, ack := h.seq, h.applied
+	slowNow, _ := h.clock.now()
+	paths := make([]*sharePath, 0, len(h.paths))
+	for _, p := range h.paths {
+		paths = append(paths, p)
+	}
+	req := &shareRequest{holderID: h.c.id, incarnation: h.incarnation, seq: seq, ack: ack}
+	for _, p := range paths {
+		req.paths = append(req.paths, sharePathRequest{domain: p.domain, descs: p.descs, demand: p.demand(slowNow), maxCost: p.maxCost.Load()})
+	}
+	term := h.term
+	h.mu.Unlock()
+
+	_, sentFast := h.clock.now() // the grant is anchored at the first attempt's send time
+	timeout := 5 * time.Second
+	if term > 0 {
+		timeout = max(term/3, time.Second)
+	}
+	ctx, cancel := context.WithTimeout(h.c.baseCtx, timeout)
+	defer cancel()
+	h.renewals.Add(1)
+	resp, err := h.c.sendShare(ctx, req)
+	if err != nil {
+		return 250 * time.Millisecond // a new seq soon; the grant in hand stays valid meanwhile
+	}
+	decreased, starved := h.apply(resp, paths, sentFast)
+	next := renewInterval(resp.term)
+	if starved {
+		// Wanting more than it holds: renew twice as often (what others give up reaches
+		// it sooner), and right after a competing charge may end.
+		next = min(next, renewInterval(resp.term/2))
+		if resp.renewAfter > 0 {
+			next = min(next, resp.renewAfter+20*time.Millisecond)
+		}
+	}
+	if decreased {
+		// A smaller share is charged at the old size until acknowledged: acknowledge soon,
+		// so the capacity given up reaches the others.
+		next = min(next, 200*time.Millisecond)
+	}
+	return next
+}
+
+// demandTau is the time constant of the demand EWMA: an interval of length Δt weighs
+// 1 − e^(−Δt/τ) (about 0.86 for a 5 s renewal interval).
+const demandTau = 2500 * time.Millisecond
+
+// demand is the path's demand in micro-units per second: an EWMA of attempted cost, × 1.25.
+func (p *sharePath) demand(slowNow int64) uint64 {
+	a := p.attempts.Load()
+	if p.lastAt != 0 && slowNow-p.lastAt >= int64(100*time.Millisecond) {
+		dt := float64(slowNow - p.lastAt)
+		rate := float64(a-p.lastAttempts) / (dt / 1e9)
+		if p.observed {
+			w := 1 - math.Exp(-dt/float64(demandTau))
+			p.ewma = p.ewma*(1-w) + rate*w
+		} else {
+			p.ewma, p.observed = rate, true
+		}
+		p.lastAttempts, p.lastAt = a, slowNow
+	} else if p.lastAt == 0 {
+		p.lastAttempts, p.lastAt = a, max(slowNow, 1)
+	}
+	d := p.ewma
+	if !p.observed {
+		if p.initialDemand <= 0 {
+			return math.MaxUint64
+		}
+		d = p.initialDemand
+	}
+	v := d * 1.25 * 1e6
+	if v >= math.MaxUint64/2 {
+		return math.MaxUint64
+	}
+	return uint64(v)
+}
+
+// apply installs an answer: new local buckets (first grants start at their initial tokens;
+// others carry the old balance, clamped to the new burst, if the old grant had not ended),
+// then the paths' new states. The old buckets are sealed first, so no decision is lost
+// between them.
+//
+// It reports whether a bucket's share decreased (rate or burst below the previous grant's)
+// and whether a lent path wants more than it holds (starved).
+func (h *shareHolder) apply(resp *shareResponse, paths []*sharePath, sentFast int64) (decreased, starved bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	slow, fast := h.clock.now()
+	live := fast < h.endFast
+	termNs := int64(resp.term)
+	endFast := sentFast + termNs - int64(resp.margin)
+	next := map[string]*gcra{}
+	for i, pr := range resp.paths {
+		if i >= len(paths) || pr.status != "lent" {
+			continue
+		}
+		for _, lv := range pr.levels {
+			if next[lv.key] != nil {
+				continue
+			}
+			var carried uint64
+			if old := h.levels[lv.key]; old != nil {
+				decreased = decreased || lv.rate < old.rate || lv.burst < old.burst
+				carried = old.seal(slow)
+				delete(h.levels, lv.key)
+			}
+			tokens := uint64(0)
+			switch {
+			case lv.first:
+				tokens = lv.initial
+			case live:
+				tokens = carried
+			}
+			next[lv.key] = newGCRA(lv.rate, lv.burst, min(tokens, lv.burst), slow, termNs)
+		}
+	}
+	for _, old := range h.levels {
+		old.seal(slow)
+		decreased = true // a share given up entirely
+	}
+	h.levels, h.endFast, h.applied, h.term = next, endFast, resp.seq, resp.term
+	expiry := time.Now().Add(time.Duration(endFast - fast))
+	for i, p := range paths {
+		if i >= len(resp.paths) {
+			break
+		}
+		pr := resp.paths[i]
+		st := &pathState{mode: modeCentral, info: ShareInfo{Status: pr.status, Message: pr.message}}
+		switch pr.status {
+		case "invalid":
+			st.mode = modeInvalid
+		case "lent":
+			st.mode, st.endFast, st.maxLocal = modeLocal, endFast, math.MaxUint64
+			st.pausedUntil = slow + pr.pausedFor.Nanoseconds()
+			rate, capacity := math.Inf(1), math.Inf(1)
+			for _, lv := range pr.levels {
+				g := next[lv.key]
+				st.levels = append(st.levels, g)
+				st.maxLocal = min(st.maxLocal, lv.burst/1e6)
+				rate, capacity = min(rate, float64(lv.rate)/1e6), min(capacity, float64(lv.burst)/1e6)
+			}
+			if pr.fallback > 0 {
+				burst := max(uint64(1e6), p.maxCost.Load()*1e6)
+				st.fallback = newGCRA(pr.fallback, burst, 0, slow, math.MaxInt64/(2*timeScale))
+			}
+			st.info.Rate, st.info.Capacity, st.info.Expiry, st.info.Local = rate, capacity, expiry, true
+			if p.observed && rate < 0.9*p.ewma {
+				starved = true
+			}
+		case "too_small":
+			// Starved only if the path would be lent with room: r·term ≥ 20 × its cost.
+			cost := float64(max(p.maxCost.Load(), 1))
+			starved = starved || p.observed && p.ewma*1.25*resp.term.Seconds() >= 20*cost
+		}
+		if _, ok := h.paths[p.key]; ok || p.refs > 0 {
+			p.setState(st)
+		}
+	}
+	return decreased, starved
+}
+
+// release gives the shares back: the local buckets are sealed (no decision after this) and
+// their balances returned.
+func (h *shareHolder) release(ctx context.Context) {
+	h.mu.Lock()
+	slow, fast := h.clock.now()
+	live := fast < h.endFast
+	var toks []levelTokens
+	for k, g := range h.levels {
+		if b := g.seal(slow); live && b > 0 {
+			toks = append(toks, levelTokens{key: k, tokens: b})
+		}
+	}
+	h.levels = map[string]*gcra{}
+	h.endFast = 0
+	h.seq++
+	seq := h.seq
+	h.held = false
+	h.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	_ = h.c.sendReleaseShare(ctx, h.incarnation, seq, toks)
+}
+
+// close stops renewing and releases the shares (best effort, about a second).
+func (h *shareHolder) close() {
+	h.stopOnce.Do(func() {
+		close(h.stop)
+		<-h.done
+		h.mu.Lock()
+		held := h.held
+		for _, p := range h.paths {
+			p.setState(&pathState{mode: modeInvalid, info: ShareInfo{Status: "closed"}})
+		}
+		h.mu.Unlock()
+		if held {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			h.release(ctx)
+			cancel()
+		}
+		h.clock.close()
+	})
+}

@@ -1,0 +1,91 @@
+package quota
+
+import "math"
+
+// allocFlow is one flow of a progressive filling: a holder's path, with its demand and weight,
+// crossing the constraints (lendable buckets) levels.
+type allocFlow struct {
+	demand uint64 // micro-units per second; math.MaxUint64: as much as is fair
+	weight uint64 // ≥ 1
+	levels []int32
+}
+
+// progressiveFill is weighted max-min fairness by progressive filling, in integers: every
+// active flow f grows at w_f × t as the fill level t rises; a flow stops at its demand, and
+// every flow through a constraint stops when the constraint's capacity is used up. The result
+// x satisfies, for every constraint c, Σ_{f∋c} x_f ≤ caps[c], and x_f ≤ demand_f.
+//
+// Each round raises t to the lowest level at which something stops (a demand met, or a
+// constraint full: floor(room/Σw)), freezes what stopped, and continues: at most one round
+// per flow. It is deterministic: the result depends only on the order-free inputs (flows are
+// handled by index, ties freeze together).
+func progressiveFill(flows []allocFlow, caps []uint64) []uint64 {
+	x := make([]uint64, len(flows))
+	active := make([]bool, len(flows))
+	room := append([]uint64(nil), caps...)
+	wsum := make([]uint64, len(caps))
+	nActive := 0
+	for i, f := range flows {
+		if f.demand == 0 || len(f.levels) == 0 {
+			continue
+		}
+		active[i] = true
+		nActive++
+		for _, c := range f.levels {
+			wsum[c] = satAdd(wsum[c], max(f.weight, 1))
+		}
+	}
+	full := make([]bool, len(caps))
+	for nActive > 0 {
+		t := uint64(math.MaxUint64)
+		for c := range caps {
+			if wsum[c] > 0 {
+				t = min(t, room[c]/wsum[c])
+			}
+		}
+		for i, f := range flows {
+			if active[i] {
+				t = min(t, ceilDiv(f.demand, max(f.weight, 1)))
+			}
+		}
+		for c := range caps {
+			full[c] = wsum[c] > 0 && room[c]/wsum[c] == t
+		}
+		for i, f := range flows {
+			if !active[i] {
+				continue
+			}
+			w := max(f.weight, 1)
+			stop := ceilDiv(f.demand, w) <= t
+			val := f.demand
+			if !stop {
+				for _, c := range f.levels {
+					if full[c] {
+						stop = true
+						break
+					}
+				}
+				val = w * t // < demand, so no overflow
+			}
+			if !stop {
+				continue
+			}
+			x[i] = val
+			active[i] = false
+			nActive--
+			for _, c := range f.levels {
+				room[c] -= min(room[c], val)
+				wsum[c] -= w
+			}
+		}
+	}
+	return x
+}
+
+func ceilDiv(a, b uint64) uint64 {
+	q := a / b
+	if a%b != 0 {
+		q++
+	}
+	return q
+}
