@@ -115,7 +115,7 @@ func logStoreFiles(backend string) string {
 // after raft stopped (nil for boltdb, whose log closes with stable). An existing data dir
 // written by the other backend is refused (ErrLogStoreMismatch) with what to do about it.
 func openLogStore(dir, backend string, l *slog.Logger) (stable *raftboltdb.BoltStore, logs raft.LogStore, walLog *wal.Log, err error) {
-	return openLogStoreWith(dir, backend, wal.Options{Logger: l.With("component", "raft-wal")})
+	return openLogStoreWith(dir, backend, wal.Options{Logger: l.With("component", "wal")})
 }
 
 // openLogStoreWith is openLogStore with the WAL's options (tests use small segments to rotate

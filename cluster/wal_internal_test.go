@@ -542,14 +542,25 @@ func TestLogStoreWriterProcess(t *testing.T) {
 }
 
 // BenchmarkLogStoreAppend is one StoreLogs of one entry at a time, fsync on, as the leader
-// and each follower do for a serial decision — the raw cost of the two backends on this disk.
+// and each follower do for a serial decision — the raw cost of the backends on this disk.
+// wal-grow is the WAL without preallocated segments (wal.Options.NoPreallocate).
 //
 //	go test ./cluster -run X -bench LogStoreAppend -benchtime 2s
 func BenchmarkLogStoreAppend(b *testing.B) {
 	for _, size := range []int{1 << 10, 20 << 10} {
-		for _, backend := range backends {
-			b.Run(fmt.Sprintf("%s/%dKB", backend, size>>10), func(b *testing.B) {
-				s := openTestStores(b, b.TempDir(), backend, 64<<20)
+		for _, v := range []struct {
+			name, backend string
+			opts          wal.Options
+		}{
+			{LogStoreBoltDB, LogStoreBoltDB, wal.Options{}},
+			{LogStoreWAL, LogStoreWAL, wal.Options{}},
+			{"wal-grow", LogStoreWAL, wal.Options{NoPreallocate: true}},
+		} {
+			b.Run(fmt.Sprintf("%s/%dKB", v.name, size>>10), func(b *testing.B) {
+				s, err := tryOpenTestStoresWith(b.TempDir(), v.backend, v.opts)
+				if err != nil {
+					b.Fatal(err)
+				}
 				defer s.close()
 				data := make([]byte, size)
 				var index uint64
@@ -562,5 +573,32 @@ func BenchmarkLogStoreAppend(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// TestHashicorpWALDataDirRefused: a data dir written by the hashicorp/raft-wal variant of
+// --raft-log-store wal (an earlier development build) is refused with what to do, untouched.
+func TestHashicorpWALDataDirRefused(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, walLogDir), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{hashicorpWALMeta, "00000000000000000001-0000000000000001.wal"} {
+		if err := os.WriteFile(filepath.Join(dir, walLogDir, name), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := tryOpenTestStores(dir, LogStoreWAL, 1<<20)
+	if !errors.Is(err, ErrLogStoreMismatch) {
+		t.Fatalf("open: %v, want ErrLogStoreMismatch", err)
+	}
+	for _, want := range []string{"hashicorp/raft-wal", "wal-meta.db", "empty --data-dir", dir} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not say %q: %v", want, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, walStable)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the refused open created %s", walStable)
 	}
 }
