@@ -243,9 +243,8 @@ func TestOpenRefusesInteriorDamage(t *testing.T) {
 		refused(t, dir, filepath.Base(tail), fmt.Sprintf("offset %d", second), "a valid record follows")
 	})
 	t.Run("damage in an earlier segment", func(t *testing.T) {
-		dir, recs := build(t)
+		dir, _ := build(t)
 		first := segFiles(t, dir)[0]
-		_ = recs
 		damage(t, first, segHeaderSize+batchHeaderSize+5)
 		refused(t, dir, filepath.Base(first), fmt.Sprintf("offset %d", segHeaderSize))
 	})
@@ -253,8 +252,7 @@ func TestOpenRefusesInteriorDamage(t *testing.T) {
 		dir, _ := build(t)
 		segs := segFiles(t, dir)
 		l := mustOpen(t, dir, Options{SegmentSize: 64 << 10})
-		end := l.segs[0].end
-		var lastRec int64
+		var lastRec int64 // the first segment's last entry
 		for _, lc := range l.locs {
 			if lc.seg == l.segs[0] {
 				lastRec = lc.off
@@ -263,7 +261,6 @@ func TestOpenRefusesInteriorDamage(t *testing.T) {
 		l.Close()
 		damage(t, segs[0], lastRec+3)
 		refused(t, dir, filepath.Base(segs[0]), "not the last segment")
-		_ = end
 	})
 	t.Run("missing segment", func(t *testing.T) {
 		dir, _ := build(t)
