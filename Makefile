@@ -47,7 +47,7 @@ proto:
 	cd api && PATH="$$PATH:$$($(GO) env GOPATH)/bin" $(PROTOC) -I . \
 		--go_out=. --go_opt=paths=source_relative \
 		--go-grpc_out=. --go-grpc_opt=paths=source_relative \
-		quotad/v1/quotad.proto quotad/fsm/v1/fsm.proto
+		quotad/v1/quotad.proto quotad/v1/snapshot.proto quotad/fsm/v1/fsm.proto
 
 # bench builds quotad, starts a real 3-node cluster of separate processes (fsync on) and a
 # separate load generator using the Go client, and writes a table plus bench/results/latest.json
