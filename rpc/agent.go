@@ -261,6 +261,7 @@ func (a *Agent) watch(limits *quota.Limits) {
 }
 
 func (a *Agent) registerGauges() {
+	a.metrics.Registry.MustRegister(newAllocationCollector(a.fsm))
 	a.metrics.Registry.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "quotad_raft_leader", Help: "1 if this node is the Raft leader.",
