@@ -24,6 +24,14 @@ image:
 test-compose:
 	QUOTAD_COMPOSE=1 $(GO) test -count=1 -timeout 10m -run 'TestCompose' -v ./deploy/
 
+# test-upgrade builds the quotad of UPGRADE_FROM (a git commit; default: main before the FSM
+# command version 2) and upgrades a 3-process cluster of it to this tree node by node under
+# load, checking nothing acknowledged is lost, nothing spent twice, replicas equal; and that
+# old nodes stop on newer entries rather than diverge (docs/operations.md "Rolling upgrade").
+UPGRADE_FROM ?= b79e26e
+test-upgrade:
+	QUOTAD_UPGRADE=1 QUOTAD_UPGRADE_FROM=$(UPGRADE_FROM) $(GO) test -count=1 -timeout 10m -run 'TestRollingUpgrade|TestOldNodesStop' -v ./e2e/
+
 # run starts a local 3-node cluster (separate processes) with examples/limits.yaml.
 run: build
 	./$(BIN) dev --nodes 3 --limits examples/limits.yaml
