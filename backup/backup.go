@@ -180,7 +180,7 @@ func Open(path string) (*File, error) {
 		f.Close()
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	return &File{Header: h, f: f, state: io.MultiReader(io.LimitReader(br, h.Size), trailing{br})}, nil
+	return &File{Header: h, f: f, state: io.MultiReader(io.LimitReader(br, h.Size), &trailing{r: br})}, nil
 }
 
 func readLine(br *bufio.Reader) ([]byte, error) {
@@ -200,15 +200,22 @@ func readLine(br *bufio.Reader) ([]byte, error) {
 	}
 }
 
-// trailing fails if anything follows the state.
-type trailing struct{ r io.Reader }
+// trailing fails, from then on, once anything follows the state.
+type trailing struct {
+	r   io.Reader
+	err error
+}
 
-func (t trailing) Read(p []byte) (int, error) {
-	var b [1]byte
-	if n, _ := t.r.Read(b[:]); n > 0 {
-		return 0, errors.New("snapshot: bytes after the state the header announces: the file is corrupt")
+func (t *trailing) Read(p []byte) (int, error) {
+	if t.err == nil {
+		var b [1]byte
+		if n, _ := t.r.Read(b[:]); n > 0 {
+			t.err = errors.New("snapshot: bytes after the state the header announces: the file is corrupt")
+		} else {
+			t.err = io.EOF
+		}
 	}
-	return 0, io.EOF
+	return 0, t.err
 }
 
 // State returns the reader of the state bytes.
