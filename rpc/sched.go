@@ -786,33 +786,36 @@ func (f *fair) submit(ws []*waiter) {
 		w.call, w.idx, w.submitErr = c, i, err
 		w.ready <- struct{}{}
 	}
-	done := func() {
+	// answered: c.done closed, so c.results may be read (after a proposer stop they may
+	// still be being written).
+	done := func(answered bool) {
 		f.mu.Lock()
 		now := time.Now()
 		for i, w := range ws {
 			f.release(res[i].rateKeys, res[i].concKeys, res[i].cost)
-			if err == nil {
+			if answered {
 				if r := c.results[i]; r.err == nil && r.res != nil && r.res.Decision.Admitted {
 					f.recordAdmission(w, now)
 				}
 			}
 		}
-		if err == nil && c.results[0].res != nil {
+		if answered && c.results[0].res != nil {
 			f.observeStamp(c.results[0].ts - releasedAt)
 		}
 		f.mu.Unlock()
 		f.wake()
 	}
 	if err != nil {
-		done()
+		done(false)
 		return
 	}
 	go func() {
 		select {
 		case <-c.done:
+			done(true)
 		case <-f.s.prop.stop:
+			done(false)
 		}
-		done()
 	}()
 }
 
