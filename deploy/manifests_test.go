@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path"
 	"path/filepath"
 	"slices"
@@ -462,3 +463,39 @@ func readUnit(t *testing.T, file string) map[string][]string {
 
 // checkLimits parses a limits file as the agent does.
 func checkLimits(yamlText string) (any, error) { return config.Parse("limits.yaml", []byte(yamlText)) }
+
+// TestSystemdAnalyze runs systemd-analyze verify and the offline security assessment on the
+// unit (with ExecStart pointing at the built binary), where systemd-analyze exists.
+func TestSystemdAnalyze(t *testing.T) {
+	sa, err := exec.LookPath("systemd-analyze")
+	if err != nil {
+		t.Skip("no systemd-analyze here")
+	}
+	b, err := os.ReadFile("systemd/quotad.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	unit := filepath.Join(t.TempDir(), "quotad.service")
+	if err := os.WriteFile(unit, bytes.ReplaceAll(b, []byte("/usr/local/bin/quotad"), []byte(binary)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(sa, "verify", unit)
+	cmd.Env = append(os.Environ(), "SYSTEMD_LOG_LEVEL=warning")
+	if out, err := cmd.CombinedOutput(); err != nil || len(bytes.TrimSpace(out)) > 0 {
+		t.Errorf("systemd-analyze verify: %v\n%s", err, out)
+	}
+	out, err := exec.Command(sa, "security", "--offline=yes", unit).CombinedOutput()
+	if err != nil {
+		t.Skipf("systemd-analyze security --offline not available: %v", err)
+	}
+	var level float64
+	if i := bytes.Index(out, []byte("Overall exposure level for quotad.service: ")); i < 0 {
+		t.Fatalf("no exposure level in:\n%s", out)
+	} else if _, err := fmt.Sscan(string(out[i+len("Overall exposure level for quotad.service: "):]), &level); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("systemd-analyze security: exposure %.1f", level)
+	if level > 3 {
+		t.Errorf("exposure level %.1f: the unit lost hardening (it was 1.6)", level)
+	}
+}
