@@ -73,6 +73,11 @@ func TestSIGTERMLeaderHandsOver(t *testing.T) {
 	defer mu.Unlock()
 	t.Logf("SIGTERM to exit %v; new leader %s seen after %v; longest gap between decisions %v", exited.Round(time.Millisecond),
 		c.Nodes[next].ID, newLeader.Round(time.Millisecond), maxGap.Round(time.Millisecond))
+	// The handover happens before the exit, so the new leader is there when the old one is
+	// gone; after a crash it takes an election timeout (~0.8 s here with kill -9).
+	if newLeader-exited > 500*time.Millisecond {
+		t.Errorf("the new leader appeared %v after the old one exited: no handover", newLeader-exited)
+	}
 	if maxGap > time.Second {
 		t.Errorf("decisions stopped for %v around the leader's SIGTERM: it did not hand over first", maxGap)
 	}
