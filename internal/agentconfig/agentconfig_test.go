@@ -11,15 +11,14 @@ import (
 )
 
 type testFlags struct {
-	id      string
-	join    string
-	hb      time.Duration
-	debug   bool
-	voters  int
-	thresh  uint64
-	config  string
-	fs      *pflag.FlagSet
-	cmdline []string
+	id     string
+	join   string
+	hb     time.Duration
+	debug  bool
+	voters int
+	thresh uint64
+	config string
+	fs     *pflag.FlagSet
 }
 
 func newFlags(t *testing.T, args ...string) *testFlags {
