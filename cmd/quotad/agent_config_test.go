@@ -24,6 +24,8 @@ func sampleValue(t *testing.T, f *pflag.Flag, i int) string {
 		return fmt.Sprint(1031 + i)
 	case "duration":
 		return fmt.Sprintf("%ds", 7+i)
+	case "float64":
+		return fmt.Sprintf("0.%d", 5+i%4)
 	case "string":
 		return fmt.Sprintf("v%d", i)
 	}
