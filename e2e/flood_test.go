@@ -104,16 +104,17 @@ func (c *counts) add(k string, n int64) {
 	c.m[k] += n
 }
 
-// hugeAllRefused: every huge request was refused with its cap's answer, or (a 2 MB send on a
-// saturated machine) ran out of time before the server answered — never admitted, never
-// another error.
+// hugeAllRefused: every huge request was refused with its cap's answer, or was cut by the end
+// of its phase (the context ends while the last ones are in flight: DeadlineExceeded or
+// Canceled) — never admitted, never another error.
 func hugeAllRefused(c *counts) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	refused := map[string]bool{"work_class_invalid": true, "feedback_err_InvalidArgument": true,
-		"2MB_err_ResourceExhausted": true, "2MB_err_DeadlineExceeded": true}
+		"2MB_err_ResourceExhausted": true}
 	for k, n := range c.m {
-		if n > 0 && !refused[k] {
+		cut := strings.HasSuffix(k, "_err_DeadlineExceeded") || strings.HasSuffix(k, "_err_Canceled")
+		if n > 0 && !refused[k] && !cut {
 			return false
 		}
 	}
