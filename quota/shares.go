@@ -1331,7 +1331,9 @@ type HolderStatus struct {
 	// Demand is the holder's demand over its paths through the bucket (micro-units per
 	// second; math.MaxUint64: unknown).
 	Demand uint64
-	// Acked: the holder acknowledged its newest grant (nothing older is charged any more).
+	// Acked: the holder acknowledged every live grant but its newest (which it acknowledges
+	// in its next request): nothing older than the newest grant is charged. False after a
+	// lost reply or a decrease not yet applied.
 	Acked bool
 	// Unacked counts the live grants newer than the acknowledged one.
 	Unacked int
@@ -1386,10 +1388,11 @@ func (e *Engine) ShareStatus(domain string) ([]LendStatus, []HolderStatus) {
 			count[k]++
 			newest := h.grants[len(h.grants)-1]
 			st := HolderStatus{Holder: h.key, Key: k, Rate: r, Burst: b, Seq: h.seq, AckSeq: h.ackSeq,
-				Until: e.chargedUntil(newest), Acked: newest.seq <= h.ackSeq}
+				Until: e.chargedUntil(newest), Acked: true}
 			for _, g := range h.grants {
 				if g.seq > h.ackSeq {
 					st.Unacked++
+					st.Acked = st.Acked && g == newest
 				}
 			}
 			for _, p := range h.paths {

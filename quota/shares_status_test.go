@@ -21,14 +21,23 @@ func TestShareStatusAckDemandReserveExpiry(t *testing.T) {
 	if l.Rate != 100*microPerUnit || l.Burst != 100*microPerUnit || l.ReserveRate != 10*microPerUnit || l.ReserveBurst != 10*microPerUnit {
 		t.Fatalf("bucket: %+v, want rate and burst 100 with a 10%% reserve", l)
 	}
-	if s := hs[0]; s.Acked || s.Unacked != 1 || s.Demand == 0 || s.Rate == 0 {
-		t.Fatalf("holder after its first grant: %+v, want unacknowledged (1), with demand and rate", s)
+	if s := hs[0]; !s.Acked || s.Unacked != 1 || s.Demand == 0 || s.Rate == 0 {
+		t.Fatalf("holder after its first grant: %+v, want only the newest unacknowledged, with demand and rate", s)
 	}
-	if _, err := h.renew(false); err != nil { // acknowledges the first, gets a second
+	if _, err := h.renew(true); err != nil { // the reply is lost: grant 2 is never acknowledged
 		t.Fatal(err)
 	}
-	if _, hs = w.e.ShareStatus("d"); hs[0].AckSeq != 1 || hs[0].Acked {
-		t.Fatalf("after the second grant: %+v, want ack_seq 1 and the newest unacknowledged", hs[0])
+	if _, err := h.renew(false); err != nil {
+		t.Fatal(err)
+	}
+	if _, hs = w.e.ShareStatus("d"); hs[0].Acked || hs[0].Unacked != 2 {
+		t.Fatalf("after a lost reply: %+v, want grants 2 and 3 unacknowledged", hs[0])
+	}
+	if _, err := h.renew(false); err != nil { // acknowledges 3
+		t.Fatal(err)
+	}
+	if _, hs = w.e.ShareStatus("d"); !hs[0].Acked || hs[0].AckSeq != 3 {
+		t.Fatalf("after the acknowledgement: %+v", hs[0])
 	}
 	if w.e.ShareExpiries() != 0 {
 		t.Fatalf("expiries %d before any end", w.e.ShareExpiries())

@@ -38,7 +38,7 @@ func TestShareStatusListsHolders(t *testing.T) {
 	}
 	h := st.Holders[1]
 	if h.Key != "api/tenant=acme" || h.HolderId != "h" || h.Incarnation != 7 || h.RateMicro == 0 || h.DemandMicro != 40_000_000 ||
-		h.Acknowledged || h.Unacked != 1 || h.ExpiresInMs <= 5000 || h.ExpiresInMs > 6250 {
+		!h.Acknowledged || h.Unacked != 1 || h.ExpiresInMs <= 5000 || h.ExpiresInMs > 6250 {
 		t.Fatalf("holder: %v", h)
 	}
 	if b := st.Buckets[1]; b.Key != "api/tenant=acme" || b.RateMicro != 100_000_000 || b.Holders != 1 || b.LentRateMicro != h.RateMicro || b.ReserveRateMicro != 10_000_000 {

@@ -57,9 +57,9 @@ func sharesCmd() *cobra.Command {
 					if h.Key != b.Key {
 						continue
 					}
-					ack := "acknowledged"
+					ack := fmt.Sprintf("acknowledged through seq %d", h.AckSeq)
 					if !h.Acknowledged {
-						ack = fmt.Sprintf("%d unacknowledged", h.Unacked)
+						ack = fmt.Sprintf("%d grants unacknowledged (acknowledged through seq %d)", h.Unacked, h.AckSeq)
 					}
 					fmt.Printf("  %s/%s#%d  r %s/s  b %s  expires in %dms  demand %s/s  seq %d  %s\n",
 						h.Owner, h.HolderId, h.Incarnation, units(h.RateMicro), units(h.BurstMicro), h.ExpiresInMs,
