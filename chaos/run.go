@@ -41,6 +41,9 @@ type Config struct {
 
 	// AgentArgs are more agent flags for every node (e.g. --raft-log-store wal).
 	AgentArgs []string
+	// HolderTags are more build tags for the shares workload's holder binary only (e.g. the
+	// planted chaos_bug_holderexpiry).
+	HolderTags []string
 }
 
 // DefaultConfig is the CI-sized run (`make chaos`).
@@ -182,7 +185,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		if forger, err = buildForger(root, work); err != nil {
 			rep.Notes = append(rep.Notes, "forge fault skipped: "+firstLine(err.Error()))
 		}
-		if holder, err = buildHolder(root, work, splitTags(cfg.Tags)); err != nil {
+		if holder, err = buildHolder(root, work, append(splitTags(cfg.Tags), cfg.HolderTags...)); err != nil {
 			return nil, err
 		}
 	}
