@@ -21,7 +21,8 @@ import (
 
 // The shares workload (issue 12): holder processes (chaos/holder, a client.Limiter deciding
 // locally on its share) and a central caller spend one refilling bucket, shares/s=s0, while
-// a holder nemesis kills them, stops them past their lease, and stops or slews their clocks;
+// a holder nemesis kills them, stops them past their lease, cuts them off from the cluster
+// (every RPC fails), and stops or slews their clocks;
 // the cluster nemesis meanwhile kills, partitions and pauses nodes and drops replies
 // (Acquire and Share) after the commit. Every local admission is reported by its holder
 // before it counts as used and recorded as a KindRate op of bucket SharesBucket, beside the
@@ -47,7 +48,7 @@ descriptors:
 
 // holderFaultKinds are the faults the holder nemesis injects, each at least once per run
 // that lasts long enough (the first round injects one of each).
-var holderFaultKinds = []string{"holder-kill", "holder-stop", "holder-clock-stop", "holder-clock-slew"}
+var holderFaultKinds = []string{"holder-kill", "holder-stop", "holder-partition", "holder-clock-stop", "holder-clock-slew"}
 
 // HolderFault is one fault injected into a holder process.
 type HolderFault struct {
@@ -245,6 +246,12 @@ func (sw *sharesWorkload) nemesis(ctx context.Context, hold time.Duration) {
 			time.Sleep(d) // not cut short: a stopped holder must be continued
 			h.signal(syscall.SIGCONT)
 			f.Detail = fmt.Sprintf("SIGSTOP for %v (lease %v)", d.Round(time.Millisecond), SharesLease)
+		case "holder-partition":
+			d := SharesLease + time.Duration(1000+sw.rng.IntN(3000))*time.Millisecond
+			_ = os.WriteFile(h.control, []byte("1 1 cut\n"), 0o644)
+			time.Sleep(d)
+			_ = os.WriteFile(h.control, []byte("1 1\n"), 0o644)
+			f.Detail = fmt.Sprintf("cut off from the cluster for %v (lease %v): every RPC fails", d.Round(time.Millisecond), SharesLease)
 		case "holder-clock-stop":
 			d := hold + time.Duration(sw.rng.IntN(3000))*time.Millisecond
 			_ = os.WriteFile(h.control, []byte("0 1\n"), 0o644)

@@ -10,7 +10,8 @@
 // CLOCK_BOOTTIME relative to real time ("1 1" normal, "0 1" stopped as in a VM suspend —
 // BOOTTIME counts the suspend, RAW does not — "3 1" or "0.3 1" a raw clock slewed far past
 // NTP's bound). The Limiter refills on the slower and expires on the faster, so none of these
-// may make it admit more than its share.
+// may make it admit more than its share. A third field "cut" partitions the holder from the
+// cluster: every RPC it makes fails Unavailable (a client interceptor) until the field goes.
 //
 // Under the build tag chaos_bug_holderexpiry the holder is broken on purpose: once its share
 // has ended it keeps admitting at the last share's rate from a bucket of its own (a holder
@@ -27,8 +28,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/quotad/quotad/client"
 )
@@ -48,6 +54,7 @@ func main() {
 	cfg := client.DefaultConfig()
 	cfg.LoadEnv()
 	cfg.LimiterClock = clk
+	cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainUnaryInterceptor(clk.partition))
 	cl, err := client.New(cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "holder:", err)
@@ -93,6 +100,20 @@ type controlledClock struct {
 	at    time.Duration // real time of the last rate change, since start
 	raw   [2]float64    // raw, boot values at the last change (ns)
 	rates [2]float64
+	cut   atomic.Bool // partitioned from the cluster
+}
+
+// partition fails every RPC while the holder is cut off, as a network partition would
+// (after a short wait, like a connection attempt that gets nowhere).
+func (c *controlledClock) partition(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if c.cut.Load() {
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+		return status.Error(codes.Unavailable, "chaos: holder partitioned from the cluster")
+	}
+	return invoker(ctx, method, req, reply, cc, opts...)
 }
 
 func newControlledClock() *controlledClock {
@@ -122,9 +143,13 @@ func (c *controlledClock) set(raw, boot float64) {
 // follow polls the control file every 5 ms (a missing or malformed file means "1 1").
 func (c *controlledClock) follow(path string) {
 	for {
-		raw, boot := 1.0, 1.0
+		raw, boot, cut := 1.0, 1.0, false
 		if b, err := os.ReadFile(path); err == nil {
-			if f := strings.Fields(string(b)); len(f) == 2 {
+			f := strings.Fields(string(b))
+			if len(f) == 3 && f[2] == "cut" {
+				cut, f = true, f[:2]
+			}
+			if len(f) == 2 {
 				r, err1 := strconv.ParseFloat(f[0], 64)
 				bt, err2 := strconv.ParseFloat(f[1], 64)
 				if err1 == nil && err2 == nil && r >= 0 && bt >= 0 {
@@ -133,6 +158,7 @@ func (c *controlledClock) follow(path string) {
 			}
 		}
 		c.set(raw, boot)
+		c.cut.Store(cut)
 		time.Sleep(5 * time.Millisecond)
 	}
 }
