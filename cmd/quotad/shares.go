@@ -82,7 +82,7 @@ func units(micro uint64) string {
 	if micro == math.MaxUint64 {
 		return "unknown"
 	}
-	return strconv.FormatFloat(float64(micro)/1e6, 'f', -1, 64)
+	return strconv.FormatFloat(math.Round(float64(micro)/1e3)/1e3, 'f', -1, 64)
 }
 
 type shareHolderJSON struct {
