@@ -80,8 +80,8 @@ type sharesWorkload struct {
 	local   int64 // local admissions recorded
 	mu      sync.Mutex
 	// fastRaw adds RAW clocks running fast (1.5x, 3x) to holder-clock-slew
-	// (QUOTAD_CHAOS_HOLDER_FAST_RAW=1): off by default while seed 1796130439308053904's
-	// over-admission under a 1.5x RAW clock is open (chaos/README.md).
+	// (QUOTAD_CHAOS_HOLDER_FAST_RAW=1): off by default until a run confirms the fix of seed
+	// 1796130439308053904's over-admission under a 1.5x RAW clock (chaos/README.md).
 	fastRaw bool
 }
 

@@ -132,3 +132,45 @@ descriptors:
 		t.Fatalf("slewed holder admitted %d in 4s with a share of at most %.2f/s", n[0], r[0])
 	}
 }
+
+// After a suspend RAW lags BOOTTIME for good; a RAW clock that then runs fast must still not
+// refill faster than BOOTTIME (refill follows the slower clock's increments, not the smaller
+// total). Before the fix: 135/s on a 90/s share.
+func TestLimiterFastRawAfterSuspendAdmitsNoMore(t *testing.T) {
+	tc := &testCluster{rpctest.Start(t, 3, `
+domain: shares
+descriptors:
+  - key: s
+    rate_limit: {unit: second, requests_per_unit: 100, burst: 20}
+    shares: {lease: 3s, reserve_percent: 10}
+`)}
+	clk := &slewClock{start: time.Now(), rate: 1}
+	c := newTestClient(t, tc.addrs(), func(cfg *Config) { cfg.LimiterClock = clk })
+	l := c.Limiter(Request{Domain: "shares", Descriptors: Descriptors("s", "s0")}, LimiterOptions{Demand: 30})
+	defer l.Close()
+	run := func(d time.Duration) int {
+		n := 0
+		var owed float64
+		start := time.Now()
+		for next := start; time.Since(start) < d; next = next.Add(10 * time.Millisecond) {
+			owed += 3 // 300 attempts/s, above any share of this bucket
+			for ; owed >= 1; owed-- {
+				if l.Allow() {
+					n++
+				}
+			}
+			time.Sleep(time.Until(next))
+		}
+		return n
+	}
+	run(3 * time.Second)
+	clk.slew(0) // a suspend: RAW stands still, BOOTTIME runs on
+	run(3 * time.Second)
+	clk.slew(1.5)
+	n := run(4 * time.Second)
+	s := l.Share()
+	t.Logf("RAW at 1.5x after a 3s RAW stop: %d in 4s on a %.1f/s share", n, s.Rate)
+	if float64(n) > s.Rate*4*1.05+s.Capacity+1 {
+		t.Fatalf("admitted %d in 4s on a %.1f/s share (burst %.1f): refill followed the fast RAW clock", n, s.Rate, s.Capacity)
+	}
+}
