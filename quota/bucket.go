@@ -103,7 +103,9 @@ func (r *rateParams) timeFor(needMicro uint64) time.Duration {
 // fullAt returns when a bucket whose stored state is (tokens, last) is full, absent debits.
 func (r *rateParams) fullAt(tokens uint64, last Time) Time {
 	if tokens >= r.capMicro {
-		return last
+		// Full already — also when last is ahead of the clock (a scheduled grant, then a
+		// refund that made it whole): it equals an absent bucket at any time.
+		return 0
 	}
 	return addSat(last, r.timeFor(r.capMicro-tokens))
 }
