@@ -31,8 +31,8 @@ type level struct {
 	// shareKey, for a wildcard level with share_threshold, is the value that stands for every
 	// matching value in bucket keys (the pattern, e.g. "files*"): they share one bucket.
 	shareKey string
-	weight uint32 // Node.Weight (0: 1), the weight of flows ending here in share allocation
-	fixed  bool   // every value from the domain down is exact: the level is one bucket
+	weight   uint32 // Node.Weight (0: 1), the weight of flows ending here in share allocation
+	fixed    bool   // every value from the domain down is exact: the level is one bucket
 	// shares: the level lends to share holders; nil: it does not.
 	shares *shareParams
 	// adaptive: the rate adapts to provider feedback (AIMD); nil: fixed. Only with rate.

@@ -206,8 +206,8 @@ type Node struct {
 	QuotaMode bool `json:"quota_mode,omitempty"`
 	// DetailedMetric and ValueToMetric choose the statistics key of this limit (the request's
 	// values instead of the configured ones); they change no decision.
-	DetailedMetric bool   `json:"detailed_metric,omitempty"`
-	ValueToMetric  bool   `json:"value_to_metric,omitempty"`
+	DetailedMetric bool `json:"detailed_metric,omitempty"`
+	ValueToMetric  bool `json:"value_to_metric,omitempty"`
 	// Shares makes this level lendable to share holders (see Shares). Nil: it does not lend.
 	Shares   *Shares `json:"shares,omitempty"`
 	Children []Node  `json:"descriptors,omitempty"`
