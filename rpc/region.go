@@ -1,0 +1,174 @@
+package rpc
+
+// A regional cluster (issue 13, package region): its leader holds shares of the global
+// cluster's buckets for the scope: global levels and spends them, locally, before an
+// admission enters the regional log. Kept in its own file so server.go stays as it was.
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"github.com/quotad/quotad/auth"
+	"github.com/quotad/quotad/quota"
+)
+
+// RegionConfig makes an agent a member of a regional cluster under a global one
+// (--region, --global-addrs and the global credential flags).
+type RegionConfig struct {
+	// Name is the region (--region).
+	Name string
+	// Start starts holding shares of the global cluster's buckets for the scope: global
+	// levels of limits() (region.Start, wired by cmd/quotad: rpc does not import the client
+	// library). It is called each time this node becomes the regional leader.
+	Start func(nodeID string, limits func() *quota.Limits, log *slog.Logger) (RegionHolder, error)
+}
+
+// RegionHolder is the regional leader's share holder (*region.Holder).
+type RegionHolder interface {
+	// Admit spends cost at every scope: global level on the path from the shares, locally:
+	// ok and an undo (nil if nothing was spent), or the refusing level and why.
+	Admit(domain string, entries []quota.Entry, cost uint64) (ok bool, undo func(), scope, message string)
+	// Close releases the shares; later Admits at global levels refuse.
+	Close()
+}
+
+// regionGate holds the regional leader's share holder (nil while this node does not lead).
+type regionGate struct {
+	cfg RegionConfig
+	h   atomic.Pointer[holderBox]
+}
+
+type holderBox struct{ RegionHolder }
+
+// Region returns the share holder while this node leads its regional cluster (nil
+// otherwise, or when the cluster is not regional).
+func (s *Server) Region() RegionHolder {
+	if s.region == nil {
+		return nil
+	}
+	if b := s.region.h.Load(); b != nil {
+		return b.RegionHolder
+	}
+	return nil
+}
+
+// regionAcquire decides req's scope: global levels from the region's shares, then the rest on
+// the regional leader; an admission a regional level refuses gives its global units back.
+func (s *Server) regionAcquire(ctx context.Context, req *quotadv1.AcquireRequest, id auth.Identity) (*quotadv1.AcquireResponse, error) {
+	h := s.Region()
+	n := len(req.Admissions)
+	resp := &quotadv1.AcquireResponse{Decisions: make([]*quotadv1.Decision, n)}
+	sub := &quotadv1.AcquireRequest{ClientId: req.ClientId, Admissions: make([]*quotadv1.Admission, 0, n)}
+	idx := make([]int, 0, n)
+	undos := make([]func(), 0, n)
+	var lim *quota.Limits
+	for i, adm := range req.Admissions {
+		if adm == nil || admissionProblem(adm) != "" {
+			sub.Admissions, idx, undos = append(sub.Admissions, adm), append(idx, i), append(undos, nil)
+			continue // the leader answers it as invalid
+		}
+		entries := make([]quota.Entry, len(adm.Descriptors))
+		for j, e := range adm.Descriptors {
+			entries[j] = quota.Entry{Key: e.GetKey(), Value: e.GetValue()}
+		}
+		cost := max(adm.Cost, 1)
+		var (
+			ok         bool
+			undo       func()
+			scope, why string
+		)
+		if h != nil {
+			ok, undo, scope, why = h.Admit(adm.Domain, entries, cost)
+		} else {
+			if lim == nil {
+				lim = s.fsm.Limits()
+			}
+			ok, scope, why = noHolder(s.region.cfg.Name, lim, adm.Domain, entries)
+		}
+		if !ok {
+			resp.Decisions[i] = &quotadv1.Decision{Reason: string(quota.ReasonRateLimited), Scope: scope, Message: why, RetryAfterMs: 100}
+			continue
+		}
+		sub.Admissions, idx, undos = append(sub.Admissions, adm), append(idx, i), append(undos, undo)
+	}
+	if len(sub.Admissions) > 0 {
+		r, err := s.acquireLeader(ctx, sub, id)
+		if err != nil {
+			// The outcome is unknown (the admissions may have committed): keep the global
+			// units spent — under-admission, never over.
+			return nil, err
+		}
+		for j, d := range r.Decisions {
+			resp.Decisions[idx[j]] = d
+			if undos[j] != nil && (d == nil || !d.Admitted) {
+				undos[j]()
+			}
+		}
+	}
+	return resp, nil
+}
+
+// noHolder decides global levels on a leader whose holder has not started yet: every
+// admission at a scope: global level is refused (a new regional leader uses no upstream share
+// until its own renewal returns).
+func noHolder(name string, l *quota.Limits, domain string, entries []quota.Entry) (ok bool, scope, message string) {
+	for _, gp := range l.GlobalPaths() {
+		if gp.Domain != domain || len(gp.Entries) > len(entries) {
+			continue
+		}
+		match := true
+		for i := range gp.Entries {
+			match = match && gp.Entries[i] == entries[i]
+		}
+		if match {
+			return false, gp.Scope, fmt.Sprintf("global scope %s (domain %q, region %q): no share of the global limit yet (this node has just become the regional leader)", gp.Scope, domain, name)
+		}
+	}
+	return true, "", ""
+}
+
+// SetRegion makes s a regional cluster's server: Acquire checks scope: global levels against
+// the leader's shares (RunRegion starts and stops the holder with leadership).
+func (s *Server) SetRegion(cfg RegionConfig) { s.region = &regionGate{cfg: cfg} }
+
+// RunRegion holds the global shares while this node leads the regional cluster: a new
+// holder (a new incarnation at the global cluster) each time it gains leadership, closed
+// when it loses it or stop closes. It returns when stop is closed.
+func (s *Server) RunRegion(stop <-chan struct{}, nodeID string, log *slog.Logger) {
+	if s.region == nil {
+		return
+	}
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	defer func() {
+		if h := s.region.h.Swap(nil); h != nil {
+			h.Close()
+		}
+	}()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		leading, h := s.node.IsLeader(), s.region.h.Load()
+		switch {
+		case leading && h == nil:
+			nh, err := s.region.cfg.Start(nodeID, s.fsm.Limits, log)
+			if err != nil {
+				log.Error("cannot hold shares of the global cluster; global levels refuse", "region", s.region.cfg.Name, "err", err)
+				continue
+			}
+			s.region.h.Store(&holderBox{nh})
+			log.Info("regional leader: holding shares of the global cluster", "region", s.region.cfg.Name)
+		case !leading && h != nil:
+			s.region.h.Store(nil)
+			h.Close()
+			log.Info("no longer the regional leader: released the global shares", "region", s.region.cfg.Name)
+		}
+	}
+}
