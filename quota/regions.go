@@ -111,3 +111,11 @@ func CheckScopes(d *Domain) error {
 	}
 	return walk(d.Descriptors, "", true)
 }
+
+// LimitsVersion is the version of the limits the engine enforces (cheap: no copy).
+func (e *Engine) LimitsVersion() uint64 {
+	if e.lim == nil || e.lim.limits == nil {
+		return 0
+	}
+	return e.lim.limits.Version
+}

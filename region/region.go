@@ -29,6 +29,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quotad/quotad/client"
@@ -72,6 +73,8 @@ type Holder struct {
 type share struct {
 	gp  quota.GlobalPath
 	lim *client.Limiter
+	// admitted, refused and undone count units at this level (metrics, status).
+	admitted, refused, undone atomic.Uint64
 }
 
 // Start connects to the global cluster and starts holding shares of the scope: global levels
@@ -178,11 +181,18 @@ type Refusal struct {
 }
 
 // Admit spends cost at every scope: global level on the request's path (domain, entries) from
-// the shares, locally: ok and an undo that gives the units back (call it when a regional
+// the shares, locally (limitsVersion: the version of the limits the caller enforces): ok and an undo that gives the units back (call it when a regional
 // level refuses the same admission), or a Refusal. Paths without a global level are admitted
 // with a nil undo.
-func (h *Holder) Admit(domain string, entries []quota.Entry, cost uint64) (ok bool, undo func(), scope, message string) {
+func (h *Holder) Admit(limitsVersion uint64, domain string, entries []quota.Entry, cost uint64) (ok bool, undo func(), scope, message string) {
 	h.mu.RLock()
+	if h.version != limitsVersion || h.shares == nil {
+		// The limits changed (or the holder started before they arrived): follow them
+		// before deciding, or a new global level would be decided as if it were regional.
+		h.mu.RUnlock()
+		h.sync()
+		h.mu.RLock()
+	}
 	defer h.mu.RUnlock()
 	var undos []func()
 	for _, s := range h.shares {
@@ -194,13 +204,15 @@ func (h *Holder) Admit(domain string, entries []quota.Entry, cost uint64) (ok bo
 		}
 		ok, u := s.lim.AllowLocalN(cost)
 		if !ok {
+			s.refused.Add(cost)
 			for _, u := range undos {
 				u()
 			}
 			why := h.refusal(s)
 			return false, nil, why.Scope, why.Message
 		}
-		undos = append(undos, u)
+		s.admitted.Add(cost)
+		undos = append(undos, func() { u(); s.undone.Add(cost) })
 	}
 	switch len(undos) {
 	case 0:
@@ -255,6 +267,11 @@ type LevelShare struct {
 	Capacity float64   `json:"capacity"`
 	Expiry   time.Time `json:"expiry,omitzero"`
 	Message  string    `json:"message,omitempty"`
+	// Admitted, Refused and Undone count units decided at the level by this holder
+	// (Undone: admitted here, refused by a regional level, given back).
+	Admitted uint64 `json:"admitted"`
+	Refused  uint64 `json:"refused"`
+	Undone   uint64 `json:"undone"`
 }
 
 // Shares lists the region's share of every global level.
@@ -264,7 +281,8 @@ func (h *Holder) Shares() []LevelShare {
 	out := make([]LevelShare, 0, len(h.shares))
 	for _, s := range h.shares {
 		i := s.lim.Share()
-		out = append(out, LevelShare{Domain: s.gp.Domain, Path: pathKey(s.gp), Scope: s.gp.Scope, Status: i.Status, Local: i.Local, Rate: i.Rate, Capacity: i.Capacity, Expiry: i.Expiry, Message: i.Message})
+		out = append(out, LevelShare{Domain: s.gp.Domain, Path: pathKey(s.gp), Scope: s.gp.Scope, Status: i.Status, Local: i.Local, Rate: i.Rate, Capacity: i.Capacity, Expiry: i.Expiry, Message: i.Message,
+			Admitted: s.admitted.Load(), Refused: s.refused.Load(), Undone: s.undone.Load()})
 	}
 	return out
 }

@@ -31,7 +31,9 @@ type RegionConfig struct {
 type RegionHolder interface {
 	// Admit spends cost at every scope: global level on the path from the shares, locally:
 	// ok and an undo (nil if nothing was spent), or the refusing level and why.
-	Admit(domain string, entries []quota.Entry, cost uint64) (ok bool, undo func(), scope, message string)
+	// limitsVersion is the version of the limits the regional cluster enforces: a holder
+	// that follows older ones updates first.
+	Admit(limitsVersion uint64, domain string, entries []quota.Entry, cost uint64) (ok bool, undo func(), scope, message string)
 	// Close releases the shares; later Admits at global levels refuse.
 	Close()
 }
@@ -66,6 +68,7 @@ func (s *Server) regionAcquire(ctx context.Context, req *quotadv1.AcquireRequest
 	idx := make([]int, 0, n)
 	undos := make([]func(), 0, n)
 	var lim *quota.Limits
+	version := s.fsm.LimitsVersion()
 	for i, adm := range req.Admissions {
 		if adm == nil || admissionProblem(adm) != "" {
 			sub.Admissions, idx, undos = append(sub.Admissions, adm), append(idx, i), append(undos, nil)
@@ -82,7 +85,7 @@ func (s *Server) regionAcquire(ctx context.Context, req *quotadv1.AcquireRequest
 			scope, why string
 		)
 		if h != nil {
-			ok, undo, scope, why = h.Admit(adm.Domain, entries, cost)
+			ok, undo, scope, why = h.Admit(version, adm.Domain, entries, cost)
 		} else {
 			if lim == nil {
 				lim = s.fsm.Limits()
@@ -172,3 +175,7 @@ func (s *Server) RunRegion(stop <-chan struct{}, nodeID string, log *slog.Logger
 		}
 	}
 }
+
+// Region returns the agent's regional share holder while it leads a regional cluster (nil
+// otherwise).
+func (a *Agent) Region() RegionHolder { return a.server.Region() }
