@@ -17,9 +17,9 @@ import (
 
 	"github.com/quotad/quotad/client"
 	"github.com/quotad/quotad/cluster/clustertest"
+	"github.com/quotad/quotad/region"
 	"github.com/quotad/quotad/rpc"
 	"github.com/quotad/quotad/rpc/rpctest"
-	"github.com/quotad/quotad/region"
 )
 
 // Both clusters read the same file. "api" is global with a fallback_rate, "strict" global
