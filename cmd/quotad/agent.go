@@ -34,6 +34,7 @@ func agentCmd() *cobra.Command {
 		proposer   = rpc.DefaultProposerConfig()
 		caps       = capFlags{maxRequestBytes: rpc.DefaultMaxRequestBytes}
 		rls        rlsFlags
+		reg        regionFlags
 	)
 	var (
 		acfg          rpc.AgentConfig // security settings; the rest is filled in at run
@@ -89,6 +90,9 @@ promoted once caught up. A node restarted with its --data-dir resumes where it s
 			if err := rls.apply(&acfg); err != nil {
 				return err
 			}
+			if err := reg.apply(&acfg); err != nil {
+				return err
+			}
 			chaosHooks(&acfg)
 			agent, err := rpc.StartAgent(acfg)
 			if err != nil {
@@ -139,6 +143,7 @@ promoted once caught up. A node restarted with its --data-dir resumes where it s
 	f.StringVar(&logFormat, "log-format", "text", "text or json")
 	caps.register(f)
 	rls.register(f)
+	reg.register(f)
 	return cmd
 }
 
