@@ -11,6 +11,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 	"github.com/quotad/quotad/auth"
 	"github.com/quotad/quotad/quota"
@@ -179,3 +182,38 @@ func (s *Server) RunRegion(stop <-chan struct{}, nodeID string, log *slog.Logger
 // Region returns the agent's regional share holder while it leads a regional cluster (nil
 // otherwise).
 func (a *Agent) Region() RegionHolder { return a.server.Region() }
+
+// regionShareProblem refuses, in a regional cluster, a share of a path that crosses a scope:
+// global level: the regional FSM holds such a level at its full configured rate, so lending
+// it downstream would bypass the region's share of the global bucket. Re-lending a slice of
+// the upstream share (its grants ending by the upstream end − m_H) is not built yet; the
+// holder's paths stay undecided locally and its Limiters decide through Acquire, which the
+// regional leader checks against its share.
+func (s *Server) regionShareProblem(req *quotadv1.ShareRequest) error {
+	if s.region == nil {
+		return nil
+	}
+	var gps []quota.GlobalPath
+	for i, p := range req.Paths {
+		if gps == nil {
+			gps = s.fsm.Limits().GlobalPaths()
+			if len(gps) == 0 {
+				return nil
+			}
+		}
+		for _, gp := range gps {
+			if gp.Domain != p.GetDomain() || len(gp.Entries) > len(p.GetDescriptors()) {
+				continue
+			}
+			match := true
+			for j, e := range gp.Entries {
+				d := p.GetDescriptors()[j]
+				match = match && e.Key == d.GetKey() && e.Value == d.GetValue()
+			}
+			if match {
+				return status.Errorf(codes.FailedPrecondition, "paths[%d]: level %s of domain %q has rate_limit.scope global and this is regional cluster %q: it is not lent downstream (decide through Acquire, which the regional leader checks against its share of the global limit), docs/regions.md", i, gp.Scope, gp.Domain, s.region.cfg.Name)
+			}
+		}
+	}
+	return nil
+}
