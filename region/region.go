@@ -34,6 +34,7 @@ import (
 
 	"github.com/quotad/quotad/client"
 	"github.com/quotad/quotad/quota"
+	"github.com/quotad/quotad/rpc"
 )
 
 // Config configures a Holder.
@@ -256,23 +257,7 @@ func prefix(p, entries []quota.Entry) bool {
 }
 
 // LevelShare is the region's current share of one global level (quotad status).
-type LevelShare struct {
-	Domain string `json:"domain"`
-	Path   string `json:"path"`
-	Scope  string `json:"scope"`
-	// Status: lent, central, too_small, invalid or pending (see client.ShareInfo).
-	Status   string    `json:"status"`
-	Local    bool      `json:"local"`
-	Rate     float64   `json:"rate"`
-	Capacity float64   `json:"capacity"`
-	Expiry   time.Time `json:"expiry,omitzero"`
-	Message  string    `json:"message,omitempty"`
-	// Admitted, Refused and Undone count units decided at the level by this holder
-	// (Undone: admitted here, refused by a regional level, given back).
-	Admitted uint64 `json:"admitted"`
-	Refused  uint64 `json:"refused"`
-	Undone   uint64 `json:"undone"`
-}
+type LevelShare = rpc.RegionShare
 
 // Shares lists the region's share of every global level.
 func (h *Holder) Shares() []LevelShare {

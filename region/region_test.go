@@ -14,7 +14,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 	"github.com/quotad/quotad/client"
 	"github.com/quotad/quotad/cluster/clustertest"
 	"github.com/quotad/quotad/region"
@@ -232,6 +234,19 @@ func TestRegionsWANDelayOffRequestPath(t *testing.T) {
 	}
 	if ds[0].admitted.Load() == 0 {
 		t.Fatal("region 0 admitted nothing with the WAN delay")
+	}
+	// quotad status: the region and its share of each global level.
+	conn, err := grpc.NewClient(w.regions[0].Addrs()[0], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	m, err := quotadv1.NewAdminClient(conn).Members(context.Background(), &quotadv1.MembersRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Region != "r0" || len(m.RegionShares) != 2 || m.RegionShares[0].Path != "api" || m.RegionShares[0].Admitted == 0 {
+		t.Fatalf("status: region %q, shares %v", m.Region, m.RegionShares)
 	}
 }
 

@@ -37,8 +37,56 @@ type RegionHolder interface {
 	// limitsVersion is the version of the limits the regional cluster enforces: a holder
 	// that follows older ones updates first.
 	Admit(limitsVersion uint64, domain string, entries []quota.Entry, cost uint64) (ok bool, undo func(), scope, message string)
+	// Shares describes the share of every global level (quotad status, metrics).
+	Shares() []RegionShare
 	// Close releases the shares; later Admits at global levels refuse.
 	Close()
+}
+
+// RegionShare is the regional leader's current share of one global level.
+type RegionShare struct {
+	Domain string `json:"domain"`
+	Path   string `json:"path"`
+	Scope  string `json:"scope"`
+	// Status: lent, central, too_small, invalid or pending (client.ShareInfo).
+	Status   string    `json:"status"`
+	Local    bool      `json:"local"`
+	Rate     float64   `json:"rate"`
+	Capacity float64   `json:"capacity"`
+	Expiry   time.Time `json:"expiry,omitzero"`
+	Message  string    `json:"message,omitempty"`
+	// Admitted, Refused and Undone count units decided at the level by this holder
+	// (Undone: admitted here, refused by a regional level, given back).
+	Admitted uint64 `json:"admitted"`
+	Refused  uint64 `json:"refused"`
+	Undone   uint64 `json:"undone"`
+}
+
+// regionMembers adds the region and, from the regional leader, its shares to a Members
+// answer.
+func (s *Server) regionMembers(ctx context.Context, resp *quotadv1.MembersResponse) {
+	if s.region == nil {
+		return
+	}
+	resp.Region = s.region.cfg.Name
+	h := s.Region()
+	if h == nil {
+		if conn, err := s.route(ctx); err == nil && conn != nil {
+			if lr, err := quotadv1.NewAdminClient(conn).Members(forwardCtx(ctx), &quotadv1.MembersRequest{}); err == nil {
+				resp.RegionShares = lr.RegionShares
+			}
+		}
+		return
+	}
+	for _, r := range h.Shares() {
+		var in int64
+		if !r.Expiry.IsZero() {
+			in = max(0, time.Until(r.Expiry).Milliseconds())
+		}
+		resp.RegionShares = append(resp.RegionShares, &quotadv1.RegionShare{Domain: r.Domain, Path: r.Path, Scope: r.Scope,
+			Status: r.Status, Local: r.Local, Rate: r.Rate, Capacity: r.Capacity, ExpiresInMs: in, Message: r.Message,
+			Admitted: r.Admitted, Refused: r.Refused, Undone: r.Undone})
+	}
 }
 
 // regionGate holds the regional leader's share holder (nil while this node does not lead).

@@ -529,6 +529,7 @@ func (s *Server) Members(ctx context.Context, _ *quotadv1.MembersRequest) (*quot
 		}
 		resp.Members = append(resp.Members, pm)
 	}
+	s.regionMembers(ctx, resp) // region.go
 	return resp, nil
 }
 

@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 	"github.com/quotad/quotad/auth"
 	"github.com/quotad/quotad/client"
 	"github.com/quotad/quotad/region"
@@ -64,4 +65,23 @@ func (r *regionFlags) apply(cfg *rpc.AgentConfig) error {
 	c.Close()
 	cfg.Region = region.Agent(r.name, g)
 	return nil
+}
+
+// printRegion prints a regional cluster's shares of the global levels (quotad status).
+func printRegion(name string, shares []*quotadv1.RegionShare) {
+	if name == "" {
+		return
+	}
+	fmt.Printf("region: %s (global levels: the leader's share of the global cluster's buckets)\n", name)
+	if len(shares) == 0 {
+		fmt.Println("  no global levels, or no leader holding shares yet")
+	}
+	for _, s := range shares {
+		fmt.Printf("  %-24s %-9s rate=%.4g/s capacity=%.4g local=%v expires_in=%dms admitted=%d refused=%d",
+			s.Path, s.Status, s.Rate, s.Capacity, s.Local, s.ExpiresInMs, s.Admitted, s.Refused)
+		if s.Message != "" {
+			fmt.Printf(" (%s)", s.Message)
+		}
+		fmt.Println()
+	}
 }
