@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -247,6 +249,18 @@ func TestRegionsWANDelayOffRequestPath(t *testing.T) {
 	}
 	if m.Region != "r0" || len(m.RegionShares) != 2 || m.RegionShares[0].Path != "api" || m.RegionShares[0].Admitted == 0 {
 		t.Fatalf("status: region %q, shares %v", m.Region, m.RegionShares)
+	}
+	// Metrics per region.
+	hr, err := http.Get("http://" + w.regions[0].Agent(w.regions[0].Leader()).HTTPAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(hr.Body)
+	hr.Body.Close()
+	for _, want := range []string{`quotad_region_share_rate{domain="api",path="api",region="r0"}`, `quotad_region_global_admitted_total{domain="api",path="api",region="r0"}`} {
+		if !strings.Contains(string(body), want) {
+			t.Fatalf("/metrics has no %s", want)
+		}
 	}
 }
 

@@ -225,6 +225,7 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 	go a.watch(limits)
 	if cfg.Region != nil {
 		a.server.SetRegion(*cfg.Region)
+		a.metrics.Registry.MustRegister(newRegionCollector(a.server))
 		a.wg.Add(1)
 		go func() {
 			defer a.wg.Done()

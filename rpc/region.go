@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -264,4 +265,57 @@ func (s *Server) regionShareProblem(req *quotadv1.ShareRequest) error {
 		}
 	}
 	return nil
+}
+
+// regionCollector exports the regional leader's shares per global level (on the leader; the
+// other nodes export nothing).
+type regionCollector struct {
+	s                              *Server
+	rate, capacity, local, expires *prometheus.Desc
+	admitted, refused, undone      *prometheus.Desc
+}
+
+func newRegionCollector(s *Server) *regionCollector {
+	l := []string{"region", "domain", "path"}
+	d := func(name, help string) *prometheus.Desc { return prometheus.NewDesc(name, help, l, nil) }
+	return &regionCollector{s: s,
+		rate:     d("quotad_region_share_rate", "Units per second of the global level this region's leader holds (its share)."),
+		capacity: d("quotad_region_share_capacity", "Capacity in units of the region's share of the global level."),
+		local:    d("quotad_region_share_local", "1 while the region decides the global level on its share (lent and not ended)."),
+		expires:  d("quotad_region_share_expires_in_seconds", "Seconds until the region's share of the global level ends without a renewal."),
+		admitted: d("quotad_region_global_admitted_total", "Units the regional leader admitted at the global level from its share."),
+		refused:  d("quotad_region_global_refused_total", "Units the regional leader refused at the global level (share spent, none yet, or ended)."),
+		undone:   d("quotad_region_global_undone_total", "Units given back to the share after a regional level refused the same admission."),
+	}
+}
+
+func (c *regionCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.rate, c.capacity, c.local, c.expires, c.admitted, c.refused, c.undone} {
+		ch <- d
+	}
+}
+
+func (c *regionCollector) Collect(ch chan<- prometheus.Metric) {
+	h := c.s.Region()
+	if h == nil {
+		return
+	}
+	name := c.s.region.cfg.Name
+	for _, r := range h.Shares() {
+		lv := []string{name, r.Domain, r.Path}
+		local, in := 0.0, 0.0
+		if r.Local {
+			local = 1
+		}
+		if !r.Expiry.IsZero() {
+			in = max(0, time.Until(r.Expiry).Seconds())
+		}
+		ch <- prometheus.MustNewConstMetric(c.rate, prometheus.GaugeValue, r.Rate, lv...)
+		ch <- prometheus.MustNewConstMetric(c.capacity, prometheus.GaugeValue, r.Capacity, lv...)
+		ch <- prometheus.MustNewConstMetric(c.local, prometheus.GaugeValue, local, lv...)
+		ch <- prometheus.MustNewConstMetric(c.expires, prometheus.GaugeValue, in, lv...)
+		ch <- prometheus.MustNewConstMetric(c.admitted, prometheus.CounterValue, float64(r.Admitted), lv...)
+		ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(r.Refused), lv...)
+		ch <- prometheus.MustNewConstMetric(c.undone, prometheus.CounterValue, float64(r.Undone), lv...)
+	}
 }
