@@ -29,6 +29,8 @@ type GlobalPath struct {
 	Entries []Entry
 	// Scope is the level's key (ScopeDomain for a domain ceiling).
 	Scope string
+	// Rate is the level's rate_limit.
+	Rate Rate
 }
 
 // GlobalPaths lists the scope: global levels of l in configuration order.
@@ -40,7 +42,7 @@ func (l *Limits) GlobalPaths() []GlobalPath {
 	for i := range l.Domains {
 		d := &l.Domains[i]
 		if d.Rate.IsGlobal() {
-			out = append(out, GlobalPath{Domain: d.Name, Scope: ScopeDomain})
+			out = append(out, GlobalPath{Domain: d.Name, Scope: ScopeDomain, Rate: *d.Rate})
 		}
 		var walk func(ns []Node, path []Entry)
 		walk = func(ns []Node, path []Entry) {
@@ -48,7 +50,7 @@ func (l *Limits) GlobalPaths() []GlobalPath {
 				n := &ns[j]
 				p := append(path[:len(path):len(path)], Entry{Key: n.Key, Value: n.Value})
 				if n.Rate.IsGlobal() {
-					out = append(out, GlobalPath{Domain: d.Name, Entries: p, Scope: n.Key})
+					out = append(out, GlobalPath{Domain: d.Name, Entries: p, Scope: n.Key, Rate: *n.Rate})
 				}
 				walk(n.Children, p)
 			}

@@ -37,6 +37,11 @@ import (
 	"github.com/quotad/quotad/rpc"
 )
 
+// MinDemandPercent of a global level's rate is the least demand a regional leader reports
+// for it: an idle region keeps a share large enough to be lent (b ≥ 2 units, r·term ≥ 20),
+// so its first requests after a quiet spell are decided locally instead of refused.
+const MinDemandPercent = 10
+
 // Config configures a Holder.
 type Config struct {
 	// Region names this regional cluster (in the holder's ID at the global cluster, metrics
@@ -155,7 +160,11 @@ func (h *Holder) sync() {
 		for i, e := range gp.Entries {
 			descs[i] = client.Entry{Key: e.Key, Value: e.Value}
 		}
-		next = append(next, &share{gp: gp, lim: h.c.Limiter(client.Request{Domain: gp.Domain, Descriptors: descs, Cost: 1}, client.LimiterOptions{})})
+		// A quiet region keeps asking for MinDemandPercent of the level's rate, so its share
+		// stays above the lend threshold (it never decides centrally).
+		perSec := float64(gp.Rate.RequestsPerUnit) / max(gp.Rate.Unit.Seconds(), 1e-9)
+		next = append(next, &share{gp: gp, lim: h.c.Limiter(client.Request{Domain: gp.Domain, Descriptors: descs, Cost: 1},
+			client.LimiterOptions{MinDemand: perSec * MinDemandPercent / 100})})
 		h.log.Info("holding a share of a global level", "domain", gp.Domain, "level", gp.Scope, "path", k)
 	}
 	for k, s := range old {
