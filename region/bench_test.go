@@ -11,6 +11,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -139,7 +140,8 @@ func TestBenchRegions(t *testing.T) {
 		t.Cleanup(func() { c.Close() })
 		regions, clients, wan = append(regions, rc), append(clients, c), append(wan, on)
 	}
-	res := map[string]any{"scenario": fmt.Sprintf("in-process: a global cluster and two regional ones (1 node each), R=%v/s B=%v, lease %v, demand 1.5R split 80/20 for %v then flipped for %v", benchR, benchB, benchLease, T/2, T/2)}
+	load := func() string { b, _ := os.ReadFile("/proc/loadavg"); return strings.TrimSpace(string(b)) }
+	res := map[string]any{"loadavg_start": load(), "scenario": fmt.Sprintf("in-process: a global cluster and two regional ones (1 node each), R=%v/s B=%v, lease %v, demand 1.5R split 80/20 for %v then flipped for %v", benchR, benchB, benchLease, T/2, T/2)}
 
 	// 1. Bound, utilization, flip.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -168,8 +170,15 @@ func TestBenchRegions(t *testing.T) {
 	// holds (its demand 30/s × 1.25), in 1 s bins.
 	share := benchR*0.99 - 1.5*benchR*0.2*1.25
 	converge := -1.0
-	for s := flip; s.Before(end.Add(-time.Second)); s = s.Add(250 * time.Millisecond) {
-		if float64(countIn(a1, s, s.Add(time.Second))) >= 0.9*share {
+	// Sustained: every 1 s bin of the next 3 s at ≥ 90 % (the first bins after the flip can
+	// pass on the tokens region 1 saved while quiet, not on its share).
+	for s := flip; s.Before(end.Add(-4 * time.Second)); s = s.Add(250 * time.Millisecond) {
+		ok := true
+		for k := range 3 {
+			b := s.Add(time.Duration(k) * time.Second)
+			ok = ok && float64(countIn(a1, b, b.Add(time.Second))) >= 0.9*share
+		}
+		if ok {
 			converge = s.Add(time.Second).Sub(flip).Seconds()
 			break
 		}
@@ -258,6 +267,7 @@ func TestBenchRegions(t *testing.T) {
 	res["global_down_ok"] = onShare > 0 && fallbackRate > 0 && fallbackRate <= 20*1.2+benchB/fallbackSecs && recovered >= 0 && recovered <= 2*benchLease.Seconds()
 	t.Logf("global down: %d admitted in the first half term, fallback %.1f/s (total 20/s), shares back %.1fs after the restart", onShare, fallbackRate, recovered)
 
+	res["loadavg_end"] = load()
 	b, _ := json.MarshalIndent(res, "", "  ")
 	if err := os.WriteFile(out, append(b, '\n'), 0o644); err != nil {
 		t.Fatal(err)
