@@ -21,9 +21,9 @@ import (
 
 	"github.com/quotad/quotad/client"
 	"github.com/quotad/quotad/cluster/clustertest"
+	"github.com/quotad/quotad/region"
 	"github.com/quotad/quotad/rpc"
 	"github.com/quotad/quotad/rpc/rpctest"
-	"github.com/quotad/quotad/region"
 )
 
 const benchLimits = `
@@ -197,6 +197,7 @@ func TestBenchRegions(t *testing.T) {
 	// a light load (40/s per region, inside the shares), both regions measured at the same
 	// time (the machine's load hits both alike): first neither delayed (calibration), then
 	// region 0's global links delayed and region 1's not.
+	var maxDelayed float64
 	lat := func() (float64, float64) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -211,6 +212,9 @@ func TestBenchRegions(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 		_, l0 := p[0].snapshot()
 		_, l1 := p[1].snapshot()
+		if len(l0) > 0 {
+			maxDelayed = float64(slices.Max(l0).Microseconds()) / 1000
+		}
 		return p99ms(l0), p99ms(l1)
 	}
 	c0, c1 := lat()
@@ -222,6 +226,9 @@ func TestBenchRegions(t *testing.T) {
 	res["regional_p99_ms_with_wan_delay"] = delayed
 	res["regional_p99_ratio_with_wan_delay"] = delayed / max(base, 1e-3)
 	res["regional_p99_ratio_calibration_no_delay"] = c0 / max(c1, 1e-3)
+	// A decision that crossed to the global cluster would take ≥ 50 ms.
+	res["regional_max_ms_with_wan_delay"] = maxDelayed
+	res["regional_no_hop_ok"] = maxDelayed < 50
 	t.Logf("regional p99: region 0 %.2f ms with 50–150 ms on its global links, region 1 %.2f ms without (calibration, neither delayed: %.2f / %.2f ms)", delayed, base, c0, c1)
 
 	// 3. Global cluster down for 3 terms: the regions decide until their grants end, then at
