@@ -63,6 +63,10 @@ var Methods = map[string]Access{
 	"/quotad.v1.Admin/RevokeToken":        adminOnly,
 	"/quotad.v1.Admin/LiftPause":          adminOnly,
 
+	// quotad.v1.Snapshot: the whole state, tokens' hashes included, out and in.
+	"/quotad.v1.Snapshot/Save":    adminOnly,
+	"/quotad.v1.Snapshot/Restore": adminOnly,
+
 	// Health checks are for load balancers and orchestrators, which hold no credential.
 	"/grpc.health.v1.Health/Check": open,
 	"/grpc.health.v1.Health/Watch": open,

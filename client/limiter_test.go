@@ -54,12 +54,6 @@ func TestGCRARateBurstAndCap(t *testing.T) {
 
 func (g *gcra) takeOK(n uint64, now int64) bool { ok, _ := g.take(n, now); return ok }
 
-// fakeClock is a LimiterClock tests move by hand; raw and boot can be moved apart.
-type fakeClock struct{ raw, boot atomic.Int64 }
-
-func (f *fakeClock) Now() (int64, int64) { return f.raw.Load(), f.boot.Load() }
-func (f *fakeClock) add(d time.Duration) { f.raw.Add(int64(d)); f.boot.Add(int64(d)) }
-
 // realish is a fake clock that follows real time, with offsets tests add.
 type realish struct {
 	start           time.Time

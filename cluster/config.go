@@ -171,10 +171,10 @@ type Config struct {
 	WrapLogStore func(raft.LogStore) raft.LogStore
 
 	// LogStore is the Raft log's storage: LogStoreBoltDB ("boltdb": raft.db, a BoltDB B-tree,
-	// two fdatasyncs per append) or LogStoreWAL ("wal": hashicorp/raft-wal segment files in
-	// wal/, one fsync per append, term and vote in stable.db). Both fsync every append. A data
-	// dir keeps the backend it was created with: NewNode refuses one written by the other
-	// (ErrLogStoreMismatch) and says how to replace the node instead. See logstore.go.
+	// two fdatasyncs per append) or LogStoreWAL ("wal": package wal's segment files in wal/,
+	// one write and one fdatasync per append, term and vote in stable.db). Both fsync every
+	// append. A data dir keeps the backend it was created with: NewNode refuses one written by
+	// the other (ErrLogStoreMismatch) and says how to replace the node instead. See logstore.go.
 	LogStore string
 
 	// Clock is the node's time source; nil means SystemClock.

@@ -10,8 +10,8 @@ import (
 
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
-	wal "github.com/hashicorp/raft-wal"
-	"github.com/hashicorp/raft-wal/metadb"
+
+	"github.com/quotad/quotad/cluster/wal"
 )
 
 // Raft log store backends (Config.LogStore, the agent's --raft-log-store).
@@ -22,14 +22,16 @@ import (
 //   - boltdb (raft-boltdb/v2): every StoreLogs is a BoltDB write transaction — the entries'
 //     B-tree pages, then the meta page, each followed by an fdatasync (two per append).
 //     The same raft.db file is the stable store (term, vote).
-//   - wal (hashicorp/raft-wal, what Consul runs as raft_logstore backend "wal"): every
-//     StoreLogs appends the entries and a commit frame (CRC over the batch) to the tail of a
-//     64 MiB preallocated segment file with one write and one fsync; the first sync of a new
-//     segment file also fsyncs the directory. Segment rotation and head/tail truncation record
-//     the segment list in wal/wal-meta.db (BoltDB, fsynced). On open, a torn tail (entries
-//     after the last commit frame, or a last batch whose CRC does not match) is dropped: it
-//     was never acknowledged. The stable store (term, vote) is a raft-boltdb file of its own,
-//     stable.db, fsynced on every write like raft.db.
+//   - wal (package wal, ours): every StoreLogs appends the entries and a commit record (CRC
+//     over the batch and its index range) to the tail of a preallocated 64 MiB segment file
+//     with one write and one fdatasync; a new segment is created under a temporary name,
+//     fsynced, renamed and the directory fsynced. DeleteRange is one clamp record in the tail
+//     (one write, one fdatasync), then whole segments below the first index are removed.
+//     Everything a restart needs is in the segment files: no metadata DB, no background
+//     goroutine. On open, a torn tail (a last record without its commit record or with a bad
+//     CRC, nothing valid after it) is cut off: it was never acknowledged. The stable store
+//     (term, vote) is a raft-boltdb file of its own, stable.db, fsynced on every write like
+//     raft.db.
 const (
 	LogStoreBoltDB = "boltdb"
 	LogStoreWAL    = "wal"
@@ -39,8 +41,12 @@ const (
 // how NewNode tells what an existing data dir was written with.
 const (
 	boltLogFile = "raft.db"   // boltdb: log and stable store
-	walLogDir   = "wal"       // wal: segment files (*.wal) and wal-meta.db
+	walLogDir   = "wal"       // wal: segment files (<seq>-<first index>.wal, package wal)
 	walStable   = "stable.db" // wal: raft-boltdb file holding only term and vote
+
+	// hashicorpWALMeta marks a wal/ directory written by hashicorp/raft-wal, which
+	// --raft-log-store wal used before it was our own (issue 17); this build refuses it.
+	hashicorpWALMeta = "wal-meta.db"
 )
 
 // validateLogStore checks Config.LogStore.
@@ -103,55 +109,18 @@ func logStoreFiles(backend string) string {
 	return boltLogFile
 }
 
-// walStore closes a raft-wal log store completely. raft-wal v0.4.0's WAL.Close closes the
-// segment files but leaves its metadata DB (wal-meta.db, BoltDB) open and locked, so the same
-// process could never open the data dir again (bbolt waits for the lock forever): a node
-// restarted in-process would hang. We pass our own metadb.BoltMetaDB and close it after the
-// WAL (raft is stopped by then, so nothing writes to it).
-type walStore struct {
-	wal  *wal.WAL
-	meta *metadb.BoltMetaDB
-}
-
-func (w *walStore) Close() error {
-	return errors.Join(w.wal.Close(), w.meta.Close())
-}
-
-// walLogStore is raft-wal's log store with GetLog refusing indexes below FirstIndex, as the
-// raft.LogStore contract and raft-boltdb do. raft-wal v0.4.0 keeps serving entries of its tail
-// segment after a head truncation (compaction) removed them: the tail writer checks only its
-// own copy of the segment's MinIndex, which DeleteRange does not update, so until the segment
-// rotates (64 MiB) "deleted" entries stay readable. They are committed entries, so raft would
-// not go wrong with them, but a lagging follower would then be caught up from the compacted
-// log instead of the snapshot, differently from BoltDB and from what TrailingLogs promises.
-// IsMonotonic (true) and the rest are the WAL's.
-type walLogStore struct {
-	*wal.WAL
-}
-
-func (s walLogStore) GetLog(index uint64, l *raft.Log) error {
-	first, err := s.WAL.FirstIndex()
-	if err != nil {
-		return err
-	}
-	if index < first {
-		return raft.ErrLogNotFound
-	}
-	return s.WAL.GetLog(index, l)
-}
-
 // openLogStore opens (or creates) the Raft stable store and log store of backend in dir. With
-// boltdb both are the same raft.db; with wal the log is a raft-wal in dir/wal and the stable
-// store is raft-boltdb in dir/stable.db. walLog is the WAL to close after raft stopped (nil
-// for boltdb, whose log closes with stable). An existing data dir written by the other
-// backend is refused (ErrLogStoreMismatch) with what to do about it.
-func openLogStore(dir, backend string, l *slog.Logger, libLevel slog.Level) (stable *raftboltdb.BoltStore, logs raft.LogStore, walLog *walStore, err error) {
-	return openLogStoreSized(dir, backend, l, libLevel, wal.DefaultSegmentSize)
+// boltdb both are the same raft.db; with wal the log is our write-ahead log (package wal) in
+// dir/wal and the stable store is raft-boltdb in dir/stable.db. walLog is the WAL to close
+// after raft stopped (nil for boltdb, whose log closes with stable). An existing data dir
+// written by the other backend is refused (ErrLogStoreMismatch) with what to do about it.
+func openLogStore(dir, backend string, l *slog.Logger) (stable *raftboltdb.BoltStore, logs raft.LogStore, walLog *wal.Log, err error) {
+	return openLogStoreWith(dir, backend, wal.Options{Logger: l.With("component", "wal")})
 }
 
-// openLogStoreSized is openLogStore with the WAL's segment size (tests use small segments to
-// rotate often).
-func openLogStoreSized(dir, backend string, l *slog.Logger, libLevel slog.Level, segmentSize int) (stable *raftboltdb.BoltStore, logs raft.LogStore, walLog *walStore, err error) {
+// openLogStoreWith is openLogStore with the WAL's options (tests use small segments to rotate
+// often, and crash hooks).
+func openLogStoreWith(dir, backend string, walOpts wal.Options) (stable *raftboltdb.BoltStore, logs raft.LogStore, walLog *wal.Log, err error) {
 	if err := validateLogStore(backend); err != nil {
 		return nil, nil, nil, err
 	}
@@ -175,25 +144,24 @@ func openLogStoreSized(dir, backend string, l *slog.Logger, libLevel slog.Level,
 		}
 		return bolt, bolt, nil, nil
 	}
-	// The stable store first: its open times out if another process holds the data dir
-	// (raft-wal's own wal-meta.db would wait for the lock forever).
+	wdir := filepath.Join(dir, walLogDir)
+	if _, err := os.Stat(filepath.Join(wdir, hashicorpWALMeta)); err == nil {
+		return nil, nil, nil, fmt.Errorf("cluster: %w: data dir %q holds a Raft log written by hashicorp/raft-wal (%s), "+
+			"which an earlier development build used for --raft-log-store wal; this build's wal backend has its own "+
+			"format and cannot read it. Replace the node: stop it, move %q away and start it again with the same --id "+
+			"and an empty --data-dir (it catches up from the leader's snapshot; README, \"Raft log store\")",
+			ErrLogStoreMismatch, dir, filepath.Join(walLogDir, hashicorpWALMeta), dir)
+	}
+	// The stable store first: its open times out if another process holds the data dir.
 	path := filepath.Join(dir, walStable)
 	stable, err = raftboltdb.New(boltOptions(path))
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("cluster: open %s: %w (is another node using this data dir?)", path, err)
 	}
-	wdir := filepath.Join(dir, walLogDir)
-	if err := os.MkdirAll(wdir, 0o755); err != nil {
-		_ = stable.Close()
-		return nil, nil, nil, fmt.Errorf("cluster: create %s: %w", wdir, err)
-	}
-	meta := &metadb.BoltMetaDB{}
-	w, err := wal.Open(wdir, wal.WithMetaStore(meta), wal.WithSegmentSize(segmentSize),
-		wal.WithLogger(newHCLog(l, "raft.wal", libLevel)))
+	w, err := wal.Open(wdir, walOpts)
 	if err != nil {
-		_ = meta.Close()
 		_ = stable.Close()
-		return nil, nil, nil, fmt.Errorf("cluster: open the Raft WAL in %s: %w", wdir, err)
+		return nil, nil, nil, fmt.Errorf("cluster: open the Raft log in %s: %w", wdir, err)
 	}
-	return stable, walLogStore{w}, &walStore{wal: w, meta: meta}, nil
+	return stable, w, w, nil
 }

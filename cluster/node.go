@@ -1,4 +1,4 @@
-// Package cluster runs one quotad node: a hashicorp/raft replica (a BoltDB or raft-wal log and
+// Package cluster runs one quotad node: a hashicorp/raft replica (a BoltDB or write-ahead log and
 // a BoltDB stable store, fsynced on every write; an in-memory log cache, file snapshots, TCP
 // transport), memberlist gossip for discovery, joining, bootstrapping and dead-node cleanup,
 // and the leader's monotonic clock and idle ticks.
@@ -26,6 +26,8 @@ import (
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"go.etcd.io/bbolt"
+
+	"github.com/quotad/quotad/cluster/wal"
 )
 
 // FSM is what a Node needs of its state machine (fsm.FSM implements it).
@@ -76,7 +78,7 @@ type Node struct {
 
 	clk leaderClock
 
-	walLog *walStore // the log store with LogStore "wal" (bolt is then only the stable store); else nil
+	walLog *wal.Log // the log store with LogStore "wal" (bolt is then only the stable store); else nil
 
 	lcMu sync.Mutex
 	lcCh chan struct{}
@@ -187,7 +189,7 @@ func (n *Node) openRaft() error {
 	var nonce [8]byte
 	_, _ = rand.Read(nonce[:])
 	n.nonce = hex.EncodeToString(nonce[:])
-	bolt, logs, walLog, err := openLogStore(cfg.DataDir, cfg.LogStore, n.log, cfg.LibraryLogLevel)
+	bolt, logs, walLog, err := openLogStore(cfg.DataDir, cfg.LogStore, n.log)
 	if err != nil {
 		return err
 	}

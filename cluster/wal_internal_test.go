@@ -5,8 +5,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -19,6 +17,8 @@ import (
 
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+
+	"github.com/quotad/quotad/cluster/wal"
 )
 
 var backends = []string{LogStoreBoltDB, LogStoreWAL}
@@ -50,8 +50,11 @@ func openTestStores(t testing.TB, dir, backend string, segmentSize int) testStor
 }
 
 func tryOpenTestStores(dir, backend string, segmentSize int) (testStores, error) {
-	l := slog.New(slog.NewTextHandler(io.Discard, nil))
-	stable, logs, w, err := openLogStoreSized(dir, backend, l, slog.LevelWarn, segmentSize)
+	return tryOpenTestStoresWith(dir, backend, wal.Options{SegmentSize: int64(segmentSize)})
+}
+
+func tryOpenTestStoresWith(dir, backend string, opts wal.Options) (testStores, error) {
+	stable, logs, w, err := openLogStoreWith(dir, backend, opts)
 	if err != nil {
 		return testStores{}, err
 	}
@@ -282,8 +285,8 @@ func TestWALTornTailRecovery(t *testing.T) {
 }
 
 // TestWALGetLogBelowFirstIndex: after a compaction, entries below FirstIndex are gone for
-// raft, also while they are still in the WAL's tail segment (walLogStore; raft-wal alone
-// serves them).
+// raft, also while they are still in the WAL's tail segment (as with BoltDB, so a lagging
+// follower gets the snapshot).
 func TestWALGetLogBelowFirstIndex(t *testing.T) {
 	t.Parallel()
 	s := openTestStores(t, t.TempDir(), LogStoreWAL, 4<<20)
@@ -296,11 +299,6 @@ func TestWALGetLogBelowFirstIndex(t *testing.T) {
 	var e raft.Log
 	if err := s.logs.GetLog(10, &e); !errors.Is(err, raft.ErrLogNotFound) {
 		t.Fatalf("GetLog(10) after DeleteRange(1, 50): %v, want ErrLogNotFound", err)
-	}
-	if err := s.logs.(walLogStore).WAL.GetLog(10, &e); err == nil {
-		t.Logf("raft-wal itself still returns entry 10 (index %d) after its deletion: walLogStore is needed", e.Index)
-	} else {
-		t.Logf("raft-wal itself now refuses entry 10 (%v): walLogStore's check may be redundant", err)
 	}
 }
 
@@ -325,99 +323,184 @@ func copyDir(t *testing.T, from, to string) {
 	}
 }
 
-// childEnv makes the test binary a log-store writer (TestLogStoreWriterProcess) for
-// TestLogStoreSurvivesKill9.
-const childEnv = "QUOTAD_LOGSTORE_WRITER"
+// Environment of the writer process (TestLogStoreWriterProcess) that the crash tests start
+// from the test binary and kill.
+const (
+	childEnv = "QUOTAD_LOGSTORE_WRITER" // backend,dir: be the writer
+	// crashEnv = point:n makes the WAL writer SIGKILL itself the n-th time it reaches point
+	// (wal.Options.CrashHook).
+	crashEnv = "QUOTAD_WAL_CRASH"
+)
 
-// TestLogStoreSurvivesKill9 kills a separate process that appends to a real log store (batches
-// of 1–8 entries of up to 8 KB, a compaction every 40 batches, 256 KB WAL segments so
-// rotations happen too) with SIGKILL at a random point, five times in a row, each time
-// reopening the store: every append the writer saw acknowledged (it prints the last index
-// after StoreLogs returns) must be there with its exact payload, and the next writer continues
-// after the last entry. The writer is almost always inside StoreLogs (fsync-bound), so most
-// kills land mid-append. A killed process leaves its writes in the page cache, so this checks
-// what a process crash leaves (partial batches, a rotation or compaction cut short); what a
-// power loss leaves (a torn write on disk) is TestWALTornTailRecovery's.
-//
-// Known defect (raft-wal v0.4.0): a kill after StoreLogs sealed the tail segment but before the
-// background rotation recorded the new tail in wal-meta.db leaves a WAL whose every append
-// fails with "segment is sealed" after restart — the node cannot write its log again. The WAL
-// backend fails this test at random (round 1–4 of 5, about one run in two here), so it runs
-// only with QUOTAD_WAL_KILL9=1 until that is fixed; `--raft-log-store wal` is experimental
-// (README, docs/performance.md "Log store").
+// writerState is what the parent knows from a writer's output: each line is printed before
+// (truncate, reset) or after (acked) the operation it names, so mustHave is a lower bound on
+// the last index that must survive any crash (0: nothing is owed, the log may be empty).
+type writerState struct {
+	mustHave uint64 // the log must hold [first, mustHave] with first <= mustHave
+	lines    int
+}
+
+func (w *writerState) read(line string) error {
+	verb, arg, _ := strings.Cut(line, " ")
+	n, err := strconv.ParseUint(arg, 10, 64)
+	if err != nil {
+		return fmt.Errorf("writer printed %q", line)
+	}
+	switch verb {
+	case "acked": // StoreLogs up to n returned
+		if w.mustHave != 0 && n <= w.mustHave {
+			return fmt.Errorf("writer acknowledged %d after %d", n, w.mustHave)
+		}
+		w.mustHave = n
+	case "truncate": // about to delete the suffix after n (a conflict)
+		w.mustHave = min(w.mustHave, n)
+	case "reset": // about to delete the whole log (a snapshot install), then append from n
+		w.mustHave = 0
+	default:
+		return fmt.Errorf("writer printed %q", line)
+	}
+	w.lines++
+	return nil
+}
+
+// runWriter starts the writer process on dir with extra environment, reads its output into st
+// and kills it after killAfter lines (0: let it run until it dies by itself, as a crash hook
+// makes it). It returns the number of lines read and whether the process died by SIGKILL.
+func runWriter(t *testing.T, backend, dir string, env []string, killAfter int, st *writerState) (lines int, killed bool) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestLogStoreWriterProcess$", "-test.v=false")
+	cmd.Env = append(append(os.Environ(), childEnv+"="+backend+","+dir), env...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		if err := st.read(sc.Text()); err != nil {
+			_ = cmd.Process.Kill()
+			t.Fatal(err)
+		}
+		if lines++; lines == killAfter {
+			_ = cmd.Process.Signal(syscall.SIGKILL)
+		}
+	}
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
+			return lines, true
+		}
+	}
+	t.Fatalf("writer exited after %d lines without being killed: %v\n%s", lines, err, stderr.String())
+	return lines, false
+}
+
+// checkAfterCrash reopens dir and checks it against what the writer acknowledged: every entry
+// up to mustHave is there, every entry has its payload, and the log is contiguous.
+func checkAfterCrash(t *testing.T, backend, dir string, st *writerState, what string) {
+	t.Helper()
+	s := openTestStores(t, dir, backend, 256<<10)
+	defer s.close()
+	first, _ := s.logs.FirstIndex()
+	last, _ := s.logs.LastIndex()
+	if st.mustHave > 0 && (last < st.mustHave || first > st.mustHave) {
+		t.Fatalf("%s: the log is [%d, %d], but the writer had acknowledged everything up to %d", what, first, last, st.mustHave)
+	}
+	checkLog(t, s.logs, first, last, 0)
+	t.Logf("%s: log [%d, %d], owed up to %d", what, first, last, st.mustHave)
+	st.mustHave = last
+}
+
+// TestLogStoreSurvivesKill9 kills a separate process that writes to a real log store what raft
+// writes (batches of 1–8 entries of up to 8 KB; a compaction every 40 batches; a conflict
+// truncation of a few entries every 97; every 331 the whole log deleted and appends going on
+// 500 indexes later, as after a snapshot install; 256 KB WAL segments, so rotations happen
+// too) with SIGKILL at a random point, five times in a row, each time reopening the store:
+// every append the writer saw acknowledged must be there with its exact payload, and the next
+// writer continues after the last entry. The writer is almost always inside a write
+// (fsync-bound), so most kills land mid-operation. A killed process leaves its writes in the
+// page cache, so this checks what a process crash leaves (operations cut short between their
+// steps); what a power loss leaves (a torn write on disk) is TestWALTornTailRecovery's and
+// the wal package's fuzz test's. TestWALCrashPoints kills at each step on purpose.
 func TestLogStoreSurvivesKill9(t *testing.T) {
 	t.Parallel()
-	tested := []string{LogStoreBoltDB}
-	if os.Getenv("QUOTAD_WAL_KILL9") == "1" {
-		tested = backends
-	}
-	for _, backend := range tested {
+	for _, backend := range backends {
 		t.Run(backend, func(t *testing.T) {
 			t.Parallel()
 			dir := t.TempDir()
 			rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 5))
-			var acked uint64
+			var st writerState
 			for round := range 5 {
-				cmd := exec.Command(os.Args[0], "-test.run=^TestLogStoreWriterProcess$", "-test.v=false")
-				cmd.Env = append(os.Environ(), childEnv+"="+backend+","+dir)
-				cmd.Stderr = os.Stderr
-				out, err := cmd.StdoutPipe()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := cmd.Start(); err != nil {
-					t.Fatal(err)
-				}
-				killAfter := 30 + rng.IntN(120) // acknowledged batches before the kill
-				sc := bufio.NewScanner(out)
-				batches, killed := 0, false
-				for sc.Scan() {
-					idx, err := strconv.ParseUint(strings.TrimPrefix(sc.Text(), "acked "), 10, 64)
-					if err != nil {
-						t.Fatalf("writer printed %q", sc.Text())
-					}
-					if idx < acked {
-						t.Fatalf("writer acknowledged %d after %d", idx, acked)
-					}
-					acked = idx
-					if batches++; batches == killAfter && !killed {
-						_ = cmd.Process.Signal(syscall.SIGKILL)
-						killed = true
-					}
-				}
-				// Lines printed before the process died count too (the scanner read them all).
-				err = cmd.Wait()
-				if !killed {
-					t.Fatalf("round %d: writer exited by itself after %d batches: %v", round, batches, err)
-				}
-				s := openTestStores(t, dir, backend, 256<<10)
-				first, _ := s.logs.FirstIndex()
-				last, _ := s.logs.LastIndex()
-				if last < acked {
-					t.Fatalf("round %d: after kill -9 the log ends at %d, but the writer saw %d acknowledged", round, last, acked)
-				}
-				checkLog(t, s.logs, first, last, 0)
-				t.Logf("round %d: killed after %d batches; acknowledged %d, log [%d, %d]", round, batches, acked, first, last)
-				if err := s.close(); err != nil {
-					t.Fatal(err)
-				}
-				acked = last
+				killAfter := 30 + rng.IntN(400) // lines (mostly acknowledged batches) before the kill
+				lines, _ := runWriter(t, backend, dir, nil, killAfter, &st)
+				checkAfterCrash(t, backend, dir, &st, fmt.Sprintf("round %d (killed after %d lines)", round, lines))
 			}
 		})
 	}
 }
 
-// TestLogStoreWriterProcess is the writer process of TestLogStoreSurvivesKill9 (it skips
-// unless started by it).
+// TestWALCrashPoints kills the WAL writer process exactly at each step of its durable
+// operations — a record written but not yet synced (append, clamp), a new segment synced
+// under its temporary name, renamed, the directory synced, a segment removed by compaction
+// or a whole-log delete — at the n-th time it gets there, then reopens: nothing acknowledged
+// may be lost, the log must be consistent, and a new writer must be able to go on appending
+// (it runs until killed again) and reopen.
+func TestWALCrashPoints(t *testing.T) {
+	t.Parallel()
+	points := []string{"append:written", "clamp:written", "segment:synced", "segment:renamed",
+		"segment:dir-synced", "segment:removed"}
+	for _, point := range points {
+		t.Run(point, func(t *testing.T) {
+			t.Parallel()
+			dir := t.TempDir()
+			var st writerState
+			for i, n := range []int{1, 3, 7} {
+				runWriter(t, LogStoreWAL, dir, []string{fmt.Sprintf("%s=%s:%d", crashEnv, point, n)}, 0, &st)
+				checkAfterCrash(t, LogStoreWAL, dir, &st, fmt.Sprintf("killed at %s #%d", point, n))
+				// A writer without the crash point goes on from there.
+				runWriter(t, LogStoreWAL, dir, nil, 20+10*i, &st)
+				checkAfterCrash(t, LogStoreWAL, dir, &st, "then killed at random")
+			}
+		})
+	}
+}
+
+// TestLogStoreWriterProcess is the writer process of the crash tests (it skips unless started
+// by one). It prints "acked N" after each StoreLogs up to N returned, "truncate M" before
+// deleting the suffix after M, "reset J" before deleting the whole log and going on at J.
 func TestLogStoreWriterProcess(t *testing.T) {
 	spec := os.Getenv(childEnv)
 	if spec == "" {
-		t.Skip("the writer process of TestLogStoreSurvivesKill9")
+		t.Skip("the writer process of the log store crash tests")
 	}
 	backend, dir, _ := strings.Cut(spec, ",")
-	s, err := tryOpenTestStores(dir, backend, 256<<10)
+	opts := wal.Options{SegmentSize: 256 << 10}
+	if c := os.Getenv(crashEnv); c != "" {
+		i := strings.LastIndexByte(c, ':')
+		point := c[:i]
+		n, _ := strconv.Atoi(c[i+1:])
+		hits := 0
+		opts.CrashHook = func(p string) {
+			if p == point {
+				if hits++; hits == n {
+					_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+					select {}
+				}
+			}
+		}
+	}
+	s, err := tryOpenTestStoresWith(dir, backend, opts)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "writer:", err)
+		os.Exit(2)
+	}
+	fail := func(what string, err error) {
+		fmt.Fprintf(os.Stderr, "writer: %s: %v\n", what, err)
 		os.Exit(2)
 	}
 	last, _ := s.logs.LastIndex()
@@ -431,17 +514,27 @@ func TestLogStoreWriterProcess(t *testing.T) {
 			logs[i] = &raft.Log{Index: last, Term: 1, Type: raft.LogCommand, Data: entryData(last, 1)}
 		}
 		if err := s.logs.StoreLogs(logs); err != nil {
-			fmt.Fprintln(os.Stderr, "writer: StoreLogs:", err)
-			os.Exit(2)
+			fail("StoreLogs", err)
 		}
 		fmt.Fprintf(os.Stdout, "acked %d\n", last) // os.Stdout is unbuffered
-		if b%40 == 0 {
-			first, _ := s.logs.FirstIndex()
-			if last > first+100 {
-				if err := s.logs.DeleteRange(first, last-100); err != nil {
-					fmt.Fprintln(os.Stderr, "writer: DeleteRange:", err)
-					os.Exit(2)
-				}
+		first, _ := s.logs.FirstIndex()
+		switch {
+		case b%331 == 0: // a snapshot install: everything goes, appends go on further up
+			fmt.Fprintf(os.Stdout, "reset %d\n", last+500)
+			if err := s.logs.DeleteRange(first, last); err != nil {
+				fail("DeleteRange (all)", err)
+			}
+			last += 499
+		case b%97 == 0 && last > first+20: // a conflict: drop a few entries at the end
+			keep := last - uint64(1+rng.IntN(20))
+			fmt.Fprintf(os.Stdout, "truncate %d\n", keep)
+			if err := s.logs.DeleteRange(keep+1, last); err != nil {
+				fail("DeleteRange (suffix)", err)
+			}
+			last = keep
+		case b%40 == 0 && last > first+100: // compaction after a snapshot
+			if err := s.logs.DeleteRange(first, last-100); err != nil {
+				fail("DeleteRange (prefix)", err)
 			}
 		}
 	}
@@ -449,14 +542,25 @@ func TestLogStoreWriterProcess(t *testing.T) {
 }
 
 // BenchmarkLogStoreAppend is one StoreLogs of one entry at a time, fsync on, as the leader
-// and each follower do for a serial decision — the raw cost of the two backends on this disk.
+// and each follower do for a serial decision — the raw cost of the backends on this disk.
+// wal-grow is the WAL without preallocated segments (wal.Options.NoPreallocate).
 //
 //	go test ./cluster -run X -bench LogStoreAppend -benchtime 2s
 func BenchmarkLogStoreAppend(b *testing.B) {
 	for _, size := range []int{1 << 10, 20 << 10} {
-		for _, backend := range backends {
-			b.Run(fmt.Sprintf("%s/%dKB", backend, size>>10), func(b *testing.B) {
-				s := openTestStores(b, b.TempDir(), backend, 64<<20)
+		for _, v := range []struct {
+			name, backend string
+			opts          wal.Options
+		}{
+			{LogStoreBoltDB, LogStoreBoltDB, wal.Options{}},
+			{LogStoreWAL, LogStoreWAL, wal.Options{}},
+			{"wal-grow", LogStoreWAL, wal.Options{NoPreallocate: true}},
+		} {
+			b.Run(fmt.Sprintf("%s/%dKB", v.name, size>>10), func(b *testing.B) {
+				s, err := tryOpenTestStoresWith(b.TempDir(), v.backend, v.opts)
+				if err != nil {
+					b.Fatal(err)
+				}
 				defer s.close()
 				data := make([]byte, size)
 				var index uint64
@@ -469,5 +573,32 @@ func BenchmarkLogStoreAppend(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// TestHashicorpWALDataDirRefused: a data dir written by the hashicorp/raft-wal variant of
+// --raft-log-store wal (an earlier development build) is refused with what to do, untouched.
+func TestHashicorpWALDataDirRefused(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, walLogDir), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{hashicorpWALMeta, "00000000000000000001-0000000000000001.wal"} {
+		if err := os.WriteFile(filepath.Join(dir, walLogDir, name), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := tryOpenTestStores(dir, LogStoreWAL, 1<<20)
+	if !errors.Is(err, ErrLogStoreMismatch) {
+		t.Fatalf("open: %v, want ErrLogStoreMismatch", err)
+	}
+	for _, want := range []string{"hashicorp/raft-wal", "wal-meta.db", "empty --data-dir", dir} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not say %q: %v", want, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, walStable)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the refused open created %s", walStable)
 	}
 }

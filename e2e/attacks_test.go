@@ -107,6 +107,18 @@ func TestCallerAttacksAreRefused(t *testing.T) {
 		return r.Decisions[0], nil
 	}
 
+	acquireWaiting := func(who string, reqID uint64, descs ...string) (*quotadv1.Decision, error) {
+		adm := &quotadv1.Admission{RequestId: reqID, Domain: "provider", MaxWaitMs: 2000}
+		for i := 0; i+1 < len(descs); i += 2 {
+			adm.Descriptors = append(adm.Descriptors, &quotadv1.Entry{Key: descs[i], Value: descs[i+1]})
+		}
+		r, err := q.Acquire(as(who), &quotadv1.AcquireRequest{ClientId: "attack-wait", Admissions: []*quotadv1.Admission{adm}})
+		if err != nil {
+			return nil, err
+		}
+		return r.Decisions[0], nil
+	}
+
 	// 2. A 10-year lease is clamped to the limit's lease_ttl.
 	tenYears := int64(10 * 365 * 24 * time.Hour / time.Millisecond)
 	d, err := acquire(alice, 1, tenYears, "endpoint", "reports")
@@ -131,6 +143,44 @@ func TestCallerAttacksAreRefused(t *testing.T) {
 	}
 	if r, err := q.Release(as(alice), &quotadv1.ReleaseRequest{LeaseId: d.LeaseId}); err != nil || !r.Released {
 		t.Fatalf("alice releasing her lease: %+v %v", r, err)
+	}
+
+	// 3b. The same for a lease granted through the fair scheduler (a waiting admission): its
+	// grant batches carry the owner too.
+	// Fill the 4 permits, queue a waiting admission, then free one: the scheduler grants it.
+	var full []uint64
+	for i := range 4 {
+		d, err := acquire(alice, uint64(20+i), 0, "endpoint", "reports")
+		if err != nil || !d.Admitted {
+			t.Fatalf("permit %d: %+v %v", i, d, err)
+		}
+		full = append(full, d.LeaseId)
+	}
+	type waited struct {
+		d   *quotadv1.Decision
+		err error
+	}
+	wch := make(chan waited, 1)
+	go func() { d, err := acquireWaiting(alice, 11, "endpoint", "reports"); wch <- waited{d, err} }()
+	time.Sleep(300 * time.Millisecond) // let it queue on the leader
+	if r, err := q.Release(as(alice), &quotadv1.ReleaseRequest{LeaseId: full[0]}); err != nil || !r.Released {
+		t.Fatalf("freeing a permit: %+v %v", r, err)
+	}
+	w := <-wch
+	wd, err := w.d, w.err
+	if err != nil || !wd.Admitted || wd.LeaseId == 0 {
+		t.Fatalf("alice's waiting acquire: %+v %v", wd, err)
+	}
+	defer func() {
+		for _, id := range full[1:] {
+			_, _ = q.Release(as(alice), &quotadv1.ReleaseRequest{LeaseId: id})
+		}
+	}()
+	if _, err := q.Release(as(bob), &quotadv1.ReleaseRequest{LeaseId: wd.LeaseId}); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("bob releasing alice's scheduled lease: %v, want PermissionDenied", err)
+	}
+	if r, err := q.Release(as(alice), &quotadv1.ReleaseRequest{LeaseId: wd.LeaseId}); err != nil || !r.Released {
+		t.Fatalf("alice releasing her scheduled lease: %+v %v", r, err)
 	}
 
 	// 4. An hour-long pause through Feedback is clamped to max_pause, and an admin lifts it.

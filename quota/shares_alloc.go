@@ -48,8 +48,18 @@ func progressiveFill(flows []allocFlow, caps []uint64) []uint64 {
 				t = min(t, ceilDiv(f.demand, max(f.weight, 1)))
 			}
 		}
+		// Flows whose demand is met at t freeze first, alone: one that takes less than its
+		// w·t (demand rounded up) leaves room that the others may still use, so a
+		// constraint counts as full only in a round where no demand is met.
+		demandMet := false
+		for i, f := range flows {
+			if active[i] && ceilDiv(f.demand, max(f.weight, 1)) <= t {
+				demandMet = true
+				break
+			}
+		}
 		for c := range caps {
-			full[c] = wsum[c] > 0 && room[c]/wsum[c] == t
+			full[c] = !demandMet && wsum[c] > 0 && room[c]/wsum[c] == t
 		}
 		for i, f := range flows {
 			if !active[i] {

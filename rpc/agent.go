@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 	"github.com/quotad/quotad/auth"
 	"github.com/quotad/quotad/cluster"
 	"github.com/quotad/quotad/config"
@@ -201,6 +202,7 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 
 	a.grpc = grpc.NewServer(grpcOpts...)
 	a.server.Register(a.grpc)
+	quotadv1.RegisterSnapshotServer(a.grpc, &snapshotService{s: a.server, node: a.node, tempDir: cfg.Cluster.DataDir})
 	a.health = health.NewServer()
 	healthpb.RegisterHealthServer(a.grpc, a.health)
 	a.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
@@ -281,6 +283,7 @@ func (a *Agent) watch(limits *quota.Limits) {
 }
 
 func (a *Agent) registerGauges() {
+	a.metrics.Registry.MustRegister(newAllocationCollector(a.fsm))
 	a.metrics.Registry.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "quotad_raft_leader", Help: "1 if this node is the Raft leader.",

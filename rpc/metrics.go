@@ -20,7 +20,7 @@ type Metrics struct {
 	commitErrors  prometheus.Counter
 	leaderChanges prometheus.Counter
 	feedback      *prometheus.CounterVec
-	rls           *rlsMetrics // Envoy RLS (envoy_metrics.go)
+	rls           *rlsMetrics   // Envoy RLS (envoy_metrics.go)
 	shares        *shareMetrics // registerShares
 }
 

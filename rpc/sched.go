@@ -734,7 +734,7 @@ func (f *fair) submit(ws []*waiter) {
 	}
 	ops := make([][]byte, len(ws))
 	for i, w := range ws {
-		ops[i] = fsm.AppendAcquireOp(nil, w.clientID, w.adm)
+		ops[i] = fsm.AppendOwnedAcquireOp(nil, w.owner, w.clientID, w.adm)
 	}
 	// What the completion needs, taken before the waiters run again (a denied one re-reads
 	// its path and may be released anew).

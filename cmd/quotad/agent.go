@@ -16,6 +16,7 @@ import (
 
 	"github.com/quotad/quotad/auth"
 	"github.com/quotad/quotad/cluster"
+	"github.com/quotad/quotad/internal/agentconfig"
 	"github.com/quotad/quotad/internal/gctune"
 	"github.com/quotad/quotad/internal/pkifiles"
 	"github.com/quotad/quotad/rpc"
@@ -39,14 +40,25 @@ func agentCmd() *cobra.Command {
 	var (
 		acfg          rpc.AgentConfig // security settings; the rest is filled in at run
 		gossipKeyFile string
+		configFile    string
 	)
 	cmd := &cobra.Command{
 		Use:   "agent",
 		Short: "Run a quotad server node",
 		Long: `Run one quotad server. Start --bootstrap-expect N nodes that --join each other's gossip
 addresses to form a new cluster; a node started later with --join is added as a non-voter and
-promoted once caught up. A node restarted with its --data-dir resumes where it stopped.`,
+promoted once caught up. A node restarted with its --data-dir resumes where it stopped.
+
+Every flag can also be set in the --config file (YAML: "data-dir: /var/lib/quotad") or by the
+environment variable QUOTAD_<FLAG> ($QUOTAD_DATA_DIR); a flag given on the command line wins
+over the environment, which wins over the file (docs/operations.md, "Configuration").`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if configFile == "" {
+				configFile = os.Getenv(agentconfig.EnvName(agentconfig.FileFlag))
+			}
+			if err := agentconfig.Apply(cmd.LocalFlags(), configFile, os.Environ()); err != nil {
+				return err
+			}
 			switch {
 			case cc.ID == "":
 				return fmt.Errorf("--id is required: a unique, stable name for this node, e.g. --id n1")
@@ -107,6 +119,7 @@ promoted once caught up. A node restarted with its --data-dir resumes where it s
 		},
 	}
 	f := cmd.Flags()
+	f.StringVar(&configFile, agentconfig.FileFlag, "", "YAML file of agent settings, keyed by flag name (or $QUOTAD_CONFIG); flags and $QUOTAD_<FLAG> override it")
 	f.StringVar(&cc.ID, "id", "", "unique, stable node ID (required)")
 	f.StringVar(&cc.DataDir, "data-dir", "", "directory for the Raft log and snapshots (required)")
 	f.StringVar(&cc.GRPCAddr, "grpc-addr", "127.0.0.1:7101", "gRPC API listen address")
@@ -125,7 +138,7 @@ promoted once caught up. A node restarted with its --data-dir resumes where it s
 	f.DurationVar(&cc.ElectionTimeout, "raft-election-timeout", cc.ElectionTimeout, "how long a candidate waits for votes before retrying (>= --raft-heartbeat-timeout)")
 	f.DurationVar(&cc.LeaderLeaseTimeout, "raft-leader-lease-timeout", cc.LeaderLeaseTimeout, "a leader that cannot reach a quorum for this long steps down (<= --raft-heartbeat-timeout)")
 	f.Uint64Var(&cc.TrailingLogs, "trailing-logs", cc.TrailingLogs, "log entries kept after a snapshot for slow followers")
-	f.StringVar(&cc.LogStore, "raft-log-store", cc.LogStore, "Raft log storage: boltdb (raft.db) or wal (hashicorp/raft-wal, experimental: README \"Raft log store\"); both fsync every append. A data dir keeps the one it was created with (README: \"Raft log store\")")
+	f.StringVar(&cc.LogStore, "raft-log-store", cc.LogStore, "Raft log storage: boltdb (raft.db) or wal (segment files in wal/, one write and one fdatasync per append); both fsync every append. A data dir keeps the one it was created with (README: \"Raft log store\")")
 	f.IntVar(&proposer.MaxInflight, "max-entries-in-flight", proposer.MaxInflight, "group commit: log entries the leader lets commit at once (more queue and ride in the next entry)")
 	f.IntVar(&proposer.MaxBatch, "max-entry-ops", proposer.MaxBatch, "group commit: most operations in one log entry")
 	f.StringVar(&acfg.ClusterName, "cluster-name", rpc.DefaultClusterName, "cluster name in certificates: node certificates carry server.<name>.quotad")

@@ -126,6 +126,9 @@ func ModuleRoot() (string, error) {
 type Config struct {
 	// Binary is the quotad executable.
 	Binary string
+	// NodeBinary, if set and not "", is the executable of one node at its next (re)start
+	// (a rolling upgrade moves nodes to a new binary one at a time).
+	NodeBinary func(n *Node) string
 	// Dir holds each node's data dir and log file.
 	Dir string
 	// Nodes is the number of agents that bootstrap the cluster.
@@ -342,12 +345,16 @@ func (c *Cluster) startWith(i, bootstrapExpect int) error {
 	if err != nil {
 		return err
 	}
+	bin := c.cfg.Binary
+	if c.cfg.NodeBinary != nil {
+		bin = cmp.Or(c.cfg.NodeBinary(n), bin)
+	}
 	n.mu.Lock()
 	n.starts++
 	fmt.Fprintf(logf, "=== proccluster: start #%d at %s: %s %s\n", n.starts, time.Now().Format(time.RFC3339Nano),
-		c.cfg.Binary, strings.Join(args, " "))
+		bin, strings.Join(args, " "))
 	n.mu.Unlock()
-	cmd := exec.Command(c.cfg.Binary, args...)
+	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = env
 	if err := cmd.Start(); err != nil {

@@ -1,0 +1,81 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// Backup and restore of the replicated state (quotad snapshot save/restore), both on the
+// leader.
+
+// ClusterID returns the ID of the cluster this node belongs to ("" while not known yet).
+func (n *Node) ClusterID() string { return n.clusterID() }
+
+// SaveSnapshot takes a snapshot through Raft and opens it. It first commits a tick entry, so
+// the snapshot holds every entry acknowledged anywhere before the call (and raft has something
+// new to snapshot). Only the leader saves: ErrNotLeader elsewhere. The caller closes the
+// reader; meta.Size is its length.
+func (n *Node) SaveSnapshot(ctx context.Context) (*raft.SnapshotMeta, io.ReadCloser, error) {
+	var last error
+	for range 3 {
+		ts, err := n.Now()
+		if err != nil {
+			return nil, nil, err
+		}
+		if _, err := n.Apply(ctx, n.fsm.EncodeTick(ts)); err != nil {
+			return nil, nil, err
+		}
+		f := n.raft.Snapshot()
+		if err := n.wait(ctx, f); err != nil {
+			// Another snapshot may have taken our entry (nothing new): tick and try again.
+			if errors.Is(err, raft.ErrNothingNewToSnapshot) {
+				last = err
+				continue
+			}
+			return nil, nil, fmt.Errorf("cluster: snapshot: %w", err)
+		}
+		meta, rc, err := f.Open()
+		if err != nil {
+			return nil, nil, fmt.Errorf("cluster: open snapshot: %w", err)
+		}
+		return meta, rc, nil
+	}
+	return nil, nil, fmt.Errorf("cluster: snapshot: %w", last)
+}
+
+// RestoreSnapshot makes r (meta.Size bytes of an FSM snapshot, already checked to decode: raft
+// stops the node if the FSM cannot restore it) the cluster's state through raft.Restore: the
+// leader installs it at an index above both its log and meta.Index, and followers get it by
+// snapshot installation. The leader clock is re-based on the restored FSM clock, so the restored
+// leases, pauses and dedup records keep the time they had left and buckets refill from where
+// they were (nothing for the time between save and restore).
+//
+// While it runs, commands wait for the leader clock (Now blocks). Entries already queued with
+// earlier timestamps are applied at the restored clock or later. timeout bounds the enqueue
+// (0: none).
+func (n *Node) RestoreSnapshot(meta *raft.SnapshotMeta, r io.Reader, timeout time.Duration) error {
+	if n.closed.Load() {
+		return ErrShutdown
+	}
+	n.clk.mu.Lock()
+	defer n.clk.mu.Unlock()
+	if !n.clk.ready || n.raft.State() != raft.Leader || n.raft.CurrentTerm() != n.clk.term {
+		return ErrNotLeader
+	}
+	if err := n.raft.Restore(meta, r, timeout); err != nil {
+		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) {
+			return fmt.Errorf("%w: %w", ErrNotLeader, err)
+		}
+		return fmt.Errorf("cluster: restore: %w", err)
+	}
+	n.clk.base = n.fsm.Clock()
+	n.clk.start = n.clock.Now()
+	n.clk.last = n.clk.base
+	n.log.Info("restored a snapshot", "from_index", meta.Index, "index", n.raft.LastIndex(), "fsm_clock", n.clk.base)
+	return nil
+}

@@ -1,0 +1,219 @@
+// Package agentconfig fills the flags of `quotad agent` from a configuration file and from
+// environment variables, so that every flag — including flags added later — can be set in
+// all three places without a list to keep in step.
+//
+// Precedence, highest first: a flag on the command line, the environment variable
+// QUOTAD_<FLAG> (upper case, '-' → '_': --data-dir is $QUOTAD_DATA_DIR), the configuration
+// file, the flag's default.
+//
+// The file is YAML: a mapping from flag names (without "--") to values, written as they would
+// be on the command line. A list may be given where a flag takes a comma-separated list
+// (join). Unknown keys, repeated keys and values a flag refuses are errors naming the file,
+// the line and the key.
+//
+//	id: n1
+//	data-dir: /var/lib/quotad
+//	join: [10.0.0.2:7301, 10.0.0.3:7301]
+//	raft-heartbeat-timeout: 1s
+//	enable-debug: false
+package agentconfig
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+
+	"github.com/spf13/pflag"
+	"gopkg.in/yaml.v3"
+)
+
+// EnvPrefix starts every environment variable that sets an agent flag.
+const EnvPrefix = "QUOTAD_"
+
+// FileFlag is the flag naming the configuration file; it cannot be set in the file itself
+// ($QUOTAD_CONFIG names the file when the flag is not given).
+const FileFlag = "config"
+
+// EnvName returns the environment variable that sets flag name: QUOTAD_DATA_DIR for data-dir.
+func EnvName(name string) string {
+	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+}
+
+// Settable reports whether a flag can be set from a file or the environment (every flag but
+// --config and --help).
+func Settable(f *pflag.Flag) bool { return f.Name != FileFlag && f.Name != "help" }
+
+// Apply sets every flag of fs that the command line did not set (fs must be parsed): from
+// environ's QUOTAD_<FLAG> if present, else from the configuration file if it has the key.
+// file "" means no file. environ is os.Environ()'s format ("KEY=value").
+func Apply(fs *pflag.FlagSet, file string, environ []string) error {
+	fromFile := map[string]fileValue{}
+	if file != "" {
+		var err error
+		if fromFile, err = ReadFile(fs, file); err != nil {
+			return err
+		}
+	}
+	env := map[string]string{}
+	for _, kv := range environ {
+		if k, v, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(k, EnvPrefix) {
+			env[k] = v
+		}
+	}
+	var errs []error
+	fs.VisitAll(func(f *pflag.Flag) {
+		if !Settable(f) || f.Changed {
+			return
+		}
+		if v, ok := env[EnvName(f.Name)]; ok {
+			if err := fs.Set(f.Name, v); err != nil {
+				errs = append(errs, fmt.Errorf("$%s=%q (sets --%s): %v", EnvName(f.Name), v, f.Name, err))
+			}
+			return
+		}
+		if v, ok := fromFile[f.Name]; ok {
+			if err := fs.Set(f.Name, v.value); err != nil {
+				errs = append(errs, fmt.Errorf("%s:%d: key %q: value %q: %v", file, v.line, f.Name, v.value, err))
+			}
+		}
+	})
+	return errors.Join(errs...)
+}
+
+// fileValue is one setting read from the file.
+type fileValue struct {
+	value string
+	line  int
+}
+
+// ReadFile parses a configuration file against fs's flags: every key must name a settable
+// flag. It returns the values by flag name.
+func ReadFile(fs *pflag.FlagSet, file string) (map[string]fileValue, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("--config: %w", err)
+	}
+	return Parse(fs, file, data)
+}
+
+// Parse is ReadFile of data already read (name is used in messages).
+func Parse(fs *pflag.FlagSet, name string, data []byte) (map[string]fileValue, error) {
+	out := map[string]fileValue{}
+	if len(bytes.TrimSpace(data)) == 0 {
+		return out, nil
+	}
+	var doc yaml.Node
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&doc); errors.Is(err, io.EOF) {
+		return out, nil // comments only
+	} else if err != nil {
+		return nil, fmt.Errorf("%s: not valid YAML: %v", name, err)
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); err == nil {
+		return nil, fmt.Errorf("%s:%d: a second YAML document; an agent configuration file holds one mapping", name, extra.Line)
+	}
+	if len(doc.Content) == 0 {
+		return out, nil
+	}
+	root := doc.Content[0]
+	if root.Kind != yaml.MappingNode {
+		return nil, fmt.Errorf("%s:%d: want a mapping of flag names to values (e.g. \"data-dir: /var/lib/quotad\")", name, root.Line)
+	}
+	var errs []error
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		k, v := root.Content[i], root.Content[i+1]
+		key := k.Value
+		f := fs.Lookup(key)
+		switch {
+		case f == nil || !Settable(f):
+			errs = append(errs, fmt.Errorf("%s:%d: unknown key %q%s", name, k.Line, key, suggest(fs, key)))
+			continue
+		}
+		if prev, dup := out[key]; dup {
+			errs = append(errs, fmt.Errorf("%s:%d: key %q repeated (first on line %d)", name, k.Line, key, prev.line))
+			continue
+		}
+		val, err := scalar(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s:%d: key %q: %v", name, v.Line, key, err))
+			continue
+		}
+		out[key] = fileValue{value: val, line: k.Line}
+	}
+	return out, errors.Join(errs...)
+}
+
+// scalar turns a YAML value into the string the flag would get on the command line: a scalar
+// as written, a list of scalars joined with commas, null as "".
+func scalar(v *yaml.Node) (string, error) {
+	switch v.Kind {
+	case yaml.ScalarNode:
+		if v.Tag == "!!null" {
+			return "", nil
+		}
+		return v.Value, nil
+	case yaml.SequenceNode:
+		parts := make([]string, 0, len(v.Content))
+		for _, e := range v.Content {
+			if e.Kind != yaml.ScalarNode {
+				return "", fmt.Errorf("a list of plain values is expected")
+			}
+			parts = append(parts, e.Value)
+		}
+		return strings.Join(parts, ","), nil
+	case yaml.AliasNode:
+		return scalar(v.Alias)
+	}
+	return "", fmt.Errorf("want a value such as \"5s\", \"true\" or a list, not a mapping")
+}
+
+// suggest names the flag a mistyped key probably meant.
+func suggest(fs *pflag.FlagSet, key string) string {
+	norm := strings.ToLower(strings.NewReplacer("_", "-", ".", "-", " ", "-").Replace(strings.TrimLeft(key, "-")))
+	if f := fs.Lookup(norm); f != nil && Settable(f) && norm != key {
+		return fmt.Sprintf(" (did you mean %q?)", norm)
+	}
+	best, bestD := "", 3
+	var names []string
+	fs.VisitAll(func(f *pflag.Flag) {
+		if Settable(f) {
+			names = append(names, f.Name)
+		}
+	})
+	sort.Strings(names)
+	for _, n := range names {
+		if d := distance(norm, n); d < bestD {
+			best, bestD = n, d
+		}
+	}
+	if best != "" {
+		return fmt.Sprintf(" (did you mean %q?)", best)
+	}
+	return "; the keys are the flags of `quotad agent --help` without \"--\""
+}
+
+// distance is the Levenshtein distance of a and b.
+func distance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
+}

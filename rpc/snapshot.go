@@ -1,0 +1,191 @@
+package rpc
+
+import (
+	"errors"
+	"io"
+	"os"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"github.com/quotad/quotad/backup"
+	"github.com/quotad/quotad/cluster"
+	"github.com/quotad/quotad/fsm"
+)
+
+// snapshotChunk is the size of the data in one streamed message.
+const snapshotChunk = 256 << 10
+
+// snapshotService serves quotad.v1.Snapshot (backup and restore, admin only: auth/policy.go)
+// on the leader; a follower relays the stream to the leader.
+type snapshotService struct {
+	quotadv1.UnimplementedSnapshotServer
+	s       *Server
+	node    *cluster.Node
+	tempDir string // the data dir: restores are staged there (room for a snapshot is needed anyway)
+}
+
+// Save streams a snapshot taken through Raft on the leader: the header, then the state.
+func (x *snapshotService) Save(req *quotadv1.SnapshotSaveRequest, stream grpc.ServerStreamingServer[quotadv1.SnapshotChunk]) error {
+	ctx := stream.Context()
+	conn, err := x.s.route(ctx)
+	if err != nil {
+		return err
+	}
+	if conn != nil {
+		up, err := quotadv1.NewSnapshotClient(conn).Save(forwardCtx(ctx), req)
+		if err != nil {
+			return err
+		}
+		for {
+			m, err := up.Recv()
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			if err := stream.Send(m); err != nil {
+				return err
+			}
+		}
+	}
+	meta, rc, err := x.node.SaveSnapshot(ctx)
+	if err != nil {
+		if errors.Is(err, cluster.ErrNotLeader) || errors.Is(err, cluster.ErrOutcomeUnknown) {
+			return x.s.applyError(err)
+		}
+		return status.Errorf(codes.Internal, "taking a snapshot: %v", err)
+	}
+	defer rc.Close()
+	// The checksum goes in the header, which comes first: stage the state in a file (raft's
+	// snapshot may be reaped by a newer one while it streams, so a copy is needed anyway).
+	tmp, err := os.CreateTemp(x.tempDir, "snapshot-save-*.tmp")
+	if err != nil {
+		return status.Errorf(codes.Internal, "staging the snapshot: %v", err)
+	}
+	defer os.Remove(tmp.Name())
+	defer tmp.Close()
+	h := backup.Header{ClusterID: x.node.ClusterID(), Index: meta.Index, Term: meta.Term, Size: meta.Size,
+		RaftSnapshotVersion: int(meta.Version), CommandVersion: fsm.CommandVersion,
+		QuotadVersion: backup.BuildVersion(), CreatedAt: time.Now().UTC()}
+	h.Leader, _ = x.node.Leader()
+	sum := backup.NewHasher()
+	if n, err := io.Copy(io.MultiWriter(tmp, sum), rc); err != nil || n != meta.Size {
+		return status.Errorf(codes.Internal, "reading the snapshot: %d of %d bytes: %v", n, meta.Size, err)
+	}
+	h.SHA256 = sum.Hex()
+	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+		return status.Errorf(codes.Internal, "staging the snapshot: %v", err)
+	}
+	if err := stream.Send(&quotadv1.SnapshotChunk{Header: h.Marshal()}); err != nil {
+		return err
+	}
+	buf := make([]byte, snapshotChunk)
+	for {
+		n, err := io.ReadFull(tmp, buf)
+		if n > 0 {
+			if err := stream.Send(&quotadv1.SnapshotChunk{Data: buf[:n]}); err != nil {
+				return err
+			}
+		}
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			return nil
+		}
+		if err != nil {
+			return status.Errorf(codes.Internal, "reading the staged snapshot: %v", err)
+		}
+	}
+}
+
+// Restore receives a snapshot file's header and state, checks and decodes it, and installs it
+// through raft.Restore on the leader.
+func (x *snapshotService) Restore(stream grpc.ClientStreamingServer[quotadv1.SnapshotChunk, quotadv1.SnapshotRestoreResponse]) error {
+	ctx := stream.Context()
+	conn, err := x.s.route(ctx)
+	if err != nil {
+		return err
+	}
+	if conn != nil {
+		up, err := quotadv1.NewSnapshotClient(conn).Restore(forwardCtx(ctx))
+		if err != nil {
+			return err
+		}
+		for {
+			m, err := stream.Recv()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				return err
+			}
+			if err := up.Send(m); err != nil {
+				break // the leader ended the call: CloseAndRecv has its answer
+			}
+		}
+		resp, err := up.CloseAndRecv()
+		if err != nil {
+			return err
+		}
+		return stream.SendAndClose(resp)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	h, err := backup.ParseHeader(first.Header)
+	if err != nil {
+		return status.Errorf(codes.InvalidArgument, "the first message must carry the snapshot file's header: %v", err)
+	}
+	if h.CommandVersion > fsm.CommandVersion {
+		return status.Errorf(codes.FailedPrecondition, "the snapshot was saved by a newer quotad (%s, command version %d; this node applies up to %d): upgrade the cluster first", h.QuotadVersion, h.CommandVersion, fsm.CommandVersion)
+	}
+	tmp, err := os.CreateTemp(x.tempDir, "snapshot-restore-*.tmp")
+	if err != nil {
+		return status.Errorf(codes.Internal, "staging the snapshot: %v", err)
+	}
+	defer os.Remove(tmp.Name())
+	defer tmp.Close()
+	v := backup.NewVerifier(h)
+	w := io.MultiWriter(tmp, v)
+	for {
+		m, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		if _, err := w.Write(m.Data); err != nil {
+			return status.Error(codes.InvalidArgument, err.Error())
+		}
+	}
+	if err := v.Check(); err != nil {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	// raft stops the node if its FSM cannot restore what it installed: decode it here first.
+	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+		return status.Errorf(codes.Internal, "staging the snapshot: %v", err)
+	}
+	decoded, err := backup.Decode(h, tmp)
+	if err != nil {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	info := backup.Describe(h, decoded) // decoded is garbage once described
+	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+		return status.Errorf(codes.Internal, "staging the snapshot: %v", err)
+	}
+	meta := &raft.SnapshotMeta{Version: raft.SnapshotVersion(h.RaftSnapshotVersion), Index: h.Index, Term: h.Term, Size: h.Size}
+	if err := x.node.RestoreSnapshot(meta, tmp, time.Minute); err != nil {
+		if errors.Is(err, cluster.ErrNotLeader) {
+			return x.s.applyError(err)
+		}
+		return status.Errorf(codes.Internal, "restoring: %v", err)
+	}
+	return stream.SendAndClose(&quotadv1.SnapshotRestoreResponse{Index: x.node.Raft().LastIndex(), LimitsVersion: info.LimitsVersion,
+		Buckets: uint64(info.Buckets), Leases: uint64(info.Leases), DedupEntries: uint64(info.DedupEntries), Tokens: uint64(info.Tokens)})
+}
