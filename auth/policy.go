@@ -51,6 +51,7 @@ var Methods = map[string]Access{
 	"/quotad.v1.Quota/Share":        workers, // shares belong to the caller's identity
 	"/quotad.v1.Quota/ReleaseShare": workers, // own holders only (the holder key includes the identity)
 	"/quotad.v1.Quota/Status":       workOrRead,
+	"/quotad.v1.Quota/ShareStatus":  readers, // every holder of a path, whoever owns it
 
 	// quotad.v1.Admin: reads for readers, every change for admins.
 	"/quotad.v1.Admin/GetLimits":          readers,

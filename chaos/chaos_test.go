@@ -21,6 +21,7 @@ import (
 //	QUOTAD_CHAOS_OUT=out            output directory (relative to chaos/)
 //	QUOTAD_CHAOS_ONLY=kill-leader,… restrict the nemesis to these faults
 //	QUOTAD_CHAOS_AGENT_ARGS="--raft-log-store wal"  more agent flags for every node
+//	QUOTAD_CHAOS_HOLDER_TAGS=chaos_bug_holderexpiry  build tags of the shares holder only
 func envConfig(t *testing.T) Config {
 	cfg := DefaultConfig()
 	cfg.Log = func(f string, a ...any) { t.Logf(f, a...) }
@@ -60,6 +61,9 @@ func envConfig(t *testing.T) Config {
 	}
 	if v := os.Getenv("QUOTAD_CHAOS_AGENT_ARGS"); v != "" {
 		cfg.AgentArgs = strings.Fields(v)
+	}
+	if v := os.Getenv("QUOTAD_CHAOS_HOLDER_TAGS"); v != "" {
+		cfg.HolderTags = splitTags(v)
 	}
 	if v := os.Getenv("QUOTAD_CHAOS_BINARY"); v != "" {
 		cfg.BinaryPath = v

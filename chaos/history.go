@@ -141,6 +141,8 @@ type History struct {
 	Strays []string `json:"strays,omitempty"`
 	// Forgeries are the forge faults' records.
 	Forgeries []Forgery `json:"forgeries,omitempty"`
+	// HolderFaults are the shares workload's faults on holder processes (shares.go).
+	HolderFaults []HolderFault `json:"holder_faults,omitempty"`
 }
 
 // Write saves h as JSON.

@@ -41,6 +41,9 @@ type Config struct {
 
 	// AgentArgs are more agent flags for every node (e.g. --raft-log-store wal).
 	AgentArgs []string
+	// HolderTags are more build tags for the shares workload's holder binary only (e.g. the
+	// planted chaos_bug_holderexpiry).
+	HolderTags []string
 }
 
 // DefaultConfig is the CI-sized run (`make chaos`).
@@ -174,13 +177,16 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	limitsFile := filepath.Join(work, "limits.yaml")
-	if err := os.WriteFile(limitsFile, []byte(LimitsYAML), 0o644); err != nil {
+	if err := os.WriteFile(limitsFile, []byte(LimitsYAML+SharesLimitsYAML), 0o644); err != nil {
 		return nil, err
 	}
-	forger := ""
+	forger, holder := "", ""
 	if root, err := proccluster.ModuleRoot(); err == nil {
 		if forger, err = buildForger(root, work); err != nil {
 			rep.Notes = append(rep.Notes, "forge fault skipped: "+firstLine(err.Error()))
+		}
+		if holder, err = buildHolder(root, work, append(splitTags(cfg.Tags), cfg.HolderTags...)); err != nil {
+			return nil, err
 		}
 	}
 	var b Backend
@@ -219,6 +225,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	defer stopLoad()
 	rec.add(func(h *History) { h.LoadStart = rec.now() })
 	wl.start(loadCtx)
+	var sw *sharesWorkload
+	if holder != "" {
+		if sw, err = newSharesWorkload(holder, c, wl.addr, rec, cfg.Seed, work, logf); err != nil {
+			return nil, err
+		}
+		if err := sw.start(loadCtx, cfg.Nemesis.Hold); err != nil {
+			return nil, err
+		}
+	}
 	sleepCtx(ctx, cfg.Warmup)
 
 	nemCtx, stopNem := context.WithTimeout(ctx, cfg.Duration)
@@ -245,6 +260,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	sleepCtx(ctx, cfg.Quiet)
 	stopLoad()
 	wl.wg.Wait()
+	if sw != nil {
+		sw.stop()
+	}
 	stopAt := rec.now()
 
 	// Leases of crashed holders must come back within TTL + one election.
@@ -289,7 +307,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	thr, rate := CheckThroughput(h, cfg.Floor)
 	rep.Checkers = []Result{
 		lin,
-		CheckBoundedAdmission(h, map[string]RateLimit{"r0": {RateBurst, RatePerSecond}, "r1": {RateBurst, RatePerSecond}}),
+		CheckBoundedAdmission(h, map[string]RateLimit{"r0": {RateBurst, RatePerSecond}, "r1": {RateBurst, RatePerSecond},
+			SharesBucket: {SharesBurst, SharesRate}}),
+		CheckShares(h, holder != "" && cfg.Duration >= 80*time.Second),
 		CheckLeases(h, map[string]uint64{"p0": LeaseMaxInFlight}),
 		CheckReclaim(h, reclaimBound),
 		CheckReplays(h),

@@ -113,6 +113,7 @@ func (r *recorder) snapshot() *History {
 	h.Faults = append([]Fault(nil), r.h.Faults...)
 	h.Reclaim = append([]Reclaim(nil), r.h.Reclaim...)
 	h.Forgeries = append([]Forgery(nil), r.h.Forgeries...)
+	h.HolderFaults = append([]HolderFault(nil), r.h.HolderFaults...)
 	return &h
 }
 

@@ -17,7 +17,11 @@ type LimiterClock interface {
 }
 
 // timeSource turns a LimiterClock into the Limiter's two times (nanoseconds since the holder
-// started): slow (min of the two deltas: refill) and fast (max: expiry).
+// started): slow advances by the smaller of the two clocks' increments between reads
+// (refill), fast by the larger (expiry). Increments, not totals: after a suspend RAW lags
+// BOOTTIME for good, and min(RAW elapsed, BOOTTIME elapsed) would then follow RAW alone, so a
+// RAW clock running fast would refill faster than real time (chaos seed 1796130439308053904:
+// RAW stopped 6.3 s, later at 1.5×, the holder admitted 1.5× its share).
 //
 // With the system clocks, reading them costs two system calls (x/sys/unix does not use the
 // vDSO), too slow for the hot path: a sampler reads them every millisecond, and the hot path
@@ -27,8 +31,11 @@ type LimiterClock interface {
 // lags BOOTTIME; the holder margin (ShareMarginHolder) covers that as it covers a pause
 // between a check and its use.
 type timeSource struct {
-	hook        LimiterClock // nil: the system clocks, sampled
-	raw0, boot0 int64
+	hook LimiterClock // nil: the system clocks, sampled
+
+	mu                sync.Mutex // guards the accumulation in read
+	lastRaw, lastBoot int64      // the clocks at the last read
+	slow, fast        int64      // accumulated
 
 	base    time.Time
 	sample  atomic.Pointer[clockSample]
@@ -49,7 +56,7 @@ func newTimeSource(hook LimiterClock) *timeSource {
 	if c == nil {
 		c = systemClock{}
 	}
-	ts.raw0, ts.boot0 = c.Now()
+	ts.lastRaw, ts.lastBoot = c.Now()
 	if hook == nil {
 		ts.sample.Store(&clockSample{})
 		ts.stopped.Add(1)
@@ -60,8 +67,14 @@ func newTimeSource(hook LimiterClock) *timeSource {
 
 func (ts *timeSource) read(c LimiterClock) (slow, fast int64) {
 	r, b := c.Now()
-	dr, db := r-ts.raw0, b-ts.boot0
-	return min(dr, db), max(dr, db)
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	// Concurrent readers may lock out of order: a clock never steps back here.
+	dr, db := max(r-ts.lastRaw, 0), max(b-ts.lastBoot, 0)
+	ts.lastRaw, ts.lastBoot = max(r, ts.lastRaw), max(b, ts.lastBoot)
+	ts.slow += min(dr, db)
+	ts.fast += max(dr, db)
+	return ts.slow, ts.fast
 }
 
 func (ts *timeSource) sampler() {

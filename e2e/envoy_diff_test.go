@@ -64,7 +64,6 @@ var configDifferences = map[string]string{
 	"quotad_unit_multiplier.yaml":   "quotad extension unit_multiplier",
 	"envoy_basic.yaml":              "quotad extension unit_multiplier",
 	// an empty file: no domains for quotad, "empty domain" for envoy
-	"empty.yaml": "an empty file is no domains in quotad; envoy refuses it (empty domain)",
 	// envoy ignores a domain-level rate_limit, whatever it holds; quotad validates it (its ceiling)
 	"domain_unlimited.yaml":           "domain-level rate_limit is quotad's ceiling: unlimited there is refused",
 	"negative_requests_per_unit.yaml": "domain-level rate_limit is quotad's ceiling, validated",

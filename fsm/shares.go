@@ -72,3 +72,19 @@ func (f *FSM) ShareCounts() quota.ShareCounts {
 	defer f.mu.RUnlock()
 	return f.engine.ShareCounts()
 }
+
+// ShareStatusNow is ShareStatus with the engine's clock it was read at (Until is on it).
+func (f *FSM) ShareStatusNow(domain string) ([]quota.LendStatus, []quota.HolderStatus, quota.Time) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	ls, hs := f.engine.ShareStatus(domain)
+	return ls, hs, f.engine.Clock()
+}
+
+// ShareExpiries counts the holders whose shares ended without a release on this replica
+// since it started (or restored a snapshot).
+func (f *FSM) ShareExpiries() uint64 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.engine.ShareExpiries()
+}

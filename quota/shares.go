@@ -464,6 +464,8 @@ type shareState struct {
 	lends   map[string]*lendState            // by bucket key
 	domains map[string]map[HolderKey]*holder // active holders with paths in the domain
 	events  timeHeap[shareEvent]
+	// expiries counts holders whose last grant ended without a release (metrics only).
+	expiries uint64
 }
 
 func newShareState() shareState {
@@ -720,6 +722,7 @@ func (e *Engine) expireShares(now Time) {
 		h.grants = slices.Delete(h.grants, i, i+1)
 		e.recharge(h, old, x.at)
 		if len(h.grants) == 0 {
+			e.sh.expiries++
 			e.idle(h, x.at)
 		}
 	}
@@ -809,18 +812,24 @@ func (e *Engine) capsOf(key string, lv *level, now Time, holderMaxCost uint64) l
 		ls.roll(now)
 		cdemand, maxCost = ls.cdemand, max(maxCost, ls.maxCost)
 	}
-	p := lv.shares
-	costMicro := min(maxCost, maxUnits) * microPerUnit
-	costRate := perSecond(costMicro, base.unit) // the largest cost once per unit
-	reserve := max(mulDiv(c.rate, p.reservePct, 100), mulDiv(cdemand, 12, 10), satAdd(costRate, costRate))
-	reserve = min(reserve, c.rate/2)
-	reserveB := max(mulDiv(c.burst, p.reservePct, 100), satAdd(costMicro, costMicro))
-	if c.rate > 0 {
-		reserveB = max(reserveB, mulDiv(c.burst, reserve, c.rate))
-	}
-	reserveB = min(reserveB, c.burst/2)
+	reserve, reserveB := reserveOf(c.rate, c.burst, base.unit, lv.shares, cdemand, maxCost)
 	c.lendR, c.lendB = c.rate-reserve, c.burst-reserveB
 	return c
+}
+
+// reserveOf is the part of a lendable bucket (rate micro-units/s, burst micro-units) never
+// lent: max(reserve_percent, 1.2 × central demand, 2 × the largest cost per unit), ≤ 50 %.
+func reserveOf(rate, burst, unit uint64, p *shareParams, cdemand, maxCost uint64) (r, b uint64) {
+	costMicro := min(maxCost, maxUnits) * microPerUnit
+	costRate := perSecond(costMicro, unit) // the largest cost once per unit
+	r = max(mulDiv(rate, p.reservePct, 100), mulDiv(cdemand, 12, 10), satAdd(costRate, costRate))
+	r = min(r, rate/2)
+	b = max(mulDiv(burst, p.reservePct, 100), satAdd(costMicro, costMicro))
+	if rate > 0 {
+		b = max(b, mulDiv(burst, r, rate))
+	}
+	b = min(b, burst/2)
+	return r, b
 }
 
 // Share obtains or renews req.Holder's shares (see the package's Shares rules). It returns
@@ -1316,8 +1325,18 @@ type HolderStatus struct {
 	Rate   uint64 // charged, micro-units per second
 	Burst  uint64 // charged, micro-units
 	Seq    uint64
+	AckSeq uint64 // the last grant the holder said it applied
 	// Until is when the charge ends at the latest (the newest grant's end + ShareMarginFSM).
 	Until Time
+	// Demand is the holder's demand over its paths through the bucket (micro-units per
+	// second; math.MaxUint64: unknown).
+	Demand uint64
+	// Acked: the holder acknowledged every live grant but its newest (which it acknowledges
+	// in its next request): nothing older than the newest grant is charged. False after a
+	// lost reply or a decrease not yet applied.
+	Acked bool
+	// Unacked counts the live grants newer than the acknowledged one.
+	Unacked int
 }
 
 // LendStatus is a read-only view of one lendable bucket's lending.
@@ -1327,7 +1346,15 @@ type LendStatus struct {
 	LentBurst     uint64
 	Holders       int
 	CentralDemand uint64 // micro-units per second
+	// Rate and Burst are the bucket's (lends aside); ReserveRate and ReserveBurst the part the
+	// allocation keeps for central callers (as of the last renewal's central demand).
+	Rate, Burst               uint64
+	ReserveRate, ReserveBurst uint64
 }
+
+// ShareExpiries counts the holders whose last grant ended without a release since the engine
+// was made (derived: not replicated, not in snapshots; for metrics).
+func (e *Engine) ShareExpiries() uint64 { return e.sh.expiries }
 
 // ShareStatus lists the lending of every bucket of domain (all domains if empty) and its
 // holders, by key. It changes nothing.
@@ -1359,13 +1386,34 @@ func (e *Engine) ShareStatus(domain string) ([]LendStatus, []HolderStatus) {
 				continue
 			}
 			count[k]++
-			hs = append(hs, HolderStatus{Holder: h.key, Key: k, Rate: r, Burst: b, Seq: h.seq, Until: e.chargedUntil(h.grants[len(h.grants)-1])})
+			newest := h.grants[len(h.grants)-1]
+			st := HolderStatus{Holder: h.key, Key: k, Rate: r, Burst: b, Seq: h.seq, AckSeq: h.ackSeq,
+				Until: e.chargedUntil(newest), Acked: true}
+			for _, g := range h.grants {
+				if g.seq > h.ackSeq {
+					st.Unacked++
+					st.Acked = st.Acked && g == newest
+				}
+			}
+			for _, p := range h.paths {
+				if slices.Contains(p.levels, k) {
+					st.Demand = satAdd(st.Demand, p.demand)
+				}
+			}
+			hs = append(hs, st)
 		}
 	}
 	for k, l := range e.sh.lends {
-		if inDomain(k) {
-			ls = append(ls, LendStatus{Key: k, LentRate: l.sumR, LentBurst: l.sumB, Holders: count[k], CentralDemand: l.cdemand})
+		if !inDomain(k) {
+			continue
 		}
+		st := LendStatus{Key: k, LentRate: l.sumR, LentBurst: l.sumB, Holders: count[k], CentralDemand: l.cdemand}
+		if lv := e.lim.matchKey(k); lv != nil && lv.rate != nil && lv.shares != nil {
+			base := e.baseRate(k, lv, e.clock)
+			st.Rate, st.Burst = perSecond(base.rpuMicro, base.unit), base.capMicro
+			st.ReserveRate, st.ReserveBurst = reserveOf(st.Rate, st.Burst, base.unit, lv.shares, l.cdemand, l.maxCost)
+		}
+		ls = append(ls, st)
 	}
 	slices.SortFunc(ls, func(a, b LendStatus) int { return strings.Compare(a.Key, b.Key) })
 	slices.SortFunc(hs, func(a, b HolderStatus) int {

@@ -11,8 +11,12 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// AcquireMethod is the gRPC method whose replies Replies drops.
-const AcquireMethod = "/quotad.v1.Quota/Acquire"
+// AcquireMethod and ShareMethod are the gRPC methods whose replies Replies drops (a lost
+// Share reply is a grant the holder never applies: it stays charged until it ends).
+const (
+	AcquireMethod = "/quotad.v1.Quota/Acquire"
+	ShareMethod   = "/quotad.v1.Quota/Share"
+)
 
 // DroppedMessage is in the status message of every reply Replies drops, so that a test can
 // tell a dropped reply from a real failure.
@@ -22,7 +26,7 @@ const DroppedMessage = "chaos: reply dropped after the decision committed"
 const maxHang = 2 * time.Second
 
 // Replies loses the answers of admissions that were decided: for a fraction of the Acquire
-// calls this node answers successfully (every decision committed through Raft and applied),
+// (and Share) calls this node answers successfully (every decision committed through Raft and applied),
 // the caller gets no answer instead — half of them an Unavailable status at once (a
 // connection that broke after the commit), half nothing until the caller's deadline (a
 // reply lost on the wire; at most maxHang, then Unavailable). Either way the decision stands
@@ -63,7 +67,7 @@ func (r *Replies) State() RepliesState {
 func (r *Replies) UnaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	resp, err := handler(ctx, req)
 	frac := r.drop.Load()
-	if err != nil || frac == 0 || info.FullMethod != AcquireMethod {
+	if err != nil || frac == 0 || (info.FullMethod != AcquireMethod && info.FullMethod != ShareMethod) {
 		return resp, err
 	}
 	if rand.Uint64N(1e6) >= frac {

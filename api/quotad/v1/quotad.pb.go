@@ -2935,6 +2935,375 @@ func (x *ReleaseShareResponse) GetReturned() uint64 {
 	return 0
 }
 
+type ShareStatusRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Domain string                 `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
+	// descriptors: the path whose buckets to list (empty: every lendable bucket of the domain).
+	Descriptors   []*Entry `protobuf:"bytes,2,rep,name=descriptors,proto3" json:"descriptors,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShareStatusRequest) Reset() {
+	*x = ShareStatusRequest{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShareStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShareStatusRequest) ProtoMessage() {}
+
+func (x *ShareStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShareStatusRequest.ProtoReflect.Descriptor instead.
+func (*ShareStatusRequest) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *ShareStatusRequest) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
+}
+
+func (x *ShareStatusRequest) GetDescriptors() []*Entry {
+	if x != nil {
+		return x.Descriptors
+	}
+	return nil
+}
+
+// LendStatus is one lendable bucket's lending. Rates in micro-units per second, bursts in
+// micro-units.
+type LendStatus struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Key            string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	RateMicro      uint64                 `protobuf:"varint,2,opt,name=rate_micro,json=rateMicro,proto3" json:"rate_micro,omitempty"`
+	BurstMicro     uint64                 `protobuf:"varint,3,opt,name=burst_micro,json=burstMicro,proto3" json:"burst_micro,omitempty"`
+	LentRateMicro  uint64                 `protobuf:"varint,4,opt,name=lent_rate_micro,json=lentRateMicro,proto3" json:"lent_rate_micro,omitempty"`
+	LentBurstMicro uint64                 `protobuf:"varint,5,opt,name=lent_burst_micro,json=lentBurstMicro,proto3" json:"lent_burst_micro,omitempty"`
+	// reserve: never lent, kept for central callers and newcomers.
+	ReserveRateMicro   uint64 `protobuf:"varint,6,opt,name=reserve_rate_micro,json=reserveRateMicro,proto3" json:"reserve_rate_micro,omitempty"`
+	ReserveBurstMicro  uint64 `protobuf:"varint,7,opt,name=reserve_burst_micro,json=reserveBurstMicro,proto3" json:"reserve_burst_micro,omitempty"`
+	CentralDemandMicro uint64 `protobuf:"varint,8,opt,name=central_demand_micro,json=centralDemandMicro,proto3" json:"central_demand_micro,omitempty"`
+	Holders            uint32 `protobuf:"varint,9,opt,name=holders,proto3" json:"holders,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *LendStatus) Reset() {
+	*x = LendStatus{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LendStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LendStatus) ProtoMessage() {}
+
+func (x *LendStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LendStatus.ProtoReflect.Descriptor instead.
+func (*LendStatus) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *LendStatus) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *LendStatus) GetRateMicro() uint64 {
+	if x != nil {
+		return x.RateMicro
+	}
+	return 0
+}
+
+func (x *LendStatus) GetBurstMicro() uint64 {
+	if x != nil {
+		return x.BurstMicro
+	}
+	return 0
+}
+
+func (x *LendStatus) GetLentRateMicro() uint64 {
+	if x != nil {
+		return x.LentRateMicro
+	}
+	return 0
+}
+
+func (x *LendStatus) GetLentBurstMicro() uint64 {
+	if x != nil {
+		return x.LentBurstMicro
+	}
+	return 0
+}
+
+func (x *LendStatus) GetReserveRateMicro() uint64 {
+	if x != nil {
+		return x.ReserveRateMicro
+	}
+	return 0
+}
+
+func (x *LendStatus) GetReserveBurstMicro() uint64 {
+	if x != nil {
+		return x.ReserveBurstMicro
+	}
+	return 0
+}
+
+func (x *LendStatus) GetCentralDemandMicro() uint64 {
+	if x != nil {
+		return x.CentralDemandMicro
+	}
+	return 0
+}
+
+func (x *LendStatus) GetHolders() uint32 {
+	if x != nil {
+		return x.Holders
+	}
+	return 0
+}
+
+// HolderShare is what one holder is charged at one bucket.
+type HolderShare struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Key         string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Owner       string                 `protobuf:"bytes,2,opt,name=owner,proto3" json:"owner,omitempty"`
+	HolderId    string                 `protobuf:"bytes,3,opt,name=holder_id,json=holderId,proto3" json:"holder_id,omitempty"`
+	Incarnation uint64                 `protobuf:"varint,4,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	RateMicro   uint64                 `protobuf:"varint,5,opt,name=rate_micro,json=rateMicro,proto3" json:"rate_micro,omitempty"`
+	BurstMicro  uint64                 `protobuf:"varint,6,opt,name=burst_micro,json=burstMicro,proto3" json:"burst_micro,omitempty"`
+	// expires_in_ms: until the charge ends (the newest grant's end + the FSM margin), from the
+	// applied state's clock.
+	ExpiresInMs int64 `protobuf:"varint,7,opt,name=expires_in_ms,json=expiresInMs,proto3" json:"expires_in_ms,omitempty"`
+	// demand over the holder's paths through the bucket (18446744073709551615: unknown).
+	DemandMicro uint64 `protobuf:"varint,8,opt,name=demand_micro,json=demandMicro,proto3" json:"demand_micro,omitempty"`
+	Seq         uint64 `protobuf:"varint,9,opt,name=seq,proto3" json:"seq,omitempty"`
+	AckSeq      uint64 `protobuf:"varint,10,opt,name=ack_seq,json=ackSeq,proto3" json:"ack_seq,omitempty"`
+	// acknowledged: the holder applied its newest grant; unacked counts newer live grants.
+	Acknowledged  bool   `protobuf:"varint,11,opt,name=acknowledged,proto3" json:"acknowledged,omitempty"`
+	Unacked       uint32 `protobuf:"varint,12,opt,name=unacked,proto3" json:"unacked,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HolderShare) Reset() {
+	*x = HolderShare{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HolderShare) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HolderShare) ProtoMessage() {}
+
+func (x *HolderShare) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HolderShare.ProtoReflect.Descriptor instead.
+func (*HolderShare) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *HolderShare) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *HolderShare) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *HolderShare) GetHolderId() string {
+	if x != nil {
+		return x.HolderId
+	}
+	return ""
+}
+
+func (x *HolderShare) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
+func (x *HolderShare) GetRateMicro() uint64 {
+	if x != nil {
+		return x.RateMicro
+	}
+	return 0
+}
+
+func (x *HolderShare) GetBurstMicro() uint64 {
+	if x != nil {
+		return x.BurstMicro
+	}
+	return 0
+}
+
+func (x *HolderShare) GetExpiresInMs() int64 {
+	if x != nil {
+		return x.ExpiresInMs
+	}
+	return 0
+}
+
+func (x *HolderShare) GetDemandMicro() uint64 {
+	if x != nil {
+		return x.DemandMicro
+	}
+	return 0
+}
+
+func (x *HolderShare) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *HolderShare) GetAckSeq() uint64 {
+	if x != nil {
+		return x.AckSeq
+	}
+	return 0
+}
+
+func (x *HolderShare) GetAcknowledged() bool {
+	if x != nil {
+		return x.Acknowledged
+	}
+	return false
+}
+
+func (x *HolderShare) GetUnacked() uint32 {
+	if x != nil {
+		return x.Unacked
+	}
+	return 0
+}
+
+type ShareStatusResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Buckets       []*LendStatus          `protobuf:"bytes,1,rep,name=buckets,proto3" json:"buckets,omitempty"`
+	Holders       []*HolderShare         `protobuf:"bytes,2,rep,name=holders,proto3" json:"holders,omitempty"`
+	AppliedIndex  uint64                 `protobuf:"varint,3,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	LeaderId      string                 `protobuf:"bytes,4,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShareStatusResponse) Reset() {
+	*x = ShareStatusResponse{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShareStatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShareStatusResponse) ProtoMessage() {}
+
+func (x *ShareStatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShareStatusResponse.ProtoReflect.Descriptor instead.
+func (*ShareStatusResponse) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *ShareStatusResponse) GetBuckets() []*LendStatus {
+	if x != nil {
+		return x.Buckets
+	}
+	return nil
+}
+
+func (x *ShareStatusResponse) GetHolders() []*HolderShare {
+	if x != nil {
+		return x.Holders
+	}
+	return nil
+}
+
+func (x *ShareStatusResponse) GetAppliedIndex() uint64 {
+	if x != nil {
+		return x.AppliedIndex
+	}
+	return 0
+}
+
+func (x *ShareStatusResponse) GetLeaderId() string {
+	if x != nil {
+		return x.LeaderId
+	}
+	return ""
+}
+
 var File_quotad_v1_quotad_proto protoreflect.FileDescriptor
 
 const file_quotad_v1_quotad_proto_rawDesc = "" +
@@ -3149,7 +3518,44 @@ const file_quotad_v1_quotad_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x16\n" +
 	"\x06tokens\x18\x02 \x01(\x04R\x06tokens\"2\n" +
 	"\x14ReleaseShareResponse\x12\x1a\n" +
-	"\breturned\x18\x01 \x01(\x04R\breturned2\x97\x04\n" +
+	"\breturned\x18\x01 \x01(\x04R\breturned\"`\n" +
+	"\x12ShareStatusRequest\x12\x16\n" +
+	"\x06domain\x18\x01 \x01(\tR\x06domain\x122\n" +
+	"\vdescriptors\x18\x02 \x03(\v2\x10.quotad.v1.EntryR\vdescriptors\"\xda\x02\n" +
+	"\n" +
+	"LendStatus\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1d\n" +
+	"\n" +
+	"rate_micro\x18\x02 \x01(\x04R\trateMicro\x12\x1f\n" +
+	"\vburst_micro\x18\x03 \x01(\x04R\n" +
+	"burstMicro\x12&\n" +
+	"\x0flent_rate_micro\x18\x04 \x01(\x04R\rlentRateMicro\x12(\n" +
+	"\x10lent_burst_micro\x18\x05 \x01(\x04R\x0elentBurstMicro\x12,\n" +
+	"\x12reserve_rate_micro\x18\x06 \x01(\x04R\x10reserveRateMicro\x12.\n" +
+	"\x13reserve_burst_micro\x18\a \x01(\x04R\x11reserveBurstMicro\x120\n" +
+	"\x14central_demand_micro\x18\b \x01(\x04R\x12centralDemandMicro\x12\x18\n" +
+	"\aholders\x18\t \x01(\rR\aholders\"\xe4\x02\n" +
+	"\vHolderShare\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x1b\n" +
+	"\tholder_id\x18\x03 \x01(\tR\bholderId\x12 \n" +
+	"\vincarnation\x18\x04 \x01(\x04R\vincarnation\x12\x1d\n" +
+	"\n" +
+	"rate_micro\x18\x05 \x01(\x04R\trateMicro\x12\x1f\n" +
+	"\vburst_micro\x18\x06 \x01(\x04R\n" +
+	"burstMicro\x12\"\n" +
+	"\rexpires_in_ms\x18\a \x01(\x03R\vexpiresInMs\x12!\n" +
+	"\fdemand_micro\x18\b \x01(\x04R\vdemandMicro\x12\x10\n" +
+	"\x03seq\x18\t \x01(\x04R\x03seq\x12\x17\n" +
+	"\aack_seq\x18\n" +
+	" \x01(\x04R\x06ackSeq\x12\"\n" +
+	"\facknowledged\x18\v \x01(\bR\facknowledged\x12\x18\n" +
+	"\aunacked\x18\f \x01(\rR\aunacked\"\xba\x01\n" +
+	"\x13ShareStatusResponse\x12/\n" +
+	"\abuckets\x18\x01 \x03(\v2\x15.quotad.v1.LendStatusR\abuckets\x120\n" +
+	"\aholders\x18\x02 \x03(\v2\x16.quotad.v1.HolderShareR\aholders\x12#\n" +
+	"\rapplied_index\x18\x03 \x01(\x04R\fappliedIndex\x12\x1b\n" +
+	"\tleader_id\x18\x04 \x01(\tR\bleaderId2\xe5\x04\n" +
 	"\x05Quota\x12@\n" +
 	"\aAcquire\x12\x19.quotad.v1.AcquireRequest\x1a\x1a.quotad.v1.AcquireResponse\x12@\n" +
 	"\aRelease\x12\x19.quotad.v1.ReleaseRequest\x1a\x1a.quotad.v1.ReleaseResponse\x12:\n" +
@@ -3158,7 +3564,8 @@ const file_quotad_v1_quotad_proto_rawDesc = "" +
 	"\x06Status\x12\x18.quotad.v1.StatusRequest\x1a\x19.quotad.v1.StatusResponse\x12C\n" +
 	"\bFeedback\x12\x1a.quotad.v1.FeedbackRequest\x1a\x1b.quotad.v1.FeedbackResponse\x12:\n" +
 	"\x05Share\x12\x17.quotad.v1.ShareRequest\x1a\x18.quotad.v1.ShareResponse\x12O\n" +
-	"\fReleaseShare\x12\x1e.quotad.v1.ReleaseShareRequest\x1a\x1f.quotad.v1.ReleaseShareResponse2\xc2\x05\n" +
+	"\fReleaseShare\x12\x1e.quotad.v1.ReleaseShareRequest\x1a\x1f.quotad.v1.ReleaseShareResponse\x12L\n" +
+	"\vShareStatus\x12\x1d.quotad.v1.ShareStatusRequest\x1a\x1e.quotad.v1.ShareStatusResponse2\xc2\x05\n" +
 	"\x05Admin\x12L\n" +
 	"\vApplyLimits\x12\x1d.quotad.v1.ApplyLimitsRequest\x1a\x1e.quotad.v1.ApplyLimitsResponse\x12F\n" +
 	"\tGetLimits\x12\x1b.quotad.v1.GetLimitsRequest\x1a\x1c.quotad.v1.GetLimitsResponse\x12@\n" +
@@ -3183,7 +3590,7 @@ func file_quotad_v1_quotad_proto_rawDescGZIP() []byte {
 	return file_quotad_v1_quotad_proto_rawDescData
 }
 
-var file_quotad_v1_quotad_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
+var file_quotad_v1_quotad_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
 var file_quotad_v1_quotad_proto_goTypes = []any{
 	(*Entry)(nil),                      // 0: quotad.v1.Entry
 	(*Admission)(nil),                  // 1: quotad.v1.Admission
@@ -3230,6 +3637,10 @@ var file_quotad_v1_quotad_proto_goTypes = []any{
 	(*ReleaseShareRequest)(nil),        // 42: quotad.v1.ReleaseShareRequest
 	(*LevelTokens)(nil),                // 43: quotad.v1.LevelTokens
 	(*ReleaseShareResponse)(nil),       // 44: quotad.v1.ReleaseShareResponse
+	(*ShareStatusRequest)(nil),         // 45: quotad.v1.ShareStatusRequest
+	(*LendStatus)(nil),                 // 46: quotad.v1.LendStatus
+	(*HolderShare)(nil),                // 47: quotad.v1.HolderShare
+	(*ShareStatusResponse)(nil),        // 48: quotad.v1.ShareStatusResponse
 }
 var file_quotad_v1_quotad_proto_depIdxs = []int32{
 	0,  // 0: quotad.v1.Admission.descriptors:type_name -> quotad.v1.Entry
@@ -3248,45 +3659,50 @@ var file_quotad_v1_quotad_proto_depIdxs = []int32{
 	40, // 13: quotad.v1.ShareResponse.paths:type_name -> quotad.v1.PathShare
 	41, // 14: quotad.v1.PathShare.levels:type_name -> quotad.v1.LevelShare
 	43, // 15: quotad.v1.ReleaseShareRequest.tokens:type_name -> quotad.v1.LevelTokens
-	2,  // 16: quotad.v1.Quota.Acquire:input_type -> quotad.v1.AcquireRequest
-	5,  // 17: quotad.v1.Quota.Release:input_type -> quotad.v1.ReleaseRequest
-	7,  // 18: quotad.v1.Quota.Renew:input_type -> quotad.v1.RenewRequest
-	9,  // 19: quotad.v1.Quota.Refund:input_type -> quotad.v1.RefundRequest
-	11, // 20: quotad.v1.Quota.Status:input_type -> quotad.v1.StatusRequest
-	14, // 21: quotad.v1.Quota.Feedback:input_type -> quotad.v1.FeedbackRequest
-	37, // 22: quotad.v1.Quota.Share:input_type -> quotad.v1.ShareRequest
-	42, // 23: quotad.v1.Quota.ReleaseShare:input_type -> quotad.v1.ReleaseShareRequest
-	16, // 24: quotad.v1.Admin.ApplyLimits:input_type -> quotad.v1.ApplyLimitsRequest
-	18, // 25: quotad.v1.Admin.GetLimits:input_type -> quotad.v1.GetLimitsRequest
-	20, // 26: quotad.v1.Admin.Members:input_type -> quotad.v1.MembersRequest
-	24, // 27: quotad.v1.Admin.TransferLeadership:input_type -> quotad.v1.TransferLeadershipRequest
-	26, // 28: quotad.v1.Admin.RemoveServer:input_type -> quotad.v1.RemoveServerRequest
-	28, // 29: quotad.v1.Admin.CreateToken:input_type -> quotad.v1.CreateTokenRequest
-	30, // 30: quotad.v1.Admin.ListTokens:input_type -> quotad.v1.ListTokensRequest
-	33, // 31: quotad.v1.Admin.RevokeToken:input_type -> quotad.v1.RevokeTokenRequest
-	35, // 32: quotad.v1.Admin.LiftPause:input_type -> quotad.v1.LiftPauseRequest
-	4,  // 33: quotad.v1.Quota.Acquire:output_type -> quotad.v1.AcquireResponse
-	6,  // 34: quotad.v1.Quota.Release:output_type -> quotad.v1.ReleaseResponse
-	8,  // 35: quotad.v1.Quota.Renew:output_type -> quotad.v1.RenewResponse
-	10, // 36: quotad.v1.Quota.Refund:output_type -> quotad.v1.RefundResponse
-	13, // 37: quotad.v1.Quota.Status:output_type -> quotad.v1.StatusResponse
-	15, // 38: quotad.v1.Quota.Feedback:output_type -> quotad.v1.FeedbackResponse
-	39, // 39: quotad.v1.Quota.Share:output_type -> quotad.v1.ShareResponse
-	44, // 40: quotad.v1.Quota.ReleaseShare:output_type -> quotad.v1.ReleaseShareResponse
-	17, // 41: quotad.v1.Admin.ApplyLimits:output_type -> quotad.v1.ApplyLimitsResponse
-	19, // 42: quotad.v1.Admin.GetLimits:output_type -> quotad.v1.GetLimitsResponse
-	22, // 43: quotad.v1.Admin.Members:output_type -> quotad.v1.MembersResponse
-	25, // 44: quotad.v1.Admin.TransferLeadership:output_type -> quotad.v1.TransferLeadershipResponse
-	27, // 45: quotad.v1.Admin.RemoveServer:output_type -> quotad.v1.RemoveServerResponse
-	29, // 46: quotad.v1.Admin.CreateToken:output_type -> quotad.v1.CreateTokenResponse
-	32, // 47: quotad.v1.Admin.ListTokens:output_type -> quotad.v1.ListTokensResponse
-	34, // 48: quotad.v1.Admin.RevokeToken:output_type -> quotad.v1.RevokeTokenResponse
-	36, // 49: quotad.v1.Admin.LiftPause:output_type -> quotad.v1.LiftPauseResponse
-	33, // [33:50] is the sub-list for method output_type
-	16, // [16:33] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	0,  // 16: quotad.v1.ShareStatusRequest.descriptors:type_name -> quotad.v1.Entry
+	46, // 17: quotad.v1.ShareStatusResponse.buckets:type_name -> quotad.v1.LendStatus
+	47, // 18: quotad.v1.ShareStatusResponse.holders:type_name -> quotad.v1.HolderShare
+	2,  // 19: quotad.v1.Quota.Acquire:input_type -> quotad.v1.AcquireRequest
+	5,  // 20: quotad.v1.Quota.Release:input_type -> quotad.v1.ReleaseRequest
+	7,  // 21: quotad.v1.Quota.Renew:input_type -> quotad.v1.RenewRequest
+	9,  // 22: quotad.v1.Quota.Refund:input_type -> quotad.v1.RefundRequest
+	11, // 23: quotad.v1.Quota.Status:input_type -> quotad.v1.StatusRequest
+	14, // 24: quotad.v1.Quota.Feedback:input_type -> quotad.v1.FeedbackRequest
+	37, // 25: quotad.v1.Quota.Share:input_type -> quotad.v1.ShareRequest
+	42, // 26: quotad.v1.Quota.ReleaseShare:input_type -> quotad.v1.ReleaseShareRequest
+	45, // 27: quotad.v1.Quota.ShareStatus:input_type -> quotad.v1.ShareStatusRequest
+	16, // 28: quotad.v1.Admin.ApplyLimits:input_type -> quotad.v1.ApplyLimitsRequest
+	18, // 29: quotad.v1.Admin.GetLimits:input_type -> quotad.v1.GetLimitsRequest
+	20, // 30: quotad.v1.Admin.Members:input_type -> quotad.v1.MembersRequest
+	24, // 31: quotad.v1.Admin.TransferLeadership:input_type -> quotad.v1.TransferLeadershipRequest
+	26, // 32: quotad.v1.Admin.RemoveServer:input_type -> quotad.v1.RemoveServerRequest
+	28, // 33: quotad.v1.Admin.CreateToken:input_type -> quotad.v1.CreateTokenRequest
+	30, // 34: quotad.v1.Admin.ListTokens:input_type -> quotad.v1.ListTokensRequest
+	33, // 35: quotad.v1.Admin.RevokeToken:input_type -> quotad.v1.RevokeTokenRequest
+	35, // 36: quotad.v1.Admin.LiftPause:input_type -> quotad.v1.LiftPauseRequest
+	4,  // 37: quotad.v1.Quota.Acquire:output_type -> quotad.v1.AcquireResponse
+	6,  // 38: quotad.v1.Quota.Release:output_type -> quotad.v1.ReleaseResponse
+	8,  // 39: quotad.v1.Quota.Renew:output_type -> quotad.v1.RenewResponse
+	10, // 40: quotad.v1.Quota.Refund:output_type -> quotad.v1.RefundResponse
+	13, // 41: quotad.v1.Quota.Status:output_type -> quotad.v1.StatusResponse
+	15, // 42: quotad.v1.Quota.Feedback:output_type -> quotad.v1.FeedbackResponse
+	39, // 43: quotad.v1.Quota.Share:output_type -> quotad.v1.ShareResponse
+	44, // 44: quotad.v1.Quota.ReleaseShare:output_type -> quotad.v1.ReleaseShareResponse
+	48, // 45: quotad.v1.Quota.ShareStatus:output_type -> quotad.v1.ShareStatusResponse
+	17, // 46: quotad.v1.Admin.ApplyLimits:output_type -> quotad.v1.ApplyLimitsResponse
+	19, // 47: quotad.v1.Admin.GetLimits:output_type -> quotad.v1.GetLimitsResponse
+	22, // 48: quotad.v1.Admin.Members:output_type -> quotad.v1.MembersResponse
+	25, // 49: quotad.v1.Admin.TransferLeadership:output_type -> quotad.v1.TransferLeadershipResponse
+	27, // 50: quotad.v1.Admin.RemoveServer:output_type -> quotad.v1.RemoveServerResponse
+	29, // 51: quotad.v1.Admin.CreateToken:output_type -> quotad.v1.CreateTokenResponse
+	32, // 52: quotad.v1.Admin.ListTokens:output_type -> quotad.v1.ListTokensResponse
+	34, // 53: quotad.v1.Admin.RevokeToken:output_type -> quotad.v1.RevokeTokenResponse
+	36, // 54: quotad.v1.Admin.LiftPause:output_type -> quotad.v1.LiftPauseResponse
+	37, // [37:55] is the sub-list for method output_type
+	19, // [19:37] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_quotad_v1_quotad_proto_init() }
@@ -3300,7 +3716,7 @@ func file_quotad_v1_quotad_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quotad_v1_quotad_proto_rawDesc), len(file_quotad_v1_quotad_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   45,
+			NumMessages:   49,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -36,6 +36,7 @@ const (
 	Quota_Feedback_FullMethodName     = "/quotad.v1.Quota/Feedback"
 	Quota_Share_FullMethodName        = "/quotad.v1.Quota/Share"
 	Quota_ReleaseShare_FullMethodName = "/quotad.v1.Quota/ReleaseShare"
+	Quota_ShareStatus_FullMethodName  = "/quotad.v1.Quota/ShareStatus"
 )
 
 // QuotaClient is the client API for Quota service.
@@ -66,6 +67,9 @@ type QuotaClient interface {
 	Share(ctx context.Context, in *ShareRequest, opts ...grpc.CallOption) (*ShareResponse, error)
 	// ReleaseShare ends a holder's shares at once and returns its unused tokens.
 	ReleaseShare(ctx context.Context, in *ReleaseShareRequest, opts ...grpc.CallOption) (*ReleaseShareResponse, error)
+	// ShareStatus lists the lending of the buckets on a path (every bucket of the domain when
+	// descriptors is empty) and their holders, linearizably like Status. Readers and admins.
+	ShareStatus(ctx context.Context, in *ShareStatusRequest, opts ...grpc.CallOption) (*ShareStatusResponse, error)
 }
 
 type quotaClient struct {
@@ -156,6 +160,16 @@ func (c *quotaClient) ReleaseShare(ctx context.Context, in *ReleaseShareRequest,
 	return out, nil
 }
 
+func (c *quotaClient) ShareStatus(ctx context.Context, in *ShareStatusRequest, opts ...grpc.CallOption) (*ShareStatusResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ShareStatusResponse)
+	err := c.cc.Invoke(ctx, Quota_ShareStatus_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // QuotaServer is the server API for Quota service.
 // All implementations must embed UnimplementedQuotaServer
 // for forward compatibility.
@@ -184,6 +198,9 @@ type QuotaServer interface {
 	Share(context.Context, *ShareRequest) (*ShareResponse, error)
 	// ReleaseShare ends a holder's shares at once and returns its unused tokens.
 	ReleaseShare(context.Context, *ReleaseShareRequest) (*ReleaseShareResponse, error)
+	// ShareStatus lists the lending of the buckets on a path (every bucket of the domain when
+	// descriptors is empty) and their holders, linearizably like Status. Readers and admins.
+	ShareStatus(context.Context, *ShareStatusRequest) (*ShareStatusResponse, error)
 	mustEmbedUnimplementedQuotaServer()
 }
 
@@ -217,6 +234,9 @@ func (UnimplementedQuotaServer) Share(context.Context, *ShareRequest) (*ShareRes
 }
 func (UnimplementedQuotaServer) ReleaseShare(context.Context, *ReleaseShareRequest) (*ReleaseShareResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ReleaseShare not implemented")
+}
+func (UnimplementedQuotaServer) ShareStatus(context.Context, *ShareStatusRequest) (*ShareStatusResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ShareStatus not implemented")
 }
 func (UnimplementedQuotaServer) mustEmbedUnimplementedQuotaServer() {}
 func (UnimplementedQuotaServer) testEmbeddedByValue()               {}
@@ -383,6 +403,24 @@ func _Quota_ReleaseShare_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Quota_ShareStatus_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ShareStatusRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(QuotaServer).ShareStatus(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Quota_ShareStatus_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(QuotaServer).ShareStatus(ctx, req.(*ShareStatusRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Quota_ServiceDesc is the grpc.ServiceDesc for Quota service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -421,6 +459,10 @@ var Quota_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReleaseShare",
 			Handler:    _Quota_ReleaseShare_Handler,
+		},
+		{
+			MethodName: "ShareStatus",
+			Handler:    _Quota_ShareStatus_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
