@@ -2,7 +2,7 @@ GO ?= go
 BIN := bin/quotad
 PROTOC ?= protoc
 
-.PHONY: all build image test-compose test-upgrade run test test-short test-envoy race vet lint proto bench bench-fair bench-soak bench-shares chaos chaos-long chaos-bugs chaos-docker clean
+.PHONY: all build image test-compose test-upgrade run test test-short test-envoy race vet lint proto bench bench-fair bench-soak bench-shares bench-regions chaos chaos-long chaos-bugs chaos-docker clean
 
 all: build
 
@@ -44,7 +44,7 @@ run: build
 test:
 	$(GO) vet ./...
 	$(GO) test -timeout 15m ./...
-	$(GO) test -race -timeout 15m ./quota/... ./fsm/... ./rpc/... ./cluster/... ./client/... ./sched/...
+	$(GO) test -race -timeout 15m ./quota/... ./fsm/... ./rpc/... ./cluster/... ./client/... ./sched/... ./region/...
 
 # test-envoy: the differential test against envoyproxy/ratelimit (issue 14): builds it and a
 # miniredis from the Go module proxy (cached in the user cache dir; needs the network the first
@@ -123,3 +123,13 @@ bench-shares:
 
 clean:
 	rm -rf bin
+
+# bench-regions (issue 13): a global cluster and two regional ones in one process (real Raft,
+# BoltDB, gRPC over loopback): the global bound and utilization with demand split 80/20 then
+# flipped, the flip's convergence, regional p99 with and without 50–150 ms on the global
+# links, the global cluster down for 3 lease terms; writes bench/results/regions.json
+# (BENCH_REGIONS_SECONDS=120 by default: about 3 minutes).
+BENCH_REGIONS_SECONDS ?= 120
+bench-regions:
+	QUOTAD_BENCH_REGIONS_OUT=$(CURDIR)/bench/results/regions.json QUOTAD_BENCH_REGIONS_SECONDS=$(BENCH_REGIONS_SECONDS) \
+		$(GO) test ./region -run TestBenchRegions -count=1 -v -timeout 20m

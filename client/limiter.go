@@ -50,6 +50,10 @@ type LimiterOptions struct {
 	MaxCost uint64
 	// CentralTimeout bounds a central decision (default 1s).
 	CentralTimeout time.Duration
+	// MinDemand (units per second) is the least demand the holder reports for the path, so a
+	// quiet path keeps a share large enough to be lent (a regional leader, which never asks
+	// centrally, would otherwise stay below the lend threshold). 0: none.
+	MinDemand float64
 }
 
 // ShareInfo describes a Limiter's current share of its path.
@@ -279,6 +283,7 @@ type sharePath struct {
 	lastAttempts  uint64
 	lastAt        int64 // slow ns
 	initialDemand float64
+	minDemand     float64
 }
 
 func (p *sharePath) raiseMaxCost(n uint64) {
@@ -362,7 +367,7 @@ func (h *shareHolder) addPath(req Request, opts LimiterOptions) *sharePath {
 	h.mu.Lock()
 	p := h.paths[key]
 	if p == nil {
-		p = &sharePath{key: key, domain: req.Domain, descs: append([]Entry(nil), req.Descriptors...), initialDemand: opts.Demand}
+		p = &sharePath{key: key, domain: req.Domain, descs: append([]Entry(nil), req.Descriptors...), initialDemand: opts.Demand, minDemand: opts.MinDemand}
 		p.setState(&pathState{mode: modePending, info: ShareInfo{Status: "pending"}})
 		h.paths[key] = p
 		h.poke()
@@ -510,6 +515,7 @@ func (p *sharePath) demand(slowNow int64) uint64 {
 		}
 		d = p.initialDemand
 	}
+	d = max(d, p.minDemand/1.25)
 	v := d * 1.25 * 1e6
 	if v >= math.MaxUint64/2 {
 		return math.MaxUint64

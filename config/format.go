@@ -173,6 +173,9 @@ func rateNode(r *quota.Rate, unlimited bool, name string, replaces []string) *ya
 		if r.RequestsPerUnit > 0 || r.Burst > 0 { // requests_per_unit 0 blocks: no bucket
 			add(m, "burst", uintNode(r.Capacity()))
 		}
+		if r.Scope != "" {
+			add(m, "scope", str(r.Scope))
+		}
 	}
 	if unlimited {
 		add(m, "unlimited", scalar("!!bool", "true"))

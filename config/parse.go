@@ -47,8 +47,8 @@ const unitChoices = "second, minute, hour, day, week, month or year"
 var (
 	documentKeys    = []string{"domain", "rate_limit", "concurrency", "adaptive", "retry_budget", "work_classes", "resume_jitter", "max_pause", "max_keys", "strict_keys", "shares", "descriptors"}
 	descriptorKeys  = []string{"key", "value", "rate_limit", "unlimited", "shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "name", "replaces", "weight", "concurrency", "adaptive", "shares", "descriptors"}
-	domainRateKeys  = []string{"unit", "requests_per_unit", "unit_multiplier", "burst"}
-	levelRateKeys   = []string{"unit", "requests_per_unit", "unit_multiplier", "burst", "unlimited", "name", "replaces"}
+	domainRateKeys  = []string{"unit", "requests_per_unit", "unit_multiplier", "burst", "scope"}
+	levelRateKeys   = []string{"unit", "requests_per_unit", "unit_multiplier", "burst", "scope", "unlimited", "name", "replaces"}
 	concurrencyKeys = []string{"max_in_flight", "lease_ttl"}
 	replacesKeys    = []string{"name"}
 )
@@ -58,6 +58,7 @@ var (
 func Parse(name string, data []byte) (*quota.Limits, error) {
 	domains, errs := parseFile(name, data)
 	errs = append(errs, checkDuplicates(domains)...)
+	errs = append(errs, checkScopes(domains)...)
 	if len(errs) > 0 {
 		return nil, joinErrors(errs)
 	}
@@ -95,6 +96,7 @@ func LoadFiles(paths ...string) (*quota.Limits, error) {
 		}
 	}
 	errs = append(errs, checkDuplicates(domains)...)
+	errs = append(errs, checkScopes(domains)...)
 	if len(errs) > 0 {
 		return nil, joinErrors(errs)
 	}
@@ -545,8 +547,9 @@ func (p *parser) rateLimit(n *yaml.Node, path string, domainLevel bool) rateSpec
 			good = false
 		}
 	}
-	if good {
-		spec.rate = &quota.Rate{Unit: unit, RequestsPerUnit: rpu, Burst: burst}
+	scope, scopeOK := p.scope(f, path)
+	if good && scopeOK {
+		spec.rate = &quota.Rate{Unit: unit, RequestsPerUnit: rpu, Burst: burst, Scope: scope}
 	}
 	return spec
 }

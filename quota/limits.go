@@ -32,6 +32,7 @@ type level struct {
 	// matching value in bucket keys (the pattern, e.g. "files*"): they share one bucket.
 	shareKey string
 	weight   uint32 // Node.Weight (0: 1), the weight of flows ending here in share allocation
+	fixed    bool   // every value from the domain down is exact: the level is one bucket
 	// shares: the level lends to share holders; nil: it does not.
 	shares *shareParams
 	// adaptive: the rate adapts to provider feedback (AIMD); nil: fixed. Only with rate.
@@ -135,6 +136,10 @@ func compileLimits(l *Limits, version uint64) (*compiled, error) {
 			return nil, err
 		}
 		if root.shares, err = newShareParams(where, d.Shares, root); err != nil {
+			return nil, err
+		}
+		root.fixed = true
+		if err := checkScope(where, d.Rate, d.Shares, true); err != nil {
 			return nil, err
 		}
 		if err := c.compileChildren(root, d.Name, "", d.Descriptors); err != nil {
@@ -254,6 +259,10 @@ func (c *compiled) compileChildren(parent *level, domain, path string, nodes []N
 		}
 		lv.weight = n.Weight
 		if lv.shares, err = newShareParams(where, n.Shares, lv); err != nil {
+			return err
+		}
+		lv.fixed = parent.fixed && n.Value != "" && !IsWildcard(n.Value)
+		if err := checkScope(where, n.Rate, n.Shares, lv.fixed); err != nil {
 			return err
 		}
 		switch {

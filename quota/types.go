@@ -219,6 +219,9 @@ type Rate struct {
 	RequestsPerUnit uint64        `json:"requests_per_unit"`
 	// Burst is the bucket's capacity; 0 means RequestsPerUnit (one unit's worth).
 	Burst uint64 `json:"burst,omitempty"`
+	// Scope is ScopeGlobal (the limit holds across regional clusters) or ScopeRegional; ""
+	// means ScopeRegional. A cluster that is not regional enforces both alike.
+	Scope string `json:"scope,omitempty"`
 }
 
 // Capacity returns the bucket capacity in units.

@@ -72,6 +72,9 @@ type AgentConfig struct {
 	// RLS configures Envoy's rate limit service (--rls-unknown-domain, --rls-headers,
 	// --rls-near-limit-ratio).
 	RLS RLSOptions
+	// Region, if set, makes the agent a member of a regional cluster under a global one
+	// (--region, --global-addrs; rpc/region.go, package region).
+	Region *RegionConfig
 }
 
 // newAuthenticator builds the caller authentication of cfg over f's token table, with the
@@ -222,6 +225,15 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 	}
 	a.wg.Add(1)
 	go a.watch(limits)
+	if cfg.Region != nil {
+		a.server.SetRegion(*cfg.Region)
+		a.metrics.Registry.MustRegister(newRegionCollector(a.server))
+		a.wg.Add(1)
+		go func() {
+			defer a.wg.Done()
+			a.server.RunRegion(a.stop, cfg.Cluster.ID, log)
+		}()
+	}
 	return a, nil
 }
 

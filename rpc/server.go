@@ -72,6 +72,8 @@ type Server struct {
 	rls     *rlsServer // Envoy's rate limit service (envoy.go)
 
 	limitsMu sync.Mutex // serializes ApplyLimits' read-merge-propose on the leader (limits.go)
+
+	region *regionGate // a regional cluster's scope: global levels (region.go); nil: not regional
 }
 
 // NewServer returns a server for node, whose state machine is f. forwardCreds secure calls
@@ -168,6 +170,14 @@ func (s *Server) Acquire(ctx context.Context, req *quotadv1.AcquireRequest) (*qu
 	if conn != nil {
 		return quotadv1.NewQuotaClient(conn).Acquire(forwardCtx(ctx), req)
 	}
+	if s.region != nil {
+		return s.regionAcquire(ctx, req, id) // scope: global levels first (region.go)
+	}
+	return s.acquireLeader(ctx, req, id)
+}
+
+// acquireLeader decides req on the leader.
+func (s *Server) acquireLeader(ctx context.Context, req *quotadv1.AcquireRequest, id auth.Identity) (*quotadv1.AcquireResponse, error) {
 	if s.fair.handles(req) {
 		return s.fair.acquire(ctx, req, id.Name)
 	}
@@ -519,6 +529,7 @@ func (s *Server) Members(ctx context.Context, _ *quotadv1.MembersRequest) (*quot
 		}
 		resp.Members = append(resp.Members, pm)
 	}
+	s.regionMembers(ctx, resp) // region.go
 	return resp, nil
 }
 

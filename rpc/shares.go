@@ -27,6 +27,9 @@ func (s *Server) Share(ctx context.Context, req *quotadv1.ShareRequest) (*quotad
 			return nil, permissionDenied("paths[%d]: %s", i, msg)
 		}
 	}
+	if err := s.regionShareProblem(req); err != nil {
+		return nil, err // region.go
+	}
 	conn, err := s.route(ctx)
 	if err != nil || conn != nil {
 		if err != nil {

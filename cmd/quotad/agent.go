@@ -35,6 +35,7 @@ func agentCmd() *cobra.Command {
 		proposer   = rpc.DefaultProposerConfig()
 		caps       = capFlags{maxRequestBytes: rpc.DefaultMaxRequestBytes}
 		rls        rlsFlags
+		reg        regionFlags
 	)
 	var (
 		acfg          rpc.AgentConfig // security settings; the rest is filled in at run
@@ -101,6 +102,9 @@ over the environment, which wins over the file (docs/operations.md, "Configurati
 			if err := rls.apply(&acfg); err != nil {
 				return err
 			}
+			if err := reg.apply(&acfg); err != nil {
+				return err
+			}
 			chaosHooks(&acfg)
 			agent, err := rpc.StartAgent(acfg)
 			if err != nil {
@@ -152,6 +156,7 @@ over the environment, which wins over the file (docs/operations.md, "Configurati
 	f.StringVar(&logFormat, "log-format", "text", "text or json")
 	caps.register(f)
 	rls.register(f)
+	reg.register(f)
 	return cmd
 }
 

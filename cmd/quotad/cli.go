@@ -396,7 +396,10 @@ func statusCmd() *cobra.Command {
 					GRPCAddr string `json:"grpc_addr"`
 				} `json:"leader"`
 				Members []member `json:"members"`
-			}{Members: []member{}}
+				// A regional cluster (docs/regions.md): its leader's share of each global level.
+				Region       string                  `json:"region,omitempty"`
+				RegionShares []*quotadv1.RegionShare `json:"region_shares,omitempty"`
+			}{Members: []member{}, Region: resp.Region, RegionShares: resp.RegionShares}
 			if l := resp.Leader; l != nil {
 				out.Leader = &struct {
 					ID       string `json:"id"`
@@ -417,6 +420,7 @@ func statusCmd() *cobra.Command {
 			for _, m := range out.Members {
 				fmt.Printf("  %-8s %-9s %-9s grpc=%s raft=%s applied=%d\n", m.ID, m.State, m.Suffrage, m.GRPCAddr, m.RaftAddr, m.AppliedIndex)
 			}
+			printRegion(out.Region, out.RegionShares)
 			return nil
 		},
 	}

@@ -25,6 +25,7 @@ func devCmd() *cobra.Command {
 		host     string
 		base     int
 		insecure bool
+		regions  int
 	)
 	cmd := &cobra.Command{
 		Use:   "dev",
@@ -41,6 +42,12 @@ dir; a --data-dir you give is kept).`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if nodes < 1 || nodes > 9 {
 				return fmt.Errorf("--nodes %d: use 1 to 9", nodes)
+			}
+			if regions < 0 || regions > 8 {
+				return fmt.Errorf("--regions %d: use 0 to 8", regions)
+			}
+			if regions > 0 && !cmd.Flags().Changed("limits") {
+				limits = "examples/regions.yaml" // a scope: global level to hold shares of
 			}
 			if limits != "" {
 				if _, err := config.LoadFile(limits); err != nil {
@@ -117,6 +124,48 @@ dir; a --data-dir you give is kept).`,
 				}
 				nodeArgs = append(nodeArgs, args)
 			}
+			// --regions N: N regional clusters of --nodes nodes each under the one above
+			// (docs/regions.md), region k (1..N) on the ports of the global one + 1000·k.
+			type regionInfo struct {
+				name  string
+				grpcs []string
+			}
+			var regionList []regionInfo
+			for k := 1; k <= regions; k++ {
+				rb := base + 1000*k
+				raddr := func(kind, i int) string { return fmt.Sprintf("%s:%d", host, rb+kind*100+i+1) }
+				ri := regionInfo{name: fmt.Sprintf("r%d", k)}
+				var rgossip []string
+				for i := 0; i < nodes; i++ {
+					rgossip = append(rgossip, raddr(2, i))
+					ri.grpcs = append(ri.grpcs, raddr(0, i))
+				}
+				for i := 0; i < nodes; i++ {
+					id := fmt.Sprintf("%s-node%d", ri.name, i+1)
+					args := []string{"agent", "--id", id,
+						"--data-dir", filepath.Join(dataDir, id),
+						"--grpc-addr", raddr(0, i), "--raft-addr", raddr(1, i),
+						"--gossip-addr", raddr(2, i), "--http-addr", raddr(3, i),
+						"--bootstrap-expect", fmt.Sprint(nodes), "--join", strings.Join(rgossip, ","),
+						"--limits", limits, "--enable-debug",
+						"--region", ri.name, "--global-addrs", strings.Join(grpcs, ","),
+					}
+					if insecure {
+						args = append(args, "--insecure", "--global-insecure")
+					} else {
+						sec, err := creds.AgentArgs(id, host)
+						if err != nil {
+							return err
+						}
+						// dev only: the regional leaders use the bootstrap admin token of the
+						// global cluster; in production a worker token scoped to the domains.
+						args = append(args, sec...)
+						args = append(args, "--global-cacert", creds.CAFile, "--global-token-file", creds.TokenFile)
+					}
+					nodeArgs = append(nodeArgs, args)
+				}
+				regionList = append(regionList, ri)
+			}
 			dc := newDevCluster(self, dataDir, nodeArgs)
 			for i := range nodeArgs {
 				if err := dc.start(i); err != nil {
@@ -125,7 +174,11 @@ dir; a --data-dir you give is kept).`,
 					return err
 				}
 				n := dc.nodes[i]
-				fmt.Printf("%s  pid %d  grpc %s  raft %s  gossip %s  http %s  data %s\n", n.id, n.pid(), addr(0, i), addr(1, i), addr(2, i), addr(3, i), filepath.Join(dataDir, n.id))
+				a := nodeArgs[i]
+				fmt.Printf("%s  pid %d  grpc %s  raft %s  gossip %s  http %s  data %s\n", n.id, n.pid(), argOf(a, "--grpc-addr"), argOf(a, "--raft-addr"), argOf(a, "--gossip-addr"), argOf(a, "--http-addr"), filepath.Join(dataDir, n.id))
+			}
+			for _, r := range regionList {
+				fmt.Printf("region %s: QUOTAD_ADDR=%s quotad status   (shows the region's share of each global level)\n", r.name, strings.Join(r.grpcs, ","))
 			}
 			if insecure {
 				fmt.Printf("\ninsecure cluster of %d (plaintext, no credentials needed): try\n  export QUOTAD_ADDR=%s\n  quotad status\n",
@@ -153,6 +206,7 @@ dir; a --data-dir you give is kept).`,
 	f.StringVar(&host, "host", "127.0.0.1", "address the nodes listen on")
 	f.BoolVar(&insecure, "insecure", false, "run the nodes with --insecure (plaintext, no credentials) instead of with a throwaway CA, gossip key and admin token")
 	f.IntVar(&base, "port-base", 7100, "node i listens on grpc base+1+i, raft base+101+i, gossip base+201+i, http base+301+i")
+	f.IntVar(&regions, "regions", 0, "also start N regional clusters of --nodes nodes under this (global) one, region k on the global ports + 1000·k, with examples/regions.yaml unless --limits is given (docs/regions.md)")
 	return cmd
 }
 
@@ -170,4 +224,14 @@ func writeDevEnv(path, content string) error {
 		return err
 	}
 	return auth.WriteSecretFile(path, []byte("# quotad dev: source this file to use the local cluster as admin\n"+content))
+}
+
+// argOf returns the value after flag in args ("" if absent).
+func argOf(args []string, flag string) string {
+	for i := 0; i+1 < len(args); i++ {
+		if args[i] == flag {
+			return args[i+1]
+		}
+	}
+	return ""
 }

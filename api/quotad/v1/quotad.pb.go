@@ -1489,9 +1489,15 @@ func (x *Member) GetHttpAddr() string {
 }
 
 type MembersResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Leader        *Member                `protobuf:"bytes,1,opt,name=leader,proto3" json:"leader,omitempty"`
-	Members       []*Member              `protobuf:"bytes,2,rep,name=members,proto3" json:"members,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Leader  *Member                `protobuf:"bytes,1,opt,name=leader,proto3" json:"leader,omitempty"`
+	Members []*Member              `protobuf:"bytes,2,rep,name=members,proto3" json:"members,omitempty"`
+	// region: this cluster's region (agents started with --region); empty for a global or
+	// stand-alone cluster.
+	Region string `protobuf:"bytes,3,opt,name=region,proto3" json:"region,omitempty"`
+	// region_shares: the regional leader's shares of the global cluster's buckets, one per
+	// level with rate_limit.scope global (docs/regions.md).
+	RegionShares  []*RegionShare `protobuf:"bytes,4,rep,name=region_shares,json=regionShares,proto3" json:"region_shares,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1540,6 +1546,160 @@ func (x *MembersResponse) GetMembers() []*Member {
 	return nil
 }
 
+func (x *MembersResponse) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *MembersResponse) GetRegionShares() []*RegionShare {
+	if x != nil {
+		return x.RegionShares
+	}
+	return nil
+}
+
+// RegionShare is a regional leader's share of one global level.
+type RegionShare struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Domain string                 `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
+	// path: the level's bucket key; scope: the level's key ("domain" for a domain ceiling).
+	Path  string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	Scope string `protobuf:"bytes,3,opt,name=scope,proto3" json:"scope,omitempty"`
+	// status: lent, central, too_small, invalid or pending (no answer yet).
+	Status string `protobuf:"bytes,4,opt,name=status,proto3" json:"status,omitempty"`
+	// local: the region decides on the share now (lent and not ended).
+	Local bool `protobuf:"varint,5,opt,name=local,proto3" json:"local,omitempty"`
+	// rate (units per second) and capacity (units) of the share.
+	Rate     float64 `protobuf:"fixed64,6,opt,name=rate,proto3" json:"rate,omitempty"`
+	Capacity float64 `protobuf:"fixed64,7,opt,name=capacity,proto3" json:"capacity,omitempty"`
+	// expires_in_ms: until the share ends on the regional leader's clock (0: none held).
+	ExpiresInMs int64  `protobuf:"varint,8,opt,name=expires_in_ms,json=expiresInMs,proto3" json:"expires_in_ms,omitempty"`
+	Message     string `protobuf:"bytes,9,opt,name=message,proto3" json:"message,omitempty"`
+	// units decided at the level by this leader's holder: admitted, refused, and given back
+	// after a regional level refused the same admission.
+	Admitted      uint64 `protobuf:"varint,10,opt,name=admitted,proto3" json:"admitted,omitempty"`
+	Refused       uint64 `protobuf:"varint,11,opt,name=refused,proto3" json:"refused,omitempty"`
+	Undone        uint64 `protobuf:"varint,12,opt,name=undone,proto3" json:"undone,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegionShare) Reset() {
+	*x = RegionShare{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionShare) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionShare) ProtoMessage() {}
+
+func (x *RegionShare) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionShare.ProtoReflect.Descriptor instead.
+func (*RegionShare) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *RegionShare) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
+}
+
+func (x *RegionShare) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *RegionShare) GetScope() string {
+	if x != nil {
+		return x.Scope
+	}
+	return ""
+}
+
+func (x *RegionShare) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+func (x *RegionShare) GetLocal() bool {
+	if x != nil {
+		return x.Local
+	}
+	return false
+}
+
+func (x *RegionShare) GetRate() float64 {
+	if x != nil {
+		return x.Rate
+	}
+	return 0
+}
+
+func (x *RegionShare) GetCapacity() float64 {
+	if x != nil {
+		return x.Capacity
+	}
+	return 0
+}
+
+func (x *RegionShare) GetExpiresInMs() int64 {
+	if x != nil {
+		return x.ExpiresInMs
+	}
+	return 0
+}
+
+func (x *RegionShare) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *RegionShare) GetAdmitted() uint64 {
+	if x != nil {
+		return x.Admitted
+	}
+	return 0
+}
+
+func (x *RegionShare) GetRefused() uint64 {
+	if x != nil {
+		return x.Refused
+	}
+	return 0
+}
+
+func (x *RegionShare) GetUndone() uint64 {
+	if x != nil {
+		return x.Undone
+	}
+	return 0
+}
+
 type TransferLeadershipRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// to is a member id; empty lets raft choose.
@@ -1550,7 +1710,7 @@ type TransferLeadershipRequest struct {
 
 func (x *TransferLeadershipRequest) Reset() {
 	*x = TransferLeadershipRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[23]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1562,7 +1722,7 @@ func (x *TransferLeadershipRequest) String() string {
 func (*TransferLeadershipRequest) ProtoMessage() {}
 
 func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[23]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1575,7 +1735,7 @@ func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{23}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *TransferLeadershipRequest) GetTo() string {
@@ -1594,7 +1754,7 @@ type TransferLeadershipResponse struct {
 
 func (x *TransferLeadershipResponse) Reset() {
 	*x = TransferLeadershipResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[24]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1606,7 +1766,7 @@ func (x *TransferLeadershipResponse) String() string {
 func (*TransferLeadershipResponse) ProtoMessage() {}
 
 func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[24]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1619,7 +1779,7 @@ func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{24}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *TransferLeadershipResponse) GetLeaderId() string {
@@ -1639,7 +1799,7 @@ type RemoveServerRequest struct {
 
 func (x *RemoveServerRequest) Reset() {
 	*x = RemoveServerRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[25]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1651,7 +1811,7 @@ func (x *RemoveServerRequest) String() string {
 func (*RemoveServerRequest) ProtoMessage() {}
 
 func (x *RemoveServerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[25]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1664,7 +1824,7 @@ func (x *RemoveServerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveServerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveServerRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{25}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RemoveServerRequest) GetId() string {
@@ -1684,7 +1844,7 @@ type RemoveServerResponse struct {
 
 func (x *RemoveServerResponse) Reset() {
 	*x = RemoveServerResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[26]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1696,7 +1856,7 @@ func (x *RemoveServerResponse) String() string {
 func (*RemoveServerResponse) ProtoMessage() {}
 
 func (x *RemoveServerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[26]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1709,7 +1869,7 @@ func (x *RemoveServerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveServerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveServerResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{26}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RemoveServerResponse) GetMembers() []string {
@@ -1734,7 +1894,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[27]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1746,7 +1906,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[27]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1759,7 +1919,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{27}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CreateTokenRequest) GetRole() string {
@@ -1801,7 +1961,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[28]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1813,7 +1973,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[28]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1826,7 +1986,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{28}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CreateTokenResponse) GetToken() string {
@@ -1851,7 +2011,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[29]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1863,7 +2023,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[29]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1876,7 +2036,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{29}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{30}
 }
 
 type TokenInfo struct {
@@ -1894,7 +2054,7 @@ type TokenInfo struct {
 
 func (x *TokenInfo) Reset() {
 	*x = TokenInfo{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[30]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1906,7 +2066,7 @@ func (x *TokenInfo) String() string {
 func (*TokenInfo) ProtoMessage() {}
 
 func (x *TokenInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[30]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1919,7 +2079,7 @@ func (x *TokenInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
 func (*TokenInfo) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{30}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *TokenInfo) GetAccessor() string {
@@ -1973,7 +2133,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[31]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1985,7 +2145,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[31]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1998,7 +2158,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{31}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListTokensResponse) GetTokens() []*TokenInfo {
@@ -2017,7 +2177,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[32]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2029,7 +2189,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[32]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2042,7 +2202,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{32}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RevokeTokenRequest) GetAccessor() string {
@@ -2060,7 +2220,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[33]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2072,7 +2232,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[33]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2085,7 +2245,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{33}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{34}
 }
 
 type LiftPauseRequest struct {
@@ -2099,7 +2259,7 @@ type LiftPauseRequest struct {
 
 func (x *LiftPauseRequest) Reset() {
 	*x = LiftPauseRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[34]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2111,7 +2271,7 @@ func (x *LiftPauseRequest) String() string {
 func (*LiftPauseRequest) ProtoMessage() {}
 
 func (x *LiftPauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[34]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2124,7 +2284,7 @@ func (x *LiftPauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LiftPauseRequest.ProtoReflect.Descriptor instead.
 func (*LiftPauseRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{34}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *LiftPauseRequest) GetDomain() string {
@@ -2152,7 +2312,7 @@ type LiftPauseResponse struct {
 
 func (x *LiftPauseResponse) Reset() {
 	*x = LiftPauseResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[35]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2164,7 +2324,7 @@ func (x *LiftPauseResponse) String() string {
 func (*LiftPauseResponse) ProtoMessage() {}
 
 func (x *LiftPauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[35]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2177,7 +2337,7 @@ func (x *LiftPauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LiftPauseResponse.ProtoReflect.Descriptor instead.
 func (*LiftPauseResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{35}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *LiftPauseResponse) GetLifted() bool {
@@ -2213,7 +2373,7 @@ type ShareRequest struct {
 
 func (x *ShareRequest) Reset() {
 	*x = ShareRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[36]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2225,7 +2385,7 @@ func (x *ShareRequest) String() string {
 func (*ShareRequest) ProtoMessage() {}
 
 func (x *ShareRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[36]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2238,7 +2398,7 @@ func (x *ShareRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShareRequest.ProtoReflect.Descriptor instead.
 func (*ShareRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{36}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ShareRequest) GetHolderId() string {
@@ -2291,7 +2451,7 @@ type SharePath struct {
 
 func (x *SharePath) Reset() {
 	*x = SharePath{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[37]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2303,7 +2463,7 @@ func (x *SharePath) String() string {
 func (*SharePath) ProtoMessage() {}
 
 func (x *SharePath) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[37]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2316,7 +2476,7 @@ func (x *SharePath) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SharePath.ProtoReflect.Descriptor instead.
 func (*SharePath) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{37}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *SharePath) GetDomain() string {
@@ -2368,7 +2528,7 @@ type ShareResponse struct {
 
 func (x *ShareResponse) Reset() {
 	*x = ShareResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[38]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2380,7 +2540,7 @@ func (x *ShareResponse) String() string {
 func (*ShareResponse) ProtoMessage() {}
 
 func (x *ShareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[38]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2393,7 +2553,7 @@ func (x *ShareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShareResponse.ProtoReflect.Descriptor instead.
 func (*ShareResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{38}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ShareResponse) GetSeq() uint64 {
@@ -2458,7 +2618,7 @@ type PathShare struct {
 
 func (x *PathShare) Reset() {
 	*x = PathShare{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[39]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2470,7 +2630,7 @@ func (x *PathShare) String() string {
 func (*PathShare) ProtoMessage() {}
 
 func (x *PathShare) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[39]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2483,7 +2643,7 @@ func (x *PathShare) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PathShare.ProtoReflect.Descriptor instead.
 func (*PathShare) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{39}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *PathShare) GetStatus() string {
@@ -2538,7 +2698,7 @@ type LevelShare struct {
 
 func (x *LevelShare) Reset() {
 	*x = LevelShare{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[40]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2550,7 +2710,7 @@ func (x *LevelShare) String() string {
 func (*LevelShare) ProtoMessage() {}
 
 func (x *LevelShare) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[40]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2563,7 +2723,7 @@ func (x *LevelShare) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LevelShare.ProtoReflect.Descriptor instead.
 func (*LevelShare) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{40}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *LevelShare) GetKey() string {
@@ -2622,7 +2782,7 @@ type ReleaseShareRequest struct {
 
 func (x *ReleaseShareRequest) Reset() {
 	*x = ReleaseShareRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[41]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2634,7 +2794,7 @@ func (x *ReleaseShareRequest) String() string {
 func (*ReleaseShareRequest) ProtoMessage() {}
 
 func (x *ReleaseShareRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[41]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2647,7 +2807,7 @@ func (x *ReleaseShareRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseShareRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseShareRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{41}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ReleaseShareRequest) GetHolderId() string {
@@ -2688,7 +2848,7 @@ type LevelTokens struct {
 
 func (x *LevelTokens) Reset() {
 	*x = LevelTokens{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[42]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2700,7 +2860,7 @@ func (x *LevelTokens) String() string {
 func (*LevelTokens) ProtoMessage() {}
 
 func (x *LevelTokens) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[42]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2713,7 +2873,7 @@ func (x *LevelTokens) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LevelTokens.ProtoReflect.Descriptor instead.
 func (*LevelTokens) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{42}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *LevelTokens) GetKey() string {
@@ -2740,7 +2900,7 @@ type ReleaseShareResponse struct {
 
 func (x *ReleaseShareResponse) Reset() {
 	*x = ReleaseShareResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[43]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2752,7 +2912,7 @@ func (x *ReleaseShareResponse) String() string {
 func (*ReleaseShareResponse) ProtoMessage() {}
 
 func (x *ReleaseShareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[43]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2765,7 +2925,7 @@ func (x *ReleaseShareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseShareResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseShareResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{43}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ReleaseShareResponse) GetReturned() uint64 {
@@ -2786,7 +2946,7 @@ type ShareStatusRequest struct {
 
 func (x *ShareStatusRequest) Reset() {
 	*x = ShareStatusRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[44]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2798,7 +2958,7 @@ func (x *ShareStatusRequest) String() string {
 func (*ShareStatusRequest) ProtoMessage() {}
 
 func (x *ShareStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[44]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2811,7 +2971,7 @@ func (x *ShareStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShareStatusRequest.ProtoReflect.Descriptor instead.
 func (*ShareStatusRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{44}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ShareStatusRequest) GetDomain() string {
@@ -2848,7 +3008,7 @@ type LendStatus struct {
 
 func (x *LendStatus) Reset() {
 	*x = LendStatus{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[45]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2860,7 +3020,7 @@ func (x *LendStatus) String() string {
 func (*LendStatus) ProtoMessage() {}
 
 func (x *LendStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[45]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2873,7 +3033,7 @@ func (x *LendStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LendStatus.ProtoReflect.Descriptor instead.
 func (*LendStatus) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{45}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *LendStatus) GetKey() string {
@@ -2964,7 +3124,7 @@ type HolderShare struct {
 
 func (x *HolderShare) Reset() {
 	*x = HolderShare{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[46]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2976,7 +3136,7 @@ func (x *HolderShare) String() string {
 func (*HolderShare) ProtoMessage() {}
 
 func (x *HolderShare) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[46]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2989,7 +3149,7 @@ func (x *HolderShare) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HolderShare.ProtoReflect.Descriptor instead.
 func (*HolderShare) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{46}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *HolderShare) GetKey() string {
@@ -3088,7 +3248,7 @@ type ShareStatusResponse struct {
 
 func (x *ShareStatusResponse) Reset() {
 	*x = ShareStatusResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[47]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3100,7 +3260,7 @@ func (x *ShareStatusResponse) String() string {
 func (*ShareStatusResponse) ProtoMessage() {}
 
 func (x *ShareStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[47]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3113,7 +3273,7 @@ func (x *ShareStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShareStatusResponse.ProtoReflect.Descriptor instead.
 func (*ShareStatusResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{47}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ShareStatusResponse) GetBuckets() []*LendStatus {
@@ -3262,10 +3422,26 @@ const file_quotad_v1_quotad_proto_rawDesc = "" +
 	"\rapplied_index\x18\x06 \x01(\x04R\fappliedIndex\x12\x1f\n" +
 	"\vgossip_addr\x18\a \x01(\tR\n" +
 	"gossipAddr\x12\x1b\n" +
-	"\thttp_addr\x18\b \x01(\tR\bhttpAddr\"i\n" +
+	"\thttp_addr\x18\b \x01(\tR\bhttpAddr\"\xbe\x01\n" +
 	"\x0fMembersResponse\x12)\n" +
 	"\x06leader\x18\x01 \x01(\v2\x11.quotad.v1.MemberR\x06leader\x12+\n" +
-	"\amembers\x18\x02 \x03(\v2\x11.quotad.v1.MemberR\amembers\"+\n" +
+	"\amembers\x18\x02 \x03(\v2\x11.quotad.v1.MemberR\amembers\x12\x16\n" +
+	"\x06region\x18\x03 \x01(\tR\x06region\x12;\n" +
+	"\rregion_shares\x18\x04 \x03(\v2\x16.quotad.v1.RegionShareR\fregionShares\"\xb9\x02\n" +
+	"\vRegionShare\x12\x16\n" +
+	"\x06domain\x18\x01 \x01(\tR\x06domain\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x14\n" +
+	"\x05scope\x18\x03 \x01(\tR\x05scope\x12\x16\n" +
+	"\x06status\x18\x04 \x01(\tR\x06status\x12\x14\n" +
+	"\x05local\x18\x05 \x01(\bR\x05local\x12\x12\n" +
+	"\x04rate\x18\x06 \x01(\x01R\x04rate\x12\x1a\n" +
+	"\bcapacity\x18\a \x01(\x01R\bcapacity\x12\"\n" +
+	"\rexpires_in_ms\x18\b \x01(\x03R\vexpiresInMs\x12\x18\n" +
+	"\amessage\x18\t \x01(\tR\amessage\x12\x1a\n" +
+	"\badmitted\x18\n" +
+	" \x01(\x04R\badmitted\x12\x18\n" +
+	"\arefused\x18\v \x01(\x04R\arefused\x12\x16\n" +
+	"\x06undone\x18\f \x01(\x04R\x06undone\"+\n" +
 	"\x19TransferLeadershipRequest\x12\x0e\n" +
 	"\x02to\x18\x01 \x01(\tR\x02to\"9\n" +
 	"\x1aTransferLeadershipResponse\x12\x1b\n" +
@@ -3414,7 +3590,7 @@ func file_quotad_v1_quotad_proto_rawDescGZIP() []byte {
 	return file_quotad_v1_quotad_proto_rawDescData
 }
 
-var file_quotad_v1_quotad_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
+var file_quotad_v1_quotad_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
 var file_quotad_v1_quotad_proto_goTypes = []any{
 	(*Entry)(nil),                      // 0: quotad.v1.Entry
 	(*Admission)(nil),                  // 1: quotad.v1.Admission
@@ -3439,31 +3615,32 @@ var file_quotad_v1_quotad_proto_goTypes = []any{
 	(*MembersRequest)(nil),             // 20: quotad.v1.MembersRequest
 	(*Member)(nil),                     // 21: quotad.v1.Member
 	(*MembersResponse)(nil),            // 22: quotad.v1.MembersResponse
-	(*TransferLeadershipRequest)(nil),  // 23: quotad.v1.TransferLeadershipRequest
-	(*TransferLeadershipResponse)(nil), // 24: quotad.v1.TransferLeadershipResponse
-	(*RemoveServerRequest)(nil),        // 25: quotad.v1.RemoveServerRequest
-	(*RemoveServerResponse)(nil),       // 26: quotad.v1.RemoveServerResponse
-	(*CreateTokenRequest)(nil),         // 27: quotad.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil),        // 28: quotad.v1.CreateTokenResponse
-	(*ListTokensRequest)(nil),          // 29: quotad.v1.ListTokensRequest
-	(*TokenInfo)(nil),                  // 30: quotad.v1.TokenInfo
-	(*ListTokensResponse)(nil),         // 31: quotad.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),         // 32: quotad.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),        // 33: quotad.v1.RevokeTokenResponse
-	(*LiftPauseRequest)(nil),           // 34: quotad.v1.LiftPauseRequest
-	(*LiftPauseResponse)(nil),          // 35: quotad.v1.LiftPauseResponse
-	(*ShareRequest)(nil),               // 36: quotad.v1.ShareRequest
-	(*SharePath)(nil),                  // 37: quotad.v1.SharePath
-	(*ShareResponse)(nil),              // 38: quotad.v1.ShareResponse
-	(*PathShare)(nil),                  // 39: quotad.v1.PathShare
-	(*LevelShare)(nil),                 // 40: quotad.v1.LevelShare
-	(*ReleaseShareRequest)(nil),        // 41: quotad.v1.ReleaseShareRequest
-	(*LevelTokens)(nil),                // 42: quotad.v1.LevelTokens
-	(*ReleaseShareResponse)(nil),       // 43: quotad.v1.ReleaseShareResponse
-	(*ShareStatusRequest)(nil),         // 44: quotad.v1.ShareStatusRequest
-	(*LendStatus)(nil),                 // 45: quotad.v1.LendStatus
-	(*HolderShare)(nil),                // 46: quotad.v1.HolderShare
-	(*ShareStatusResponse)(nil),        // 47: quotad.v1.ShareStatusResponse
+	(*RegionShare)(nil),                // 23: quotad.v1.RegionShare
+	(*TransferLeadershipRequest)(nil),  // 24: quotad.v1.TransferLeadershipRequest
+	(*TransferLeadershipResponse)(nil), // 25: quotad.v1.TransferLeadershipResponse
+	(*RemoveServerRequest)(nil),        // 26: quotad.v1.RemoveServerRequest
+	(*RemoveServerResponse)(nil),       // 27: quotad.v1.RemoveServerResponse
+	(*CreateTokenRequest)(nil),         // 28: quotad.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),        // 29: quotad.v1.CreateTokenResponse
+	(*ListTokensRequest)(nil),          // 30: quotad.v1.ListTokensRequest
+	(*TokenInfo)(nil),                  // 31: quotad.v1.TokenInfo
+	(*ListTokensResponse)(nil),         // 32: quotad.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),         // 33: quotad.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),        // 34: quotad.v1.RevokeTokenResponse
+	(*LiftPauseRequest)(nil),           // 35: quotad.v1.LiftPauseRequest
+	(*LiftPauseResponse)(nil),          // 36: quotad.v1.LiftPauseResponse
+	(*ShareRequest)(nil),               // 37: quotad.v1.ShareRequest
+	(*SharePath)(nil),                  // 38: quotad.v1.SharePath
+	(*ShareResponse)(nil),              // 39: quotad.v1.ShareResponse
+	(*PathShare)(nil),                  // 40: quotad.v1.PathShare
+	(*LevelShare)(nil),                 // 41: quotad.v1.LevelShare
+	(*ReleaseShareRequest)(nil),        // 42: quotad.v1.ReleaseShareRequest
+	(*LevelTokens)(nil),                // 43: quotad.v1.LevelTokens
+	(*ReleaseShareResponse)(nil),       // 44: quotad.v1.ReleaseShareResponse
+	(*ShareStatusRequest)(nil),         // 45: quotad.v1.ShareStatusRequest
+	(*LendStatus)(nil),                 // 46: quotad.v1.LendStatus
+	(*HolderShare)(nil),                // 47: quotad.v1.HolderShare
+	(*ShareStatusResponse)(nil),        // 48: quotad.v1.ShareStatusResponse
 }
 var file_quotad_v1_quotad_proto_depIdxs = []int32{
 	0,  // 0: quotad.v1.Admission.descriptors:type_name -> quotad.v1.Entry
@@ -3474,57 +3651,58 @@ var file_quotad_v1_quotad_proto_depIdxs = []int32{
 	0,  // 5: quotad.v1.FeedbackRequest.descriptors:type_name -> quotad.v1.Entry
 	21, // 6: quotad.v1.MembersResponse.leader:type_name -> quotad.v1.Member
 	21, // 7: quotad.v1.MembersResponse.members:type_name -> quotad.v1.Member
-	30, // 8: quotad.v1.ListTokensResponse.tokens:type_name -> quotad.v1.TokenInfo
-	0,  // 9: quotad.v1.LiftPauseRequest.descriptors:type_name -> quotad.v1.Entry
-	37, // 10: quotad.v1.ShareRequest.paths:type_name -> quotad.v1.SharePath
-	0,  // 11: quotad.v1.SharePath.descriptors:type_name -> quotad.v1.Entry
-	39, // 12: quotad.v1.ShareResponse.paths:type_name -> quotad.v1.PathShare
-	40, // 13: quotad.v1.PathShare.levels:type_name -> quotad.v1.LevelShare
-	42, // 14: quotad.v1.ReleaseShareRequest.tokens:type_name -> quotad.v1.LevelTokens
-	0,  // 15: quotad.v1.ShareStatusRequest.descriptors:type_name -> quotad.v1.Entry
-	45, // 16: quotad.v1.ShareStatusResponse.buckets:type_name -> quotad.v1.LendStatus
-	46, // 17: quotad.v1.ShareStatusResponse.holders:type_name -> quotad.v1.HolderShare
-	2,  // 18: quotad.v1.Quota.Acquire:input_type -> quotad.v1.AcquireRequest
-	5,  // 19: quotad.v1.Quota.Release:input_type -> quotad.v1.ReleaseRequest
-	7,  // 20: quotad.v1.Quota.Renew:input_type -> quotad.v1.RenewRequest
-	9,  // 21: quotad.v1.Quota.Refund:input_type -> quotad.v1.RefundRequest
-	11, // 22: quotad.v1.Quota.Status:input_type -> quotad.v1.StatusRequest
-	14, // 23: quotad.v1.Quota.Feedback:input_type -> quotad.v1.FeedbackRequest
-	36, // 24: quotad.v1.Quota.Share:input_type -> quotad.v1.ShareRequest
-	41, // 25: quotad.v1.Quota.ReleaseShare:input_type -> quotad.v1.ReleaseShareRequest
-	44, // 26: quotad.v1.Quota.ShareStatus:input_type -> quotad.v1.ShareStatusRequest
-	16, // 27: quotad.v1.Admin.ApplyLimits:input_type -> quotad.v1.ApplyLimitsRequest
-	18, // 28: quotad.v1.Admin.GetLimits:input_type -> quotad.v1.GetLimitsRequest
-	20, // 29: quotad.v1.Admin.Members:input_type -> quotad.v1.MembersRequest
-	23, // 30: quotad.v1.Admin.TransferLeadership:input_type -> quotad.v1.TransferLeadershipRequest
-	25, // 31: quotad.v1.Admin.RemoveServer:input_type -> quotad.v1.RemoveServerRequest
-	27, // 32: quotad.v1.Admin.CreateToken:input_type -> quotad.v1.CreateTokenRequest
-	29, // 33: quotad.v1.Admin.ListTokens:input_type -> quotad.v1.ListTokensRequest
-	32, // 34: quotad.v1.Admin.RevokeToken:input_type -> quotad.v1.RevokeTokenRequest
-	34, // 35: quotad.v1.Admin.LiftPause:input_type -> quotad.v1.LiftPauseRequest
-	4,  // 36: quotad.v1.Quota.Acquire:output_type -> quotad.v1.AcquireResponse
-	6,  // 37: quotad.v1.Quota.Release:output_type -> quotad.v1.ReleaseResponse
-	8,  // 38: quotad.v1.Quota.Renew:output_type -> quotad.v1.RenewResponse
-	10, // 39: quotad.v1.Quota.Refund:output_type -> quotad.v1.RefundResponse
-	13, // 40: quotad.v1.Quota.Status:output_type -> quotad.v1.StatusResponse
-	15, // 41: quotad.v1.Quota.Feedback:output_type -> quotad.v1.FeedbackResponse
-	38, // 42: quotad.v1.Quota.Share:output_type -> quotad.v1.ShareResponse
-	43, // 43: quotad.v1.Quota.ReleaseShare:output_type -> quotad.v1.ReleaseShareResponse
-	47, // 44: quotad.v1.Quota.ShareStatus:output_type -> quotad.v1.ShareStatusResponse
-	17, // 45: quotad.v1.Admin.ApplyLimits:output_type -> quotad.v1.ApplyLimitsResponse
-	19, // 46: quotad.v1.Admin.GetLimits:output_type -> quotad.v1.GetLimitsResponse
-	22, // 47: quotad.v1.Admin.Members:output_type -> quotad.v1.MembersResponse
-	24, // 48: quotad.v1.Admin.TransferLeadership:output_type -> quotad.v1.TransferLeadershipResponse
-	26, // 49: quotad.v1.Admin.RemoveServer:output_type -> quotad.v1.RemoveServerResponse
-	28, // 50: quotad.v1.Admin.CreateToken:output_type -> quotad.v1.CreateTokenResponse
-	31, // 51: quotad.v1.Admin.ListTokens:output_type -> quotad.v1.ListTokensResponse
-	33, // 52: quotad.v1.Admin.RevokeToken:output_type -> quotad.v1.RevokeTokenResponse
-	35, // 53: quotad.v1.Admin.LiftPause:output_type -> quotad.v1.LiftPauseResponse
-	36, // [36:54] is the sub-list for method output_type
-	18, // [18:36] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	23, // 8: quotad.v1.MembersResponse.region_shares:type_name -> quotad.v1.RegionShare
+	31, // 9: quotad.v1.ListTokensResponse.tokens:type_name -> quotad.v1.TokenInfo
+	0,  // 10: quotad.v1.LiftPauseRequest.descriptors:type_name -> quotad.v1.Entry
+	38, // 11: quotad.v1.ShareRequest.paths:type_name -> quotad.v1.SharePath
+	0,  // 12: quotad.v1.SharePath.descriptors:type_name -> quotad.v1.Entry
+	40, // 13: quotad.v1.ShareResponse.paths:type_name -> quotad.v1.PathShare
+	41, // 14: quotad.v1.PathShare.levels:type_name -> quotad.v1.LevelShare
+	43, // 15: quotad.v1.ReleaseShareRequest.tokens:type_name -> quotad.v1.LevelTokens
+	0,  // 16: quotad.v1.ShareStatusRequest.descriptors:type_name -> quotad.v1.Entry
+	46, // 17: quotad.v1.ShareStatusResponse.buckets:type_name -> quotad.v1.LendStatus
+	47, // 18: quotad.v1.ShareStatusResponse.holders:type_name -> quotad.v1.HolderShare
+	2,  // 19: quotad.v1.Quota.Acquire:input_type -> quotad.v1.AcquireRequest
+	5,  // 20: quotad.v1.Quota.Release:input_type -> quotad.v1.ReleaseRequest
+	7,  // 21: quotad.v1.Quota.Renew:input_type -> quotad.v1.RenewRequest
+	9,  // 22: quotad.v1.Quota.Refund:input_type -> quotad.v1.RefundRequest
+	11, // 23: quotad.v1.Quota.Status:input_type -> quotad.v1.StatusRequest
+	14, // 24: quotad.v1.Quota.Feedback:input_type -> quotad.v1.FeedbackRequest
+	37, // 25: quotad.v1.Quota.Share:input_type -> quotad.v1.ShareRequest
+	42, // 26: quotad.v1.Quota.ReleaseShare:input_type -> quotad.v1.ReleaseShareRequest
+	45, // 27: quotad.v1.Quota.ShareStatus:input_type -> quotad.v1.ShareStatusRequest
+	16, // 28: quotad.v1.Admin.ApplyLimits:input_type -> quotad.v1.ApplyLimitsRequest
+	18, // 29: quotad.v1.Admin.GetLimits:input_type -> quotad.v1.GetLimitsRequest
+	20, // 30: quotad.v1.Admin.Members:input_type -> quotad.v1.MembersRequest
+	24, // 31: quotad.v1.Admin.TransferLeadership:input_type -> quotad.v1.TransferLeadershipRequest
+	26, // 32: quotad.v1.Admin.RemoveServer:input_type -> quotad.v1.RemoveServerRequest
+	28, // 33: quotad.v1.Admin.CreateToken:input_type -> quotad.v1.CreateTokenRequest
+	30, // 34: quotad.v1.Admin.ListTokens:input_type -> quotad.v1.ListTokensRequest
+	33, // 35: quotad.v1.Admin.RevokeToken:input_type -> quotad.v1.RevokeTokenRequest
+	35, // 36: quotad.v1.Admin.LiftPause:input_type -> quotad.v1.LiftPauseRequest
+	4,  // 37: quotad.v1.Quota.Acquire:output_type -> quotad.v1.AcquireResponse
+	6,  // 38: quotad.v1.Quota.Release:output_type -> quotad.v1.ReleaseResponse
+	8,  // 39: quotad.v1.Quota.Renew:output_type -> quotad.v1.RenewResponse
+	10, // 40: quotad.v1.Quota.Refund:output_type -> quotad.v1.RefundResponse
+	13, // 41: quotad.v1.Quota.Status:output_type -> quotad.v1.StatusResponse
+	15, // 42: quotad.v1.Quota.Feedback:output_type -> quotad.v1.FeedbackResponse
+	39, // 43: quotad.v1.Quota.Share:output_type -> quotad.v1.ShareResponse
+	44, // 44: quotad.v1.Quota.ReleaseShare:output_type -> quotad.v1.ReleaseShareResponse
+	48, // 45: quotad.v1.Quota.ShareStatus:output_type -> quotad.v1.ShareStatusResponse
+	17, // 46: quotad.v1.Admin.ApplyLimits:output_type -> quotad.v1.ApplyLimitsResponse
+	19, // 47: quotad.v1.Admin.GetLimits:output_type -> quotad.v1.GetLimitsResponse
+	22, // 48: quotad.v1.Admin.Members:output_type -> quotad.v1.MembersResponse
+	25, // 49: quotad.v1.Admin.TransferLeadership:output_type -> quotad.v1.TransferLeadershipResponse
+	27, // 50: quotad.v1.Admin.RemoveServer:output_type -> quotad.v1.RemoveServerResponse
+	29, // 51: quotad.v1.Admin.CreateToken:output_type -> quotad.v1.CreateTokenResponse
+	32, // 52: quotad.v1.Admin.ListTokens:output_type -> quotad.v1.ListTokensResponse
+	34, // 53: quotad.v1.Admin.RevokeToken:output_type -> quotad.v1.RevokeTokenResponse
+	36, // 54: quotad.v1.Admin.LiftPause:output_type -> quotad.v1.LiftPauseResponse
+	37, // [37:55] is the sub-list for method output_type
+	19, // [19:37] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_quotad_v1_quotad_proto_init() }
@@ -3538,7 +3716,7 @@ func file_quotad_v1_quotad_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quotad_v1_quotad_proto_rawDesc), len(file_quotad_v1_quotad_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   48,
+			NumMessages:   49,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -1,0 +1,300 @@
+// Package region is a regional cluster's upstream share holder (issue 13, DESIGN "Regions").
+//
+// A regional cluster (3–5 nodes in one region) decides its region's admissions at local
+// latency. For every level whose rate_limit says scope: global, the regional leader holds a
+// share of the global cluster's bucket — the share protocol of client.Limiter (seq/ack,
+// incarnation, grants timed on the holder's own CLOCK_MONOTONIC_RAW/CLOCK_BOOTTIME, never on
+// the region's FSM time, ends at send + term − m_H) — and admits at that level only from
+// it, locally, before the admission goes to the regional Raft log for the regional levels:
+//
+//   - The published global limit holds across regions: the global cluster keeps Σ shares ≤
+//     its rate and burst whatever the number of regions, and the regional leader spends a
+//     unit of a global level only from its share (AllowLocalN: never a call to the global
+//     cluster on the request path).
+//   - A new regional leader uses no upstream share until its own renewal returns: the
+//     holder is started by leadership (a new client, hence a new holder incarnation), so it
+//     begins with nothing and fails closed until its first grant; the old leader's share
+//     ends by itself (its tokens are lost, never re-used).
+//   - Global cluster unreachable: the share decides until its end − m_H, then the slice of
+//     the level's shares.fallback_rate the global cluster handed out, or nothing (the
+//     refusal names the global scope).
+//
+// The regional FSM still enforces a global level at its full configured rate, which never
+// binds more than the share does (share ≤ rate); the global check happens first and is given
+// back when a regional level refuses the same admission (all-or-nothing).
+package region
+
+import (
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/quotad/quotad/client"
+	"github.com/quotad/quotad/quota"
+	"github.com/quotad/quotad/rpc"
+)
+
+// MinDemandPercent of a global level's rate is the least demand a regional leader reports
+// for it: an idle region keeps a share large enough to be lent (b ≥ 2 units, r·term ≥ 20),
+// so its first requests after a quiet spell are decided locally instead of refused.
+const MinDemandPercent = 10
+
+// Config configures a Holder.
+type Config struct {
+	// Region names this regional cluster (in the holder's ID at the global cluster, metrics
+	// and refusals).
+	Region string
+	// Node names this node (the holder's ID at the global cluster: region/node).
+	Node string
+	// Global is the connection to the global cluster: its addresses and the credential of a
+	// worker scoped to the global levels' domains (a token file or a client certificate),
+	// DialOptions for a custom dialer (tests inject WAN delay there).
+	Global client.Config
+	// Limits returns the limits the regional cluster enforces now (the same file as the
+	// global cluster's); the holder follows their scope: global levels.
+	Limits func() *quota.Limits
+	// Refresh is how often the holder looks for changed limits (default 1s).
+	Refresh time.Duration
+	Logger  *slog.Logger
+}
+
+// Holder holds the regional leader's shares of the global buckets. Start one when the node
+// becomes the regional leader and Close it when it stops leading.
+type Holder struct {
+	cfg Config
+	c   *client.Client
+	log *slog.Logger
+
+	mu      sync.RWMutex
+	version uint64
+	shares  []*share // sorted by domain, then path length
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+type share struct {
+	gp  quota.GlobalPath
+	lim *client.Limiter
+	// admitted, refused and undone count units at this level (metrics, status).
+	admitted, refused, undone atomic.Uint64
+}
+
+// Start connects to the global cluster and starts holding shares of the scope: global levels
+// of cfg.Limits(). It does not wait for the first grants: until they arrive, admissions at
+// global levels are refused.
+func Start(cfg Config) (*Holder, error) {
+	if cfg.Region == "" {
+		return nil, fmt.Errorf("region: no region name; give --region NAME")
+	}
+	if len(cfg.Global.Addrs) == 0 {
+		return nil, fmt.Errorf("region %q: no global cluster addresses; give --global-addrs A,B,C", cfg.Region)
+	}
+	if cfg.Refresh <= 0 {
+		cfg.Refresh = time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Global.ClientID == "" {
+		cfg.Global.ClientID = "region/" + cfg.Region + "/" + cfg.Node
+		if len(cfg.Global.ClientID) > 128 {
+			cfg.Global.ClientID = cfg.Global.ClientID[:128]
+		}
+	}
+	c, err := client.New(cfg.Global)
+	if err != nil {
+		return nil, fmt.Errorf("region %q: global cluster: %w", cfg.Region, err)
+	}
+	h := &Holder{cfg: cfg, c: c, log: cfg.Logger.With("region", cfg.Region), stop: make(chan struct{}), done: make(chan struct{})}
+	h.sync()
+	go h.run()
+	return h, nil
+}
+
+func (h *Holder) run() {
+	defer close(h.done)
+	t := time.NewTicker(h.cfg.Refresh)
+	defer t.Stop()
+	for {
+		select {
+		case <-h.stop:
+			return
+		case <-t.C:
+			h.sync()
+		}
+	}
+}
+
+// sync follows the limits: a Limiter per scope: global level, closed when the level goes.
+func (h *Holder) sync() {
+	l := h.cfg.Limits()
+	if l == nil {
+		return
+	}
+	h.mu.RLock()
+	same := h.version == l.Version && h.shares != nil
+	h.mu.RUnlock()
+	if same {
+		return
+	}
+	paths := l.GlobalPaths()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	old := make(map[string]*share, len(h.shares))
+	for _, s := range h.shares {
+		old[pathKey(s.gp)] = s
+	}
+	next := make([]*share, 0, len(paths))
+	for _, gp := range paths {
+		k := pathKey(gp)
+		if s := old[k]; s != nil {
+			delete(old, k)
+			next = append(next, s)
+			continue
+		}
+		descs := make([]client.Entry, len(gp.Entries))
+		for i, e := range gp.Entries {
+			descs[i] = client.Entry{Key: e.Key, Value: e.Value}
+		}
+		// A quiet region keeps asking for MinDemandPercent of the level's rate, so its share
+		// stays above the lend threshold (it never decides centrally).
+		perSec := float64(gp.Rate.RequestsPerUnit) / max(gp.Rate.Unit.Seconds(), 1e-9)
+		next = append(next, &share{gp: gp, lim: h.c.Limiter(client.Request{Domain: gp.Domain, Descriptors: descs, Cost: 1},
+			client.LimiterOptions{MinDemand: perSec * MinDemandPercent / 100})})
+		h.log.Info("holding a share of a global level", "domain", gp.Domain, "level", gp.Scope, "path", k)
+	}
+	for k, s := range old {
+		s.lim.Close()
+		h.log.Info("released the share of a level no longer global", "path", k)
+	}
+	slices.SortStableFunc(next, func(a, b *share) int { return len(a.gp.Entries) - len(b.gp.Entries) })
+	h.shares, h.version = next, l.Version
+	if h.shares == nil {
+		h.shares = []*share{}
+	}
+}
+
+func pathKey(gp quota.GlobalPath) string {
+	return quota.BucketKey(gp.Domain, gp.Entries...)
+}
+
+// Refusal is why a global level refused an admission.
+type Refusal struct {
+	// Scope is the refusing level's key (quota.ScopeDomain for a domain ceiling).
+	Scope string
+	// Message names the global scope and what happens next.
+	Message string
+}
+
+// Admit spends cost at every scope: global level on the request's path (domain, entries) from
+// the shares, locally (limitsVersion: the version of the limits the caller enforces): ok and an undo that gives the units back (call it when a regional
+// level refuses the same admission), or a Refusal. Paths without a global level are admitted
+// with a nil undo.
+func (h *Holder) Admit(limitsVersion uint64, domain string, entries []quota.Entry, cost uint64) (ok bool, undo func(), scope, message string) {
+	h.mu.RLock()
+	if h.version != limitsVersion || h.shares == nil {
+		// The limits changed (or the holder started before they arrived): follow them
+		// before deciding, or a new global level would be decided as if it were regional.
+		h.mu.RUnlock()
+		h.sync()
+		h.mu.RLock()
+	}
+	defer h.mu.RUnlock()
+	var undos []func()
+	for _, s := range h.shares {
+		if s.gp.Domain != domain || !prefix(s.gp.Entries, entries) {
+			continue
+		}
+		if cost == 0 {
+			continue
+		}
+		ok, u := s.lim.AllowLocalN(cost)
+		if !ok {
+			s.refused.Add(cost)
+			for _, u := range undos {
+				u()
+			}
+			why := h.refusal(s)
+			return false, nil, why.Scope, why.Message
+		}
+		s.admitted.Add(cost)
+		undos = append(undos, func() { u(); s.undone.Add(cost) })
+	}
+	switch len(undos) {
+	case 0:
+		return true, nil, "", ""
+	case 1:
+		return true, undos[0], "", ""
+	}
+	return true, func() {
+		for _, u := range undos {
+			u()
+		}
+	}, "", ""
+}
+
+func (h *Holder) refusal(s *share) Refusal {
+	info := s.lim.Share()
+	var msg string
+	switch {
+	case info.Status == "pending" || info.Status == "":
+		msg = "no share of the global limit yet (the regional leader's first renewal with the global cluster has not returned)"
+	case info.Status != "lent":
+		msg = fmt.Sprintf("the global cluster does not lend this level to the region (%s: %s)", info.Status, info.Message)
+	case !info.Local:
+		msg = "the region's share of the global limit has ended without a renewal (global cluster unreachable) and the level has no shares.fallback_rate (fail closed)"
+	default:
+		msg = fmt.Sprintf("the region's share of the global limit is spent (%.4g/s, burst %.4g)", info.Rate, info.Capacity)
+	}
+	return Refusal{Scope: s.gp.Scope, Message: fmt.Sprintf("global scope %s (domain %q, region %q): %s", s.gp.Scope, s.gp.Domain, h.cfg.Region, msg)}
+}
+
+func prefix(p, entries []quota.Entry) bool {
+	if len(p) > len(entries) {
+		return false
+	}
+	for i := range p {
+		if p[i] != entries[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// LevelShare is the region's current share of one global level (quotad status).
+type LevelShare = rpc.RegionShare
+
+// Shares lists the region's share of every global level.
+func (h *Holder) Shares() []LevelShare {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	out := make([]LevelShare, 0, len(h.shares))
+	for _, s := range h.shares {
+		i := s.lim.Share()
+		out = append(out, LevelShare{Domain: s.gp.Domain, Path: pathKey(s.gp), Scope: s.gp.Scope, Status: i.Status, Local: i.Local, Rate: i.Rate, Capacity: i.Capacity, Expiry: i.Expiry, Message: i.Message,
+			Admitted: s.admitted.Load(), Refused: s.refused.Load(), Undone: s.undone.Load()})
+	}
+	return out
+}
+
+// Close stops holding: the shares are released to the global cluster (best effort) and
+// every later Admit at a global level is refused.
+func (h *Holder) Close() {
+	select {
+	case <-h.stop:
+		return
+	default:
+	}
+	close(h.stop)
+	<-h.done
+	h.mu.Lock()
+	for _, s := range h.shares {
+		s.lim.Close()
+	}
+	h.mu.Unlock()
+	h.c.Close()
+}

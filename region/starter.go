@@ -1,0 +1,19 @@
+package region
+
+import (
+	"log/slog"
+
+	"github.com/quotad/quotad/client"
+	"github.com/quotad/quotad/quota"
+	"github.com/quotad/quotad/rpc"
+)
+
+// Agent returns the rpc.RegionConfig of an agent of regional cluster name under the global
+// cluster reached with global (addresses, CA, a worker credential of the global cluster
+// scoped to the global levels' domains): the agent starts a Holder each time it becomes the
+// regional leader and closes it when it stops leading.
+func Agent(name string, global client.Config) *rpc.RegionConfig {
+	return &rpc.RegionConfig{Name: name, Start: func(nodeID string, limits func() *quota.Limits, log *slog.Logger) (rpc.RegionHolder, error) {
+		return Start(Config{Region: name, Node: nodeID, Global: global, Limits: limits, Logger: log})
+	}}
+}
