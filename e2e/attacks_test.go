@@ -211,6 +211,13 @@ func TestCallerAttacksAreRefused(t *testing.T) {
 	if d, err := acquire(acme, 2, 0, "endpoint", "search", "tenant", "acme"); err != nil || !d.Admitted {
 		t.Fatalf("acme's worker spending as acme: %+v %v", d, err)
 	}
+	// ... nor skip its own level with an entry the limits do not define before it (the walk
+	// stops there and would charge only the domain ceiling).
+	for i, path := range [][]string{{"bogus", "x", "tenant", "acme"}, {"endpoint", "search", "bogus", "x", "tenant", "acme"}} {
+		if _, err := acquire(acme, uint64(30+i), 0, path...); status.Code(err) != codes.PermissionDenied {
+			t.Fatalf("acme's worker sending %v: %v, want PermissionDenied", path, err)
+		}
+	}
 	if _, err := acquire(reader, 1, 0, "endpoint", "search"); status.Code(err) != codes.PermissionDenied {
 		t.Fatalf("a reader spending: %v, want PermissionDenied", err)
 	}

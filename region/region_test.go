@@ -15,8 +15,12 @@ import (
 	"testing"
 	"time"
 
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 	"github.com/quotad/quotad/client"
@@ -388,5 +392,24 @@ func TestRegionsRegionalLeaderFailover(t *testing.T) {
 	_ = noShare
 	if !h.Shares()[0].Local || h.Shares()[0].Admitted == 0 {
 		t.Fatalf("the new leader's holder does not decide: %+v", h.Shares()[0])
+	}
+}
+
+// Envoy's rate limit service on a regional cluster refuses a domain with global levels: the
+// regional FSM holds them at the full configured rate, so answering there would let every
+// region admit the whole global limit.
+func TestRegionsRefuseRLSOnGlobalDomains(t *testing.T) {
+	w := startWorld(t)
+	conn, err := grpc.NewClient(w.regions[0].Addrs()[0], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err = rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "strict",
+		Descriptors: []*ratelimitv3.RateLimitDescriptor{{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "k", Value: "v"}}}}})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "global") {
+		t.Fatalf("ShouldRateLimit on a regional cluster for a domain with global levels: %v, want FailedPrecondition naming the global scope", err)
 	}
 }

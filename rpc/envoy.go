@@ -82,9 +82,15 @@ func (r *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 	if err != nil {
 		return nil, err
 	}
+	if err := s.regionRLSProblem(req.Domain); err != nil {
+		return nil, err
+	}
 	id := IdentityFrom(ctx)
 	for i, d := range op.Descriptors {
 		if msg := scopeProblem(id, req.Domain, d.Entries, true); msg != "" {
+			return nil, permissionDenied("descriptors[%d]: %s", i, msg)
+		}
+		if msg := tenantPathProblem(id, s.fsm.Matcher(), req.Domain, d.Entries); msg != "" {
 			return nil, permissionDenied("descriptors[%d]: %s", i, msg)
 		}
 	}

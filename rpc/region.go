@@ -267,6 +267,22 @@ func (s *Server) regionShareProblem(req *quotadv1.ShareRequest) error {
 	return nil
 }
 
+// regionRLSProblem refuses Envoy RLS requests for a domain with rate_limit.scope global levels
+// on a regional cluster: the regional FSM holds those levels at their full configured rate
+// and only Acquire is checked against the regional leader's share of the global limit, so
+// answering them here would let every region admit the whole global limit.
+func (s *Server) regionRLSProblem(domain string) error {
+	if s.region == nil {
+		return nil
+	}
+	for _, gp := range s.fsm.Limits().GlobalPaths() {
+		if gp.Domain == domain {
+			return status.Errorf(codes.FailedPrecondition, "domain %q has rate_limit.scope global levels (%s) and this is regional cluster %q: the Envoy rate limit service does not decide them against the region's share of the global limit yet; point Envoy at the global cluster for this domain, or use regional scope (docs/regions.md)", domain, gp.Scope, s.region.cfg.Name)
+		}
+	}
+	return nil
+}
+
 // regionCollector exports the regional leader's shares per global level (on the leader; the
 // other nodes export nothing).
 type regionCollector struct {

@@ -19,6 +19,7 @@ import (
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 	"github.com/quotad/quotad/auth"
+	"github.com/quotad/quotad/quota"
 )
 
 // TLSFiles names the PEM files of a node's TLS identity: its server certificate and key
@@ -233,6 +234,30 @@ func permissionDenied(format string, args ...any) error {
 // scopeProblem says why id may not act in domain on a path with descriptors ds, or "". A
 // tenant-scoped worker may only name its own tenant, and when it spends (spend) it must name
 // it: without a tenant entry it would spend the shared quota of every tenant.
+// tenantPathProblem refuses a tenant-bound worker's descriptors that the domain's limits do
+// not match entry by entry. The native walk stops at the first entry that matches nothing and
+// charges nothing after it (Envoy's rule gives such a descriptor no limit at all), so an
+// unmatched entry before tenant=<its tenant> would skip the tenant's own limit: a worker bound
+// to one tenant could spend the whole shared ceiling. Workers that may act for any tenant
+// (gateways) keep the native rule. m is the leader's (or forwarding node's) current matcher;
+// an unknown domain is left to the decision.
+func tenantPathProblem(id auth.Identity, m *quota.Matcher, domain string, ds []*quotadv1.Entry) string {
+	if id.Role != auth.RoleWorker || id.Tenant == "" || m == nil {
+		return ""
+	}
+	entries := make([]quota.Entry, len(ds))
+	for i, e := range ds {
+		entries[i] = quota.Entry{Key: e.GetKey(), Value: e.GetValue()}
+	}
+	nodes, ok := m.Path(domain, entries)
+	if !ok || len(nodes) == len(entries) {
+		return ""
+	}
+	e := entries[len(nodes)]
+	return fmt.Sprintf("%s: descriptor %.60s=%.60q matches no limit of domain %q at position %d, which would skip the levels after it; a worker bound to a tenant must send a path the domain's limits define",
+		id, e.Key, e.Value, domain, len(nodes))
+}
+
 func scopeProblem(id auth.Identity, domain string, ds []*quotadv1.Entry, spend bool) string {
 	if !id.MayUseDomain(domain) {
 		return fmt.Sprintf("%s may not use domain %q", id, domain)

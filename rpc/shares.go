@@ -26,6 +26,9 @@ func (s *Server) Share(ctx context.Context, req *quotadv1.ShareRequest) (*quotad
 		if msg := scopeProblem(id, p.GetDomain(), p.GetDescriptors(), true); msg != "" {
 			return nil, permissionDenied("paths[%d]: %s", i, msg)
 		}
+		if msg := tenantPathProblem(id, s.fsm.Matcher(), p.GetDomain(), p.GetDescriptors()); msg != "" {
+			return nil, permissionDenied("paths[%d]: %s", i, msg)
+		}
 	}
 	if err := s.regionShareProblem(req); err != nil {
 		return nil, err // region.go

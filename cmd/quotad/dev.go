@@ -153,7 +153,17 @@ dir; a --data-dir you give is kept).`,
 					if insecure {
 						args = append(args, "--insecure", "--global-insecure")
 					} else {
-						sec, err := creds.AgentArgs(id, host)
+						// Each region is a cluster of its own: its own CA and cluster name, so
+						// its nodes hold no server certificate of the global cluster (which
+						// would make them its peers) and vice versa.
+						rcreds, err := pkifiles.EnsureLocal(filepath.Join(dataDir, "credentials-"+ri.name), ri.name)
+						if err != nil {
+							return err
+						}
+						if err := writeDevEnv(filepath.Join(dataDir, "dev-"+ri.name+".env"), rcreds.Env(ri.grpcs)); err != nil {
+							return err
+						}
+						sec, err := rcreds.AgentArgs(id, host)
 						if err != nil {
 							return err
 						}
@@ -178,7 +188,12 @@ dir; a --data-dir you give is kept).`,
 				fmt.Printf("%s  pid %d  grpc %s  raft %s  gossip %s  http %s  data %s\n", n.id, n.pid(), argOf(a, "--grpc-addr"), argOf(a, "--raft-addr"), argOf(a, "--gossip-addr"), argOf(a, "--http-addr"), filepath.Join(dataDir, n.id))
 			}
 			for _, r := range regionList {
-				fmt.Printf("region %s: QUOTAD_ADDR=%s quotad status   (shows the region's share of each global level)\n", r.name, strings.Join(r.grpcs, ","))
+				if insecure {
+					fmt.Printf("region %s: QUOTAD_ADDR=%s quotad status   (shows the region's share of each global level)\n", r.name, strings.Join(r.grpcs, ","))
+				} else {
+					fmt.Printf("region %s (its own CA and cluster name %q): source %s; quotad status   (shows the region's share of each global level)\n",
+						r.name, r.name, filepath.Join(dataDir, "dev-"+r.name+".env"))
+				}
 			}
 			if insecure {
 				fmt.Printf("\ninsecure cluster of %d (plaintext, no credentials needed): try\n  export QUOTAD_ADDR=%s\n  quotad status\n",
