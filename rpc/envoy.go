@@ -90,7 +90,7 @@ func (r *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 		if msg := scopeProblem(id, req.Domain, d.Entries, true); msg != "" {
 			return nil, permissionDenied("descriptors[%d]: %s", i, msg)
 		}
-		if msg := tenantPathProblem(id, s.fsm.Matcher(), req.Domain, d.Entries); msg != "" {
+		if msg := s.tenantPathProblem(id, req.Domain, d.Entries); msg != "" {
 			return nil, permissionDenied("descriptors[%d]: %s", i, msg)
 		}
 	}

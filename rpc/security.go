@@ -231,20 +231,18 @@ func permissionDenied(format string, args ...any) error {
 	return status.Errorf(codes.PermissionDenied, format, args...)
 }
 
-// scopeProblem says why id may not act in domain on a path with descriptors ds, or "". A
-// tenant-scoped worker may only name its own tenant, and when it spends (spend) it must name
-// it: without a tenant entry it would spend the shared quota of every tenant.
 // tenantPathProblem refuses a tenant-bound worker's descriptors that the domain's limits do
 // not match entry by entry. The native walk stops at the first entry that matches nothing and
 // charges nothing after it (Envoy's rule gives such a descriptor no limit at all), so an
 // unmatched entry before tenant=<its tenant> would skip the tenant's own limit: a worker bound
 // to one tenant could spend the whole shared ceiling. Workers that may act for any tenant
-// (gateways) keep the native rule. m is the leader's (or forwarding node's) current matcher;
-// an unknown domain is left to the decision.
-func tenantPathProblem(id auth.Identity, m *quota.Matcher, domain string, ds []*quotadv1.Entry) string {
-	if id.Role != auth.RoleWorker || id.Tenant == "" || m == nil {
-		return ""
+// (gateways) keep the native rule. The node's current matcher decides; an unknown domain is
+// left to the decision.
+func (s *Server) tenantPathProblem(id auth.Identity, domain string, ds []*quotadv1.Entry) string {
+	if id.Role != auth.RoleWorker || id.Tenant == "" {
+		return "" // the common case: no matcher read on the spend path
 	}
+	m := s.fsm.Matcher()
 	entries := make([]quota.Entry, len(ds))
 	for i, e := range ds {
 		entries[i] = quota.Entry{Key: e.GetKey(), Value: e.GetValue()}
@@ -258,6 +256,9 @@ func tenantPathProblem(id auth.Identity, m *quota.Matcher, domain string, ds []*
 		id, e.Key, e.Value, domain, len(nodes))
 }
 
+// scopeProblem says why id may not act in domain on a path with descriptors ds, or "". A
+// tenant-scoped worker may only name its own tenant, and when it spends (spend) it must name
+// it: without a tenant entry it would spend the shared quota of every tenant.
 func scopeProblem(id auth.Identity, domain string, ds []*quotadv1.Entry, spend bool) string {
 	if !id.MayUseDomain(domain) {
 		return fmt.Sprintf("%s may not use domain %q", id, domain)

@@ -159,7 +159,7 @@ func (s *Server) Acquire(ctx context.Context, req *quotadv1.AcquireRequest) (*qu
 		if msg := scopeProblem(id, adm.GetDomain(), adm.GetDescriptors(), true); msg != "" {
 			return nil, permissionDenied("admissions[%d]: %s", i, msg)
 		}
-		if msg := tenantPathProblem(id, s.fsm.Matcher(), adm.GetDomain(), adm.GetDescriptors()); msg != "" {
+		if msg := s.tenantPathProblem(id, adm.GetDomain(), adm.GetDescriptors()); msg != "" {
 			return nil, permissionDenied("admissions[%d]: %s", i, msg)
 		}
 	}

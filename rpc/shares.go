@@ -26,7 +26,7 @@ func (s *Server) Share(ctx context.Context, req *quotadv1.ShareRequest) (*quotad
 		if msg := scopeProblem(id, p.GetDomain(), p.GetDescriptors(), true); msg != "" {
 			return nil, permissionDenied("paths[%d]: %s", i, msg)
 		}
-		if msg := tenantPathProblem(id, s.fsm.Matcher(), p.GetDomain(), p.GetDescriptors()); msg != "" {
+		if msg := s.tenantPathProblem(id, p.GetDomain(), p.GetDescriptors()); msg != "" {
 			return nil, permissionDenied("paths[%d]: %s", i, msg)
 		}
 	}
