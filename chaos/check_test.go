@@ -361,3 +361,21 @@ func TestForgeriesCatchAcceptedTrafficAndLeaderChange(t *testing.T) {
 		}
 	}
 }
+
+// TestAmbiguousCapPerBucket: past MaxAmbiguousPerBucket a bucket's unknown spends are re-sent,
+// and the cap is per bucket (porcupine partitions by bucket).
+func TestAmbiguousCapPerBucket(t *testing.T) {
+	w := &workload{cfg: WorkloadConfig{MaxAmbiguousPerBucket: 3}}
+	left := 0
+	for range 10 {
+		if w.leaveAmbiguous("g1-0") {
+			left++
+		}
+	}
+	if left != 3 {
+		t.Fatalf("bucket g1-0: %d unknowns left ambiguous, want the cap 3", left)
+	}
+	if !w.leaveAmbiguous("g1-1") {
+		t.Fatal("bucket g1-1 has left none ambiguous, yet one more was refused: the cap must be per bucket")
+	}
+}
