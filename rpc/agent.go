@@ -144,6 +144,9 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 		if err != nil {
 			return nil, err
 		}
+		if len(l.Domains) == 0 {
+			return nil, fmt.Errorf("limits file %s (--limits) has no domains: a limits document starts with domain: NAME (examples/limits.yaml); to start without limits, leave --limits out and apply them later with quotad limits apply", cfg.LimitsFile)
+		}
 		limits = l
 	}
 	authn := newAuthenticator(cfg, a.fsm, bootstrapToken)

@@ -217,6 +217,16 @@ func TestAgentRefusesToStartWithoutTLSMaterial(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "not a server certificate") {
 		t.Fatalf("a client certificate as --tls-cert: %v", err)
 	}
+	// A limits file without a domain (empty, or only comments) would start a cluster that
+	// answers unknown_domain to every caller.
+	empty := filepath.Join(t.TempDir(), "limits.yaml")
+	if err := os.WriteFile(empty, []byte("# nothing yet\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err = rpc.StartAgent(rpc.AgentConfig{Cluster: cc, Insecure: true, LimitsFile: empty})
+	if err == nil || !strings.Contains(err.Error(), empty) || !strings.Contains(err.Error(), "no domains") {
+		t.Fatalf("a limits file without domains: %v", err)
+	}
 	_, err = rpc.StartAgent(rpc.AgentConfig{Cluster: cc, Insecure: true, BootstrapToken: "short"})
 	if err == nil || !strings.Contains(err.Error(), "quotad keygen --token") {
 		t.Fatalf("a malformed bootstrap token: %v", err)
