@@ -9,6 +9,7 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -134,11 +135,10 @@ func rlsOp(req *rlsv3.RateLimitRequest) (*fsmv1.RateLimit, error) {
 		if len(d.GetEntries()) == 0 {
 			return nil, status.Errorf(codes.InvalidArgument, "%s has no entries; every descriptor needs at least one", field)
 		}
-		if d.GetLimit() != nil {
-			return nil, status.Errorf(codes.InvalidArgument, "%s.limit: per-descriptor limit overrides are not supported by quotad; configure the limit in the domain's limits instead (docs/envoy.md)", field)
-		}
 		if d.GetIsNegativeHits() {
-			return nil, status.Errorf(codes.InvalidArgument, "%s.is_negative_hits: returning hits is not supported by quotad (docs/envoy.md)", field)
+			// envoyproxy/ratelimit (the version make test-envoy builds) ignores the flag and
+			// charges the hits; quotad refuses rather than charge what the caller returns.
+			return nil, status.Errorf(codes.InvalidArgument, "%s.is_negative_hits: returning hits is not supported (envoyproxy/ratelimit ignores the flag and charges them); send it without is_negative_hits (docs/envoy.md)", field)
 		}
 		entries := make([]*quotadv1.Entry, len(d.Entries))
 		for j, e := range d.Entries {
@@ -153,6 +153,17 @@ func rlsOp(req *rlsv3.RateLimitRequest) (*fsmv1.RateLimit, error) {
 				return nil, status.Errorf(codes.InvalidArgument, "%s.hits_addend %d is above the maximum %d", field, h.Value, uint64(MaxCost))
 			}
 			od.HasHits, od.Hits = true, h.Value
+		}
+		if l := d.GetLimit(); l != nil {
+			// envoy.type.v3.RateLimitUnit numbers its units as the response does, without WEEK.
+			unit := time.Duration(0)
+			if _, defined := typev3.RateLimitUnit_name[int32(l.Unit)]; defined {
+				unit = rlsUnitDuration(rlsv3.RateLimitResponse_RateLimit_Unit(l.Unit))
+			}
+			if unit == 0 {
+				return nil, status.Errorf(codes.InvalidArgument, "%s.limit.unit %v: use SECOND, MINUTE, HOUR, DAY, MONTH or YEAR", field, l.Unit)
+			}
+			od.HasLimit, od.LimitRequestsPerUnit, od.LimitUnitSeconds = true, l.RequestsPerUnit, uint64(unit/time.Second)
 		}
 		op.Descriptors[i] = od
 	}
@@ -227,6 +238,16 @@ func unitOf(w time.Duration) rlsv3.RateLimitResponse_RateLimit_Unit {
 		return rlsv3.RateLimitResponse_RateLimit_YEAR
 	}
 	return rlsv3.RateLimitResponse_RateLimit_UNKNOWN
+}
+
+// rlsUnitDuration is unitOf's inverse (0 for UNKNOWN or a value Envoy does not define).
+func rlsUnitDuration(u rlsv3.RateLimitResponse_RateLimit_Unit) time.Duration {
+	for _, d := range []time.Duration{time.Second, time.Minute, time.Hour, 24 * time.Hour, 7 * 24 * time.Hour, 30 * 24 * time.Hour, 365 * 24 * time.Hour} {
+		if unitOf(d) == u {
+			return d
+		}
+	}
+	return 0
 }
 
 // ceilSecond rounds up to whole seconds, as envoyproxy/ratelimit reports resets (a client
