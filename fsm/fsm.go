@@ -134,6 +134,7 @@ type OtherResult struct {
 	Feedback      quota.FeedbackResult // Feedback
 	LimitsVersion uint64               // SetLimits
 	RateLimit     quota.RLSDecision    // RateLimit (Envoy RLS)
+	Matcher       *quota.Matcher       // RateLimit: the limits it was decided under (statistics keys)
 	Share         *quota.ShareGrant    // Share (nil with Err)
 	Returned      uint64               // ReleaseShare: micro-units put back
 	Err           error                // Release, Renew, Pause, Feedback, SetLimits, CreateToken, RevokeToken, LiftPause, Share, ReleaseShare
@@ -324,7 +325,8 @@ func (f *FSM) applyOp(now quota.Time, op *fsmv1.Op) OpResult {
 					Unit: time.Duration(min(d.GetLimitUnitSeconds(), uint64(quota.MaxOverrideUnit/time.Second)+1)) * time.Second}
 			}
 		}
-		return other(OtherResult{RateLimit: f.engine.RateLimit(now, req)})
+		// The matcher comes with the decision: the leader's statistics need no FSM lock.
+		return other(OtherResult{RateLimit: f.engine.RateLimit(now, req), Matcher: f.engine.Matcher()})
 	case *fsmv1.Op_LiftPause:
 		lp := o.LiftPause
 		lifted, err := f.engine.Resume(now, lp.Domain, entries(lp.Prefix))

@@ -79,6 +79,15 @@ type rlsServer struct {
 // ShouldRateLimit decides one Envoy request.
 func (r *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	s := r.s
+	// A follower forwards at once: the leader validates and authorizes the request (as the
+	// caller, whose identity forwardCtx passes on); doing it here too only repeated the work.
+	conn, err := s.route(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if conn != nil {
+		return rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(forwardCtx(ctx), req)
+	}
 	op, err := rlsOp(req)
 	if err != nil {
 		return nil, err
@@ -95,13 +104,6 @@ func (r *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 			return nil, permissionDenied("descriptors[%d]: %s", i, msg)
 		}
 	}
-	conn, err := s.route(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if conn != nil {
-		return rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(forwardCtx(ctx), req)
-	}
 	start := time.Now()
 	res, err := s.prop.propose(ctx, &fsmv1.Op{Op: &fsmv1.Op_RateLimit{RateLimit: op}})
 	if err != nil {
@@ -112,7 +114,7 @@ func (r *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 		return nil, status.Errorf(codes.InvalidArgument, "%s", d.Message)
 	}
 	resp := r.response(&d)
-	s.metrics.observeRLS(s.fsm.Matcher(), req, &d, resp.OverallCode, r.opts.NearLimitRatio, time.Since(start))
+	s.metrics.observeRLS(res.Other.Matcher, req, &d, resp.OverallCode, r.opts.NearLimitRatio, time.Since(start))
 	return resp, nil
 }
 

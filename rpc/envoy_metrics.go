@@ -130,8 +130,8 @@ func countRLS(st *quota.RLSStatus, ratio float64) rlsCounts {
 }
 
 // observeRLS records a decided request: per-rule counters (keys from the matcher of the
-// limits the decision was made under, or near enough: a limits change between the two is
-// rare and only moves a count between keys), the overall code and the latency.
+// limits the decision was made under, which the FSM hands back with it), the overall code and
+// the latency.
 func (m *Metrics) observeRLS(match *quota.Matcher, req *rlsv3.RateLimitRequest, d *quota.RLSDecision,
 	code rlsv3.RateLimitResponse_Code, ratio float64, took time.Duration) {
 	if m == nil || m.rls == nil {
@@ -171,7 +171,7 @@ func (m *Metrics) observeRLS(match *quota.Matcher, req *rlsv3.RateLimitRequest, 
 		}
 		key := match.AppendRuleKey(kb[:0], req.Domain, es)
 		if len(key) == 0 {
-			continue // the limits changed under the request
+			continue // cannot happen: the decision applied a rule
 		}
 		r.add(req.Domain, key[len(req.Domain)+1:], countRLS(st, ratio))
 	}
