@@ -59,6 +59,8 @@ type Engine struct {
 	// scratch for Acquire; valid until the next call.
 	keybuf []byte
 	steps  []step
+	// scratch for RateLimit; valid until the next call.
+	rlsRules []rlsRule
 	// scratch for Tick.
 	later   []heapEntry
 	dropped []uint32

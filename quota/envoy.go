@@ -183,8 +183,18 @@ func (e *Engine) RateLimit(now Time, req RLSRequest) RLSDecision {
 	}
 	reqHits := max(req.Hits, 1)
 
-	// Match every descriptor first: replaces works across the request's rules.
-	rules := make([]rlsRule, n)
+	// Match every descriptor first: replaces works across the request's rules. Rules and
+	// their bucket keys live in the engine's scratch space (e.keybuf: keys are appended one
+	// after another and never rewritten during the call).
+	rules := e.rlsRules[:0]
+	for range n {
+		rules = append(rules, rlsRule{})
+	}
+	kb := e.keybuf[:0]
+	defer func() {
+		clear(rules)
+		e.rlsRules, e.keybuf = rules[:0], kb[:0]
+	}()
 	var replaced map[string]bool
 	for i := range req.Descriptors {
 		d := &req.Descriptors[i]
@@ -193,7 +203,7 @@ func (e *Engine) RateLimit(now Time, req RLSRequest) RLSDecision {
 			hits = d.Hits
 		}
 		if d.Limit != nil {
-			rules[i] = e.rlsOverride(root, d, hits)
+			rules[i], kb = e.rlsOverride(kb, root, d, hits)
 			continue
 		}
 		lv := e.lim.envoyRule(root, d.Entries)
@@ -222,19 +232,23 @@ func (e *Engine) RateLimit(now Time, req RLSRequest) RLSDecision {
 			st.Replaced = true
 			rules[i].lv = nil
 		default:
-			kb := appendEscaped(nil, req.Domain)
+			start := len(kb)
+			kb = appendEscaped(kb, req.Domain)
 			p := root
 			for _, en := range req.Descriptors[i].Entries {
 				p = p.child(en)
 				kb = appendEntry(kb, p.keyEntry(en))
 			}
-			rules[i].key = kb
+			rules[i].key = kb[start:len(kb):len(kb)]
 		}
 	}
 
 	// The domain ceiling (a quotad extension) answers for the whole request first.
+	start := len(kb)
+	kb = appendEscaped(kb, req.Domain)
+	rootKey := kb[start:len(kb):len(kb)]
 	if root.rate != nil || root.blocked > 0 {
-		c := e.rlsCheck(root, appendEscaped(nil, req.Domain), reqHits, now)
+		c := e.rlsCheck(root, rootKey, reqHits, now)
 		out.Ceiling = &c
 		if c.Code == RLSOverLimit {
 			out.Code = RLSOverLimit
@@ -280,7 +294,7 @@ func (e *Engine) RateLimit(now Time, req RLSRequest) RLSDecision {
 	if c := out.Ceiling; c != nil && out.Code == RLSOK && c.Code == RLSOK && root.rate != nil {
 		// rlsCheck answered as if debited; a full domain (max_keys) leaves the ceiling
 		// uncharged rather than refusing a request its descriptors admitted.
-		debited = e.rlsDebit(root, root, appendEscaped(nil, req.Domain), reqHits, now, seq) || debited
+		debited = e.rlsDebit(root, root, rootKey, reqHits, now, seq) || debited
 	}
 	if !debited && e.debitSeq == seq {
 		e.debitSeq-- // nothing carries this sequence number
@@ -289,33 +303,38 @@ func (e *Engine) RateLimit(now Time, req RLSRequest) RLSDecision {
 }
 
 // rlsOverride is the rule of a descriptor with its own limit, in the configured domain root.
-func (e *Engine) rlsOverride(root *level, d *RLSDescriptor, hits uint64) rlsRule {
+// Its bucket key is appended to kb (returned).
+func (e *Engine) rlsOverride(kb []byte, root *level, d *RLSDescriptor, hits uint64) (rlsRule, []byte) {
 	ov := *root.overrideLv // a copy that carries this limit
 	if d.Limit.RequestsPerUnit == 0 {
 		ov.blocked = d.Limit.Unit
-		return rlsRule{lv: &ov, hits: hits, override: true}
+		return rlsRule{lv: &ov, hits: hits, override: true}, kb
 	}
 	rp := overrideRate(d.Limit.RequestsPerUnit, d.Limit.Unit)
-	key := appendEscaped(nil, root.domain)
+	start := len(kb)
+	kb = appendEscaped(kb, root.domain)
 	for _, en := range d.Entries {
-		key = appendEntry(key, en)
+		kb = appendEntry(kb, en)
 	}
+	key := kb[start:len(kb):len(kb)]
 	// The config rule's bucket, if it is this very bucket: same key, same fixed rate.
 	if lv := e.lim.envoyRule(root, d.Entries); lv != nil && lv.rate != nil && lv.adaptive == nil && lv.shares == nil && lv.rate.same(rp) {
-		kb := appendEscaped(nil, root.domain)
+		var rk []byte
+		rk = appendEscaped(rk, root.domain)
 		p := root
 		for _, en := range d.Entries {
 			p = p.child(en)
-			kb = appendEntry(kb, p.keyEntry(en))
+			rk = appendEntry(rk, p.keyEntry(en))
 		}
-		if bytes.Equal(kb, key) {
+		if bytes.Equal(rk, key) {
 			shared := *lv
 			shared.shadow, shared.node, shared.scope = false, nil, ScopeOverride
-			return rlsRule{lv: &shared, key: key, hits: hits, override: true}
+			return rlsRule{lv: &shared, key: key, hits: hits, override: true}, kb
 		}
 	}
 	ov.rate = rp
-	return rlsRule{lv: &ov, key: appendOverride(key, d.Limit), hits: hits, override: true}
+	kb = appendOverride(kb, d.Limit)
+	return rlsRule{lv: &ov, key: kb[start:len(kb):len(kb)], hits: hits, override: true}, kb
 }
 
 // An override's bucket key is the descriptor's key plus "/%o<unit seconds>x<requests per

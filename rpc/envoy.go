@@ -132,6 +132,13 @@ func rlsOp(req *rlsv3.RateLimitRequest) (*fsmv1.RateLimit, error) {
 		return nil, status.Errorf(codes.InvalidArgument, "%d descriptors; at most %d are allowed per request", len(req.Descriptors), quota.MaxRLSDescriptors)
 	}
 	op := &fsmv1.RateLimit{Domain: req.Domain, Hits: uint64(req.HitsAddend), Descriptors: make([]*fsmv1.RateLimitDescriptor, len(req.Descriptors))}
+	// One allocation for all descriptors and one for all entries, not one each.
+	ods := make([]fsmv1.RateLimitDescriptor, len(req.Descriptors))
+	n := 0
+	for _, d := range req.Descriptors {
+		n += len(d.GetEntries())
+	}
+	all := make([]quotadv1.Entry, n)
 	for i, d := range req.Descriptors {
 		field := "descriptors[" + strconv.Itoa(i) + "]"
 		if len(d.GetEntries()) == 0 {
@@ -144,12 +151,14 @@ func rlsOp(req *rlsv3.RateLimitRequest) (*fsmv1.RateLimit, error) {
 		}
 		entries := make([]*quotadv1.Entry, len(d.Entries))
 		for j, e := range d.Entries {
-			entries[j] = &quotadv1.Entry{Key: e.GetKey(), Value: e.GetValue()}
+			all[0].Key, all[0].Value = e.GetKey(), e.GetValue()
+			entries[j], all = &all[0], all[1:]
 		}
 		if msg := entriesProblem(field+".entries", entries); msg != "" {
 			return nil, status.Errorf(codes.InvalidArgument, "%s", msg)
 		}
-		od := &fsmv1.RateLimitDescriptor{Entries: entries}
+		od := &ods[i]
+		od.Entries = entries
 		if h := d.GetHitsAddend(); h != nil {
 			if h.Value > MaxCost {
 				return nil, status.Errorf(codes.InvalidArgument, "%s.hits_addend %d is above the maximum %d", field, h.Value, uint64(MaxCost))
@@ -176,6 +185,10 @@ func rlsOp(req *rlsv3.RateLimitRequest) (*fsmv1.RateLimit, error) {
 func (r *rlsServer) response(d *quota.RLSDecision) *rlsv3.RateLimitResponse {
 	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_Code(d.Code),
 		Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(d.Statuses))}
+	// One allocation per kind for all statuses, not one per status.
+	pss := make([]rlsv3.RateLimitResponse_DescriptorStatus, len(d.Statuses))
+	var lims []rlsv3.RateLimitResponse_RateLimit
+	var durs []durationpb.Duration
 	deny := d.UnknownDomain && r.opts.DenyUnknownDomain
 	if deny {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
@@ -185,17 +198,24 @@ func (r *rlsServer) response(d *quota.RLSDecision) *rlsv3.RateLimitResponse {
 	pick, pickRem := -1, uint64(math.MaxUint64)
 	for i := range d.Statuses {
 		st := &d.Statuses[i]
-		ps := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_Code(st.Code)}
+		ps := &pss[i]
+		ps.Code = rlsv3.RateLimitResponse_Code(st.Code)
 		switch {
 		case deny:
 			ps.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 		case st.Unlimited:
 			ps.LimitRemaining = math.MaxUint32
 		case st.Limited:
-			ps.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: st.Name,
-				RequestsPerUnit: uint32(min(st.Limit, math.MaxUint32)), Unit: unitOf(st.Window)}
+			if lims == nil {
+				lims = make([]rlsv3.RateLimitResponse_RateLimit, len(d.Statuses))
+				durs = make([]durationpb.Duration, len(d.Statuses))
+			}
+			lim, dur := &lims[i], &durs[i]
+			lim.Name, lim.RequestsPerUnit, lim.Unit = st.Name, uint32(min(st.Limit, math.MaxUint32)), unitOf(st.Window)
+			reset := ceilSecond(st.ResetAfter)
+			dur.Seconds, dur.Nanos = int64(reset/time.Second), int32(reset%time.Second)
+			ps.CurrentLimit, ps.DurationUntilReset = lim, dur
 			ps.LimitRemaining = uint32(min(st.Remaining, math.MaxUint32))
-			ps.DurationUntilReset = durationpb.New(ceilSecond(st.ResetAfter))
 			if st.Code == quota.RLSOverLimit {
 				pick, pickRem = i, 0
 			} else if pickRem > 0 && st.Remaining < pickRem {
