@@ -73,7 +73,9 @@ func rlsStep(c *proccluster.Cluster, profileDir, loadgen, addrs string, concs []
 func cpuProfile(c *proccluster.Cluster, i int, name string, wait, d time.Duration) {
 	time.Sleep(wait)
 	secs := max(1, int(d/time.Second))
-	resp, err := c.HTTPClient().Get(c.URL(i, "/debug/pprof/profile?seconds="+strconv.Itoa(secs)))
+	hc := *c.HTTPClient() // its timeout is for short requests
+	hc.Timeout = time.Duration(secs)*time.Second + 30*time.Second
+	resp, err := hc.Get(c.URL(i, "/debug/pprof/profile?seconds="+strconv.Itoa(secs)))
 	if err != nil {
 		logf("profile of node %d: %v", i, err)
 		return
