@@ -140,7 +140,7 @@ func rlsOp(req *rlsv3.RateLimitRequest) (*fsmv1.RateLimit, error) {
 	}
 	all := make([]quotadv1.Entry, n)
 	for i, d := range req.Descriptors {
-		field := "descriptors[" + strconv.Itoa(i) + "]"
+		field := rlsFields[i] // i < MaxRLSDescriptors: checked above
 		if len(d.GetEntries()) == 0 {
 			return nil, status.Errorf(codes.InvalidArgument, "%s has no entries; every descriptor needs at least one", field)
 		}
@@ -154,7 +154,7 @@ func rlsOp(req *rlsv3.RateLimitRequest) (*fsmv1.RateLimit, error) {
 			all[0].Key, all[0].Value = e.GetKey(), e.GetValue()
 			entries[j], all = &all[0], all[1:]
 		}
-		if msg := entriesProblem(field+".entries", entries); msg != "" {
+		if msg := entriesProblem(rlsEntryFields[i], entries); msg != "" {
 			return nil, status.Errorf(codes.InvalidArgument, "%s", msg)
 		}
 		od := &ods[i]
@@ -180,6 +180,23 @@ func rlsOp(req *rlsv3.RateLimitRequest) (*fsmv1.RateLimit, error) {
 	}
 	return op, nil
 }
+
+// rlsFields are the field names of the first descriptors, made once (rlsOp names every
+// descriptor it validates).
+var rlsFields = func() (f [quota.MaxRLSDescriptors]string) {
+	for i := range f {
+		f[i] = "descriptors[" + strconv.Itoa(i) + "]"
+	}
+	return f
+}()
+
+// rlsEntryFields are rlsFields + ".entries".
+var rlsEntryFields = func() (f [quota.MaxRLSDescriptors]string) {
+	for i := range f {
+		f[i] = rlsFields[i] + ".entries"
+	}
+	return f
+}()
 
 // response builds Envoy's answer from the engine's.
 func (r *rlsServer) response(d *quota.RLSDecision) *rlsv3.RateLimitResponse {
