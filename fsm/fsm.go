@@ -36,7 +36,11 @@ import (
 // version 1 and 2 entries are decided with RetryAfter 0, as their leaders decided them. Limits
 // may carry a domain's strict_keys (quota.Domain.StrictKeys), which an older build would drop:
 // only version 3 leaders accept it, and older nodes stop at their first version 3 entry.
-const CommandVersion = 3
+//
+// Version 4: a RateLimit descriptor may carry its own limit (has_limit, Envoy's per-descriptor
+// override), which an older build would ignore and decide by the configuration: older nodes
+// stop at their first version 4 entry instead.
+const CommandVersion = 4
 
 // MaxScheduleAhead bounds how far after its entry's time a scheduled grant may take effect.
 // It is part of the replicated semantics of version 2 commands: never change it without a
@@ -130,6 +134,7 @@ type OtherResult struct {
 	Feedback      quota.FeedbackResult // Feedback
 	LimitsVersion uint64               // SetLimits
 	RateLimit     quota.RLSDecision    // RateLimit (Envoy RLS)
+	Matcher       *quota.Matcher       // RateLimit: the limits it was decided under (statistics keys)
 	Share         *quota.ShareGrant    // Share (nil with Err)
 	Returned      uint64               // ReleaseShare: micro-units put back
 	Err           error                // Release, Renew, Pause, Feedback, SetLimits, CreateToken, RevokeToken, LiftPause, Share, ReleaseShare
@@ -315,8 +320,13 @@ func (f *FSM) applyOp(now quota.Time, op *fsmv1.Op) OpResult {
 		req := quota.RLSRequest{Domain: rl.Domain, Hits: rl.Hits, Descriptors: make([]quota.RLSDescriptor, len(rl.Descriptors))}
 		for i, d := range rl.Descriptors {
 			req.Descriptors[i] = quota.RLSDescriptor{Entries: entries(d.GetEntries()), HasHits: d.GetHasHits(), Hits: d.GetHits()}
+			if d.GetHasLimit() {
+				req.Descriptors[i].Limit = &quota.RLSLimit{RequestsPerUnit: d.GetLimitRequestsPerUnit(),
+					Unit: time.Duration(min(d.GetLimitUnitSeconds(), uint64(quota.MaxOverrideUnit/time.Second)+1)) * time.Second}
+			}
 		}
-		return other(OtherResult{RateLimit: f.engine.RateLimit(now, req)})
+		// The matcher comes with the decision: the leader's statistics need no FSM lock.
+		return other(OtherResult{RateLimit: f.engine.RateLimit(now, req), Matcher: f.engine.Matcher()})
 	case *fsmv1.Op_LiftPause:
 		lp := o.LiftPause
 		lifted, err := f.engine.Resume(now, lp.Domain, entries(lp.Prefix))

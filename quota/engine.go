@@ -59,6 +59,8 @@ type Engine struct {
 	// scratch for Acquire; valid until the next call.
 	keybuf []byte
 	steps  []step
+	// scratch for RateLimit; valid until the next call.
+	rlsRules []rlsRule
 	// scratch for Tick.
 	later   []heapEntry
 	dropped []uint32
@@ -165,6 +167,18 @@ func (e *Engine) SetLimits(now Time, l *Limits) error {
 		b := st.rec(s) // eachLive's pointer is only to read
 		old := e.slotRate(s)
 		tokens, last := old.refill(b.tokens.get(), Time(b.last.get()), now)
+		if ol := e.lim.levels[b.lvl]; ol.override {
+			// An Envoy override's bucket keeps its rate (its key holds it) while its domain exists.
+			if root := c.domains[e.lim.limits.Domains[ol.dom].Name]; root != nil {
+				b.tokens.set(tokens)
+				b.last.set(uint64(last))
+				b.lvl = root.overrideLv.idx
+			} else {
+				st.release(s)
+				dropped = true
+			}
+			return
+		}
 		var nl *level
 		nl, parse = c.matchKeyBytes(st.key(s), parse)
 		if nl == nil || nl.rate == nil {
@@ -935,6 +949,12 @@ func (e *Engine) slotRate(s uint32) *rateParams {
 func (e *Engine) baseSlotRate(s uint32) *rateParams {
 	b := e.buckets.peek(s)
 	lv := e.lim.levels[b.lvl]
+	if lv.override {
+		if r, ok := overrideKeyRate(e.buckets.key(s)); ok {
+			return r
+		}
+		panic(fmt.Sprintf("quota: override bucket %q has no rate in its key", e.buckets.key(s)))
+	}
 	if lv.adaptive == nil {
 		return lv.rate
 	}

@@ -1,8 +1,10 @@
 package quota
 
 import (
+	"bytes"
 	"fmt"
 	"math"
+	"strconv"
 	"time"
 )
 
@@ -17,7 +19,13 @@ import (
 //   - shadow_mode: a would-be OVER_LIMIT is answered OK (and reported, for statistics);
 //     quota_mode likewise, reported as a quota violation;
 //   - the request is OVER_LIMIT if any descriptor is; descriptors that were within their
-//     limit are charged even then (each on its own, as Envoy's counters are).
+//     limit are charged even then (each on its own, as Envoy's counters are);
+//   - a descriptor's own limit (RLSLimit, Envoy's per-descriptor override) replaces whatever
+//     the configuration says for it in a configured domain — a rule, no rule, unlimited,
+//     shadow_mode, quota_mode, a descriptor deeper than the configuration — and is answered
+//     without a name; requests_per_unit 0 blocks. Its bucket is the descriptor's values with
+//     the override's rate (Envoy: the values and the unit's window, shared by every limit of
+//     that unit); when the config rule selects the same bucket with the same rate, they share it.
 //
 // Where quotad differs on purpose (docs/envoy.md): buckets are token buckets (burst defaults to
 // one unit's worth), not clock-aligned fixed windows; a refused descriptor is not charged (Envoy
@@ -63,7 +71,18 @@ type RLSDescriptor struct {
 	// charging. Otherwise it uses the request's.
 	HasHits bool
 	Hits    uint64
+	// Limit, if set, is the descriptor's own limit (Envoy's RateLimitDescriptor.limit).
+	Limit *RLSLimit
 }
+
+// RLSLimit is an Envoy descriptor's limit override: RequestsPerUnit per Unit (0 blocks).
+type RLSLimit struct {
+	RequestsPerUnit uint32
+	Unit            time.Duration
+}
+
+// MaxOverrideUnit is the longest unit of an RLSLimit (Envoy's YEAR).
+const MaxOverrideUnit = 365 * 24 * time.Hour
 
 // RLSStatus is the answer for one descriptor.
 type RLSStatus struct {
@@ -127,6 +146,9 @@ func rlsProblem(req *RLSRequest) string {
 		if msg := requestProblem(req.Domain, es, 0); msg != "" {
 			return fmt.Sprintf("descriptors[%d]: %s", i, msg)
 		}
+		if l := req.Descriptors[i].Limit; l != nil && (l.Unit < time.Second || l.Unit%time.Second != 0 || l.Unit > MaxOverrideUnit) {
+			return fmt.Sprintf("descriptors[%d].limit: unit %v; use whole seconds from 1s to %v (Envoy's SECOND to YEAR)", i, l.Unit, MaxOverrideUnit)
+		}
 	}
 	return ""
 }
@@ -136,6 +158,9 @@ type rlsRule struct {
 	lv   *level
 	key  []byte // bucket key
 	hits uint64
+	// override: the descriptor's own limit decides (lv is a copy carrying its rate): no
+	// shadow_mode, quota_mode, unlimited or replaces.
+	override bool
 }
 
 // RateLimit decides an Envoy ShouldRateLimit request (see the comment at the top of this file).
@@ -158,19 +183,34 @@ func (e *Engine) RateLimit(now Time, req RLSRequest) RLSDecision {
 	}
 	reqHits := max(req.Hits, 1)
 
-	// Match every descriptor first: replaces works across the request's rules.
-	rules := make([]rlsRule, n)
+	// Match every descriptor first: replaces works across the request's rules. Rules and
+	// their bucket keys live in the engine's scratch space (e.keybuf: keys are appended one
+	// after another and never rewritten during the call).
+	rules := e.rlsRules[:0]
+	for range n {
+		rules = append(rules, rlsRule{})
+	}
+	kb := e.keybuf[:0]
+	defer func() {
+		clear(rules)
+		e.rlsRules, e.keybuf = rules[:0], kb[:0]
+	}()
 	var replaced map[string]bool
 	for i := range req.Descriptors {
 		d := &req.Descriptors[i]
+		hits := reqHits
+		if d.HasHits {
+			hits = d.Hits
+		}
+		if d.Limit != nil {
+			rules[i], kb = e.rlsOverride(kb, root, d, hits)
+			continue
+		}
 		lv := e.lim.envoyRule(root, d.Entries)
 		if lv == nil {
 			continue
 		}
-		rules[i] = rlsRule{lv: lv, hits: reqHits}
-		if d.HasHits {
-			rules[i].hits = d.Hits
-		}
+		rules[i] = rlsRule{lv: lv, hits: hits}
 		for _, r := range lv.node.Replaces {
 			if replaced == nil {
 				replaced = make(map[string]bool)
@@ -180,7 +220,7 @@ func (e *Engine) RateLimit(now Time, req RLSRequest) RLSDecision {
 	}
 	for i := range rules {
 		lv := rules[i].lv
-		if lv == nil {
+		if lv == nil || rules[i].override {
 			continue
 		}
 		st := &out.Statuses[i]
@@ -192,19 +232,23 @@ func (e *Engine) RateLimit(now Time, req RLSRequest) RLSDecision {
 			st.Replaced = true
 			rules[i].lv = nil
 		default:
-			kb := appendEscaped(nil, req.Domain)
+			start := len(kb)
+			kb = appendEscaped(kb, req.Domain)
 			p := root
 			for _, en := range req.Descriptors[i].Entries {
 				p = p.child(en)
 				kb = appendEntry(kb, p.keyEntry(en))
 			}
-			rules[i].key = kb
+			rules[i].key = kb[start:len(kb):len(kb)]
 		}
 	}
 
 	// The domain ceiling (a quotad extension) answers for the whole request first.
+	start := len(kb)
+	kb = appendEscaped(kb, req.Domain)
+	rootKey := kb[start:len(kb):len(kb)]
 	if root.rate != nil || root.blocked > 0 {
-		c := e.rlsCheck(root, appendEscaped(nil, req.Domain), reqHits, now)
+		c := e.rlsCheck(root, rootKey, reqHits, now)
 		out.Ceiling = &c
 		if c.Code == RLSOverLimit {
 			out.Code = RLSOverLimit
@@ -235,6 +279,8 @@ func (e *Engine) RateLimit(now Time, req RLSRequest) RLSDecision {
 		}
 		if st.Code == RLSOverLimit {
 			switch {
+			case r.override:
+				out.Code = RLSOverLimit
 			case r.lv.shadow:
 				st.Code, st.Shadow = RLSOK, true
 			case r.lv.node.QuotaMode && !st.TooManyKeys:
@@ -248,12 +294,87 @@ func (e *Engine) RateLimit(now Time, req RLSRequest) RLSDecision {
 	if c := out.Ceiling; c != nil && out.Code == RLSOK && c.Code == RLSOK && root.rate != nil {
 		// rlsCheck answered as if debited; a full domain (max_keys) leaves the ceiling
 		// uncharged rather than refusing a request its descriptors admitted.
-		debited = e.rlsDebit(root, root, appendEscaped(nil, req.Domain), reqHits, now, seq) || debited
+		debited = e.rlsDebit(root, root, rootKey, reqHits, now, seq) || debited
 	}
 	if !debited && e.debitSeq == seq {
 		e.debitSeq-- // nothing carries this sequence number
 	}
 	return out
+}
+
+// rlsOverride is the rule of a descriptor with its own limit, in the configured domain root.
+// Its bucket key is appended to kb (returned).
+func (e *Engine) rlsOverride(kb []byte, root *level, d *RLSDescriptor, hits uint64) (rlsRule, []byte) {
+	ov := *root.overrideLv // a copy that carries this limit
+	if d.Limit.RequestsPerUnit == 0 {
+		ov.blocked = d.Limit.Unit
+		return rlsRule{lv: &ov, hits: hits, override: true}, kb
+	}
+	rp := overrideRate(d.Limit.RequestsPerUnit, d.Limit.Unit)
+	start := len(kb)
+	kb = appendEscaped(kb, root.domain)
+	for _, en := range d.Entries {
+		kb = appendEntry(kb, en)
+	}
+	key := kb[start:len(kb):len(kb)]
+	// The config rule's bucket, if it is this very bucket: same key, same fixed rate.
+	if lv := e.lim.envoyRule(root, d.Entries); lv != nil && lv.rate != nil && lv.adaptive == nil && lv.shares == nil && lv.rate.same(rp) {
+		var rk []byte
+		rk = appendEscaped(rk, root.domain)
+		p := root
+		for _, en := range d.Entries {
+			p = p.child(en)
+			rk = appendEntry(rk, p.keyEntry(en))
+		}
+		if bytes.Equal(rk, key) {
+			shared := *lv
+			shared.shadow, shared.node, shared.scope = false, nil, ScopeOverride
+			return rlsRule{lv: &shared, key: key, hits: hits, override: true}, kb
+		}
+	}
+	ov.rate = rp
+	kb = appendOverride(kb, d.Limit)
+	return rlsRule{lv: &ov, key: kb[start:len(kb):len(kb)], hits: hits, override: true}, kb
+}
+
+// An override's bucket key is the descriptor's key plus "/%o<unit seconds>x<requests per
+// unit>": a segment no configured key has ("%o" is not an escape), so the rate can be read
+// back from the key (overrideKeyRate) when the bucket refills, expires or is restored.
+var overrideMark = []byte("/%o")
+
+func appendOverride(key []byte, l *RLSLimit) []byte {
+	key = append(key, overrideMark...)
+	key = strconv.AppendUint(key, uint64(l.Unit/time.Second), 10)
+	key = append(key, 'x')
+	return strconv.AppendUint(key, uint64(l.RequestsPerUnit), 10)
+}
+
+// overrideRate is the token bucket of an override: rpu > 0 per unit, capacity rpu.
+func overrideRate(rpu uint32, unit time.Duration) *rateParams {
+	r, err := newRateParams(&Rate{RequestsPerUnit: uint64(rpu), Unit: unit})
+	if err != nil {
+		panic(fmt.Sprintf("quota: override rate %d per %v: %v", rpu, unit, err)) // rlsProblem checked both
+	}
+	return r
+}
+
+// overrideKeyRate reads an override bucket's rate back from its key; ok is false for a key
+// that is not one (a corrupt snapshot).
+func overrideKeyRate(key []byte) (r *rateParams, ok bool) {
+	i := bytes.LastIndex(key, overrideMark)
+	if i < 0 {
+		return nil, false
+	}
+	u, n, found := bytes.Cut(key[i+len(overrideMark):], []byte{'x'})
+	if !found {
+		return nil, false
+	}
+	secs, err1 := strconv.ParseUint(string(u), 10, 64)
+	rpu, err2 := strconv.ParseUint(string(n), 10, 32)
+	if err1 != nil || err2 != nil || secs == 0 || rpu == 0 || time.Duration(secs)*time.Second > MaxOverrideUnit {
+		return nil, false
+	}
+	return overrideRate(uint32(rpu), time.Duration(secs)*time.Second), true
 }
 
 // rlsCheck answers hits at lv's bucket key without changing anything. OVER_LIMIT when the

@@ -249,3 +249,116 @@ func TestRateLimitDeterministic(t *testing.T) {
 		t.Fatal("replica hashes differ")
 	}
 }
+
+func withLimit(entries []Entry, rpu uint32, unit time.Duration) RLSDescriptor {
+	return RLSDescriptor{Entries: entries, Limit: &RLSLimit{RequestsPerUnit: rpu, Unit: unit}}
+}
+
+// A descriptor's own limit (Envoy's override) replaces the configuration for it, with
+// envoyproxy/ratelimit's meaning; its buckets survive snapshots, limits changes and expiry.
+func TestRateLimitOverride(t *testing.T) {
+	ok, over := RLSOK, RLSOverLimit
+	one := func(d RLSDescriptor) RLSRequest { return RLSRequest{Domain: "rl", Descriptors: []RLSDescriptor{d}} }
+	tests := []struct {
+		name  string
+		reqs  []RLSRequest
+		codes [][]RLSCode
+	}{
+		{"a descriptor without a rule gets the override", []RLSRequest{
+			one(withLimit(ent("nope", "1"), 2, time.Minute)), one(withLimit(ent("nope", "1"), 2, time.Minute)),
+			one(withLimit(ent("nope", "1"), 2, time.Minute)), one(withLimit(ent("nope", "2"), 2, time.Minute)),
+		}, [][]RLSCode{{ok, ok}, {ok, ok}, {over, over}, {ok, ok}}},
+		{"deeper than the configuration", []RLSRequest{
+			one(withLimit(ent("free", "x", "deeper", "y"), 1, time.Hour)), one(withLimit(ent("free", "x", "deeper", "y"), 1, time.Hour)),
+		}, [][]RLSCode{{ok, ok}, {over, over}}},
+		{"overrides unlimited, shadow and quota mode", []RLSRequest{
+			one(withLimit(ent("free", "x"), 1, time.Minute)), one(withLimit(ent("free", "x"), 1, time.Minute)),
+			one(withLimit(ent("shadow", "s"), 1, time.Second)), one(withLimit(ent("shadow", "s"), 1, time.Second)),
+			one(withLimit(ent("quota", "q"), 1, time.Second)), one(withLimit(ent("quota", "q"), 1, time.Second)),
+		}, [][]RLSCode{{ok, ok}, {over, over}, {ok, ok}, {over, over}, {ok, ok}, {over, over}}},
+		{"requests_per_unit 0 blocks", []RLSRequest{one(withLimit(ent("tenant", "a"), 0, time.Minute))}, [][]RLSCode{{over, over}}},
+		{"the same limit as the rule shares its bucket", []RLSRequest{
+			rls("rl", ent("tenant", "a", "user", "u")),
+			one(withLimit(ent("tenant", "a", "user", "u"), 2, time.Minute)),
+			rls("rl", ent("tenant", "a", "user", "u")),
+		}, [][]RLSCode{{ok, ok}, {ok, ok}, {over, over}}},
+		{"another limit has a bucket of its own", []RLSRequest{
+			rls("rl", ent("tenant", "a", "user", "u")), rls("rl", ent("tenant", "a", "user", "u")),
+			one(withLimit(ent("tenant", "a", "user", "u"), 3, time.Minute)),
+			one(withLimit(ent("tenant", "a", "user", "u"), 2, time.Hour)),
+		}, [][]RLSCode{{ok, ok}, {ok, ok}, {ok, ok}, {ok, ok}}},
+		{"a rule replaced by name elsewhere still applies as an override", []RLSRequest{
+			{Domain: "rl", Descriptors: []RLSDescriptor{{Entries: ent("category", "account")}, withLimit(ent("dest", "bk"), 1, time.Minute)}},
+			{Domain: "rl", Descriptors: []RLSDescriptor{{Entries: ent("category", "account")}, withLimit(ent("dest", "bk"), 1, time.Minute)}},
+		}, [][]RLSCode{{ok, ok, ok}, {over, ok, over}}},
+		{"unknown domain: no limit", []RLSRequest{
+			{Domain: "nope", Descriptors: []RLSDescriptor{withLimit(ent("a", "b"), 0, time.Minute)}},
+		}, [][]RLSCode{{ok, ok}}},
+		{"the ceiling still applies", []RLSRequest{
+			{Domain: "ceiled", Hits: 3, Descriptors: []RLSDescriptor{withLimit(ent("k", "1"), 100, time.Minute)}},
+			{Domain: "ceiled", Descriptors: []RLSDescriptor{withLimit(ent("k", "1"), 100, time.Minute)}},
+		}, [][]RLSCode{{ok, ok}, {over, over}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := mustEngine(t, envoyLimits())
+			for i, req := range tt.reqs {
+				d := e.RateLimit(Time(i)*ms, req)
+				if got := codes(d); !sameCodes(got, tt.codes[i]) {
+					t.Fatalf("request %d (%+v): codes %v, want %v (%+v)", i, req.Descriptors, got, tt.codes[i], d)
+				}
+			}
+		})
+	}
+
+	e := mustEngine(t, envoyLimits())
+	d := e.RateLimit(0, one(withLimit(ent("tenant", "a", "user", "u"), 7, time.Hour)))
+	if st := d.Statuses[0]; !st.Limited || st.Limit != 7 || st.Window != time.Hour || st.Name != "" || st.Remaining != 6 || st.Scope != ScopeOverride {
+		t.Errorf("override status %+v: want 7/hour, no name, 6 remaining, scope override", st)
+	}
+	if d := e.RateLimit(0, RLSRequest{Domain: "rl", Descriptors: []RLSDescriptor{withLimit(ent("a", "b"), 1, 1500*time.Millisecond)}}); d.Code != RLSUnknown {
+		t.Errorf("override unit 1.5s: %v, want refused", codes(d))
+	}
+	// Snapshot, limits change and refill keep the override bucket's own rate.
+	data, err := e.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := NewEngine()
+	if err := r.UnmarshalBinary(data); err != nil {
+		t.Fatal(err)
+	}
+	if r.Hash() != e.Hash() {
+		t.Fatal("restored engine differs")
+	}
+	l := envoyLimits()
+	l.Domains[0].Descriptors = l.Domains[0].Descriptors[1:] // "tenant" is gone; the override stays
+	if err := r.SetLimits(0, l); err != nil {
+		t.Fatal(err)
+	}
+	if d := r.RateLimit(0, one(withLimit(ent("tenant", "a", "user", "u"), 7, time.Hour))); d.Statuses[0].Remaining != 5 {
+		t.Errorf("after restore + SetLimits: %+v, want 5 remaining", d.Statuses[0])
+	}
+	r.Tick(Time(2 * time.Hour))
+	if got := r.Stats().Buckets; got != 0 {
+		t.Errorf("%d buckets 2 hours later, want the full override bucket dropped", got)
+	}
+	l.Domains = l.Domains[1:] // the domain is gone: its override buckets too
+	e.SetLimits(0, l)
+	if got := e.Stats().Buckets; got != 0 {
+		t.Errorf("%d buckets after the domain was removed, want 0", got)
+	}
+}
+
+// Overrides count against the domain's max_keys like every other bucket.
+func TestRateLimitOverrideMaxKeys(t *testing.T) {
+	l := envoyLimits()
+	l.Domains[0].MaxKeys = 3
+	e := mustEngine(t, l)
+	for i := range 5 {
+		d := e.RateLimit(0, RLSRequest{Domain: "rl", Descriptors: []RLSDescriptor{withLimit(ent("u", string(rune('a'+i))), 10, time.Minute)}})
+		if want := i >= 3; (d.Code == RLSOverLimit) != want || d.Statuses[0].TooManyKeys != want {
+			t.Errorf("override bucket %d with max_keys 3: %+v", i, d.Statuses[0])
+		}
+	}
+}

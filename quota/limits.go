@@ -43,6 +43,11 @@ type level struct {
 	jitter  time.Duration // resume jitter window
 	maxKeys int           // stored buckets the domain may hold (max_keys)
 	strict  bool          // strict_keys: an undefined descriptor key is refused
+	// overrideLv is the domain's level for buckets of Envoy limit overrides (RLSLimit).
+	overrideLv *level
+	// override: this is a domain's overrideLv. It has no rate of its own: each of its buckets
+	// carries its rate in its key (overrideKey).
+	override bool
 	// children by key; a nil map means a leaf.
 	children map[string]*childSet
 }
@@ -149,6 +154,13 @@ func compileLimits(l *Limits, version uint64) (*compiled, error) {
 			lv.dom = uint32(i)
 		}
 		c.domains[d.Name] = root
+	}
+	// One level per domain for Envoy's limit overrides, after every configured level so that
+	// the configured levels keep their indexes (snapshots store them).
+	for i := range cp.Domains {
+		root := c.domains[cp.Domains[i].Name]
+		root.overrideLv = &level{scope: ScopeOverride, idx: uint32(len(c.levels)), dom: root.dom, override: true}
+		c.levels = append(c.levels, root.overrideLv)
 	}
 	js, err := json.Marshal(cp)
 	if err != nil {

@@ -79,19 +79,22 @@ func (m *Matcher) Rule(domain string, entries []Entry) *Node {
 // or key_value (a wildcard level keeps its pattern). detailed_metric on the rule uses the
 // request's values at every level; value_to_metric on a level uses the request's value there.
 func (m *Matcher) RuleKey(domain string, entries []Entry) string {
-	lv := m.c.domains[domain]
-	if m.c.envoyRule(lv, entries) == nil {
-		return ""
+	return string(m.AppendRuleKey(nil, domain, entries))
+}
+
+// AppendRuleKey appends RuleKey's key to b (nothing if the descriptor selects no rule).
+func (m *Matcher) AppendRuleKey(b []byte, domain string, entries []Entry) []byte {
+	root := m.c.domains[domain]
+	last := m.c.envoyRule(root, entries)
+	if last == nil {
+		return b
 	}
-	var levels []*level
+	detailed := last.node.DetailedMetric
+	b = append(b, domain...)
+	lv := root
 	for _, en := range entries {
 		lv = lv.child(en)
-		levels = append(levels, lv)
-	}
-	detailed := levels[len(levels)-1].node.DetailedMetric
-	b := []byte(domain)
-	for i, en := range entries {
-		n := levels[i].node
+		n := lv.node
 		b = append(b, '.')
 		b = append(b, en.Key...)
 		v := n.Value
@@ -103,7 +106,7 @@ func (m *Matcher) RuleKey(domain string, entries []Entry) string {
 			b = append(b, v...)
 		}
 	}
-	return string(b)
+	return b
 }
 
 // envoyRule is Matcher.Rule on compiled levels (root nil: unknown domain).

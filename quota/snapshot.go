@@ -543,14 +543,21 @@ func decodeSnapshot(data []byte) (*Engine, error) {
 		if d.err != nil {
 			break
 		}
-		if idx >= uint64(len(lim.levels)) || lim.levels[idx].rate == nil {
+		var rate *rateParams
+		if idx < uint64(len(lim.levels)) {
+			rate = lim.levels[idx].rate
+			if lim.levels[idx].override {
+				rate, _ = overrideKeyRate(key)
+			}
+		}
+		if rate == nil {
 			d.fail("bucket %q: level %d has no rate", key, idx)
 			break
 		}
 		lv := lim.levels[idx]
 		// last = clock-age must not wrap. A negative age (two's complement) is a bucket whose
 		// refill runs ahead of the clock after a scheduled grant (Request.ScheduleWithin).
-		if ahead := -int64(age); tokens > lv.rate.capMicro || (int64(age) >= 0 && age > uint64(e.clock)+1<<63) ||
+		if ahead := -int64(age); tokens > rate.capMicro || (int64(age) >= 0 && age > uint64(e.clock)+1<<63) ||
 			(int64(age) < 0 && (ahead <= 0 || ahead > math.MaxInt64-int64(e.clock))) {
 			d.fail("bucket %q: balance %d or age %d out of range", key, tokens, int64(age))
 			break

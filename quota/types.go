@@ -59,6 +59,9 @@ const DefaultMaxKeys = 100_000
 // ScopeDomain is the Scope of a decision made by a domain's own (ceiling) limit.
 const ScopeDomain = "domain"
 
+// ScopeOverride is the scope of a decision by an Envoy descriptor's own limit (RLSLimit).
+const ScopeOverride = "override"
+
 // Limits is the whole replicated limits configuration. It is plain data: the config package
 // builds it from YAML, the fsm package replicates it, an Engine enforces it. Treat a *Limits
 // handed to an Engine as immutable.

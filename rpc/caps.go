@@ -146,11 +146,12 @@ func entriesProblem(field string, es []*quotadv1.Entry) string {
 		if e.GetKey() == "" {
 			return fmt.Sprintf("%s[%d] has an empty key; every entry needs key=value", field, i)
 		}
-		if msg := fieldProblem(fmt.Sprintf("%s[%d].key", field, i), e.Key); msg != "" {
-			return msg
+		// Field names are formatted only for a problem: this runs for every admission.
+		if len(e.Key) > quota.MaxFieldBytes {
+			return fieldProblem(fmt.Sprintf("%s[%d].key", field, i), e.Key)
 		}
-		if msg := fieldProblem(fmt.Sprintf("%s[%d].value (key %.40q)", field, i, e.Key), e.Value); msg != "" {
-			return msg
+		if len(e.Value) > quota.MaxFieldBytes {
+			return fieldProblem(fmt.Sprintf("%s[%d].value (key %.40q)", field, i, e.Key), e.Value)
 		}
 	}
 	return ""

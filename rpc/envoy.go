@@ -9,6 +9,7 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -78,6 +79,15 @@ type rlsServer struct {
 // ShouldRateLimit decides one Envoy request.
 func (r *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	s := r.s
+	// A follower forwards at once: the leader validates and authorizes the request (as the
+	// caller, whose identity forwardCtx passes on); doing it here too only repeated the work.
+	conn, err := s.route(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if conn != nil {
+		return rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(forwardCtx(ctx), req)
+	}
 	op, err := rlsOp(req)
 	if err != nil {
 		return nil, err
@@ -94,13 +104,6 @@ func (r *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 			return nil, permissionDenied("descriptors[%d]: %s", i, msg)
 		}
 	}
-	conn, err := s.route(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if conn != nil {
-		return rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(forwardCtx(ctx), req)
-	}
 	start := time.Now()
 	res, err := s.prop.propose(ctx, &fsmv1.Op{Op: &fsmv1.Op_RateLimit{RateLimit: op}})
 	if err != nil {
@@ -111,7 +114,7 @@ func (r *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 		return nil, status.Errorf(codes.InvalidArgument, "%s", d.Message)
 	}
 	resp := r.response(&d)
-	s.metrics.observeRLS(s.fsm.Matcher(), req, &d, resp.OverallCode, r.opts.NearLimitRatio, time.Since(start))
+	s.metrics.observeRLS(res.Other.Matcher, req, &d, resp.OverallCode, r.opts.NearLimitRatio, time.Since(start))
 	return resp, nil
 }
 
@@ -129,40 +132,80 @@ func rlsOp(req *rlsv3.RateLimitRequest) (*fsmv1.RateLimit, error) {
 		return nil, status.Errorf(codes.InvalidArgument, "%d descriptors; at most %d are allowed per request", len(req.Descriptors), quota.MaxRLSDescriptors)
 	}
 	op := &fsmv1.RateLimit{Domain: req.Domain, Hits: uint64(req.HitsAddend), Descriptors: make([]*fsmv1.RateLimitDescriptor, len(req.Descriptors))}
+	// One allocation for all descriptors and one for all entries, not one each.
+	ods := make([]fsmv1.RateLimitDescriptor, len(req.Descriptors))
+	n := 0
+	for _, d := range req.Descriptors {
+		n += len(d.GetEntries())
+	}
+	all := make([]quotadv1.Entry, n)
 	for i, d := range req.Descriptors {
-		field := "descriptors[" + strconv.Itoa(i) + "]"
+		field := rlsFields[i] // i < MaxRLSDescriptors: checked above
 		if len(d.GetEntries()) == 0 {
 			return nil, status.Errorf(codes.InvalidArgument, "%s has no entries; every descriptor needs at least one", field)
 		}
-		if d.GetLimit() != nil {
-			return nil, status.Errorf(codes.InvalidArgument, "%s.limit: per-descriptor limit overrides are not supported by quotad; configure the limit in the domain's limits instead (docs/envoy.md)", field)
-		}
 		if d.GetIsNegativeHits() {
-			return nil, status.Errorf(codes.InvalidArgument, "%s.is_negative_hits: returning hits is not supported by quotad (docs/envoy.md)", field)
+			// envoyproxy/ratelimit (the version make test-envoy builds) ignores the flag and
+			// charges the hits; quotad refuses rather than charge what the caller returns.
+			return nil, status.Errorf(codes.InvalidArgument, "%s.is_negative_hits: returning hits is not supported (envoyproxy/ratelimit ignores the flag and charges them); send it without is_negative_hits (docs/envoy.md)", field)
 		}
 		entries := make([]*quotadv1.Entry, len(d.Entries))
 		for j, e := range d.Entries {
-			entries[j] = &quotadv1.Entry{Key: e.GetKey(), Value: e.GetValue()}
+			all[0].Key, all[0].Value = e.GetKey(), e.GetValue()
+			entries[j], all = &all[0], all[1:]
 		}
-		if msg := entriesProblem(field+".entries", entries); msg != "" {
+		if msg := entriesProblem(rlsEntryFields[i], entries); msg != "" {
 			return nil, status.Errorf(codes.InvalidArgument, "%s", msg)
 		}
-		od := &fsmv1.RateLimitDescriptor{Entries: entries}
+		od := &ods[i]
+		od.Entries = entries
 		if h := d.GetHitsAddend(); h != nil {
 			if h.Value > MaxCost {
 				return nil, status.Errorf(codes.InvalidArgument, "%s.hits_addend %d is above the maximum %d", field, h.Value, uint64(MaxCost))
 			}
 			od.HasHits, od.Hits = true, h.Value
 		}
+		if l := d.GetLimit(); l != nil {
+			// envoy.type.v3.RateLimitUnit numbers its units as the response does, without WEEK.
+			unit := time.Duration(0)
+			if _, defined := typev3.RateLimitUnit_name[int32(l.Unit)]; defined {
+				unit = rlsUnitDuration(rlsv3.RateLimitResponse_RateLimit_Unit(l.Unit))
+			}
+			if unit == 0 {
+				return nil, status.Errorf(codes.InvalidArgument, "%s.limit.unit %v: use SECOND, MINUTE, HOUR, DAY, MONTH or YEAR", field, l.Unit)
+			}
+			od.HasLimit, od.LimitRequestsPerUnit, od.LimitUnitSeconds = true, l.RequestsPerUnit, uint64(unit/time.Second)
+		}
 		op.Descriptors[i] = od
 	}
 	return op, nil
 }
 
+// rlsFields are the field names of the first descriptors, made once (rlsOp names every
+// descriptor it validates).
+var rlsFields = func() (f [quota.MaxRLSDescriptors]string) {
+	for i := range f {
+		f[i] = "descriptors[" + strconv.Itoa(i) + "]"
+	}
+	return f
+}()
+
+// rlsEntryFields are rlsFields + ".entries".
+var rlsEntryFields = func() (f [quota.MaxRLSDescriptors]string) {
+	for i := range f {
+		f[i] = rlsFields[i] + ".entries"
+	}
+	return f
+}()
+
 // response builds Envoy's answer from the engine's.
 func (r *rlsServer) response(d *quota.RLSDecision) *rlsv3.RateLimitResponse {
 	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_Code(d.Code),
 		Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(d.Statuses))}
+	// One allocation per kind for all statuses, not one per status.
+	pss := make([]rlsv3.RateLimitResponse_DescriptorStatus, len(d.Statuses))
+	var lims []rlsv3.RateLimitResponse_RateLimit
+	var durs []durationpb.Duration
 	deny := d.UnknownDomain && r.opts.DenyUnknownDomain
 	if deny {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
@@ -172,17 +215,24 @@ func (r *rlsServer) response(d *quota.RLSDecision) *rlsv3.RateLimitResponse {
 	pick, pickRem := -1, uint64(math.MaxUint64)
 	for i := range d.Statuses {
 		st := &d.Statuses[i]
-		ps := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_Code(st.Code)}
+		ps := &pss[i]
+		ps.Code = rlsv3.RateLimitResponse_Code(st.Code)
 		switch {
 		case deny:
 			ps.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 		case st.Unlimited:
 			ps.LimitRemaining = math.MaxUint32
 		case st.Limited:
-			ps.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: st.Name,
-				RequestsPerUnit: uint32(min(st.Limit, math.MaxUint32)), Unit: unitOf(st.Window)}
+			if lims == nil {
+				lims = make([]rlsv3.RateLimitResponse_RateLimit, len(d.Statuses))
+				durs = make([]durationpb.Duration, len(d.Statuses))
+			}
+			lim, dur := &lims[i], &durs[i]
+			lim.Name, lim.RequestsPerUnit, lim.Unit = st.Name, uint32(min(st.Limit, math.MaxUint32)), unitOf(st.Window)
+			reset := ceilSecond(st.ResetAfter)
+			dur.Seconds, dur.Nanos = int64(reset/time.Second), int32(reset%time.Second)
+			ps.CurrentLimit, ps.DurationUntilReset = lim, dur
 			ps.LimitRemaining = uint32(min(st.Remaining, math.MaxUint32))
-			ps.DurationUntilReset = durationpb.New(ceilSecond(st.ResetAfter))
 			if st.Code == quota.RLSOverLimit {
 				pick, pickRem = i, 0
 			} else if pickRem > 0 && st.Remaining < pickRem {
@@ -227,6 +277,16 @@ func unitOf(w time.Duration) rlsv3.RateLimitResponse_RateLimit_Unit {
 		return rlsv3.RateLimitResponse_RateLimit_YEAR
 	}
 	return rlsv3.RateLimitResponse_RateLimit_UNKNOWN
+}
+
+// rlsUnitDuration is unitOf's inverse (0 for UNKNOWN or a value Envoy does not define).
+func rlsUnitDuration(u rlsv3.RateLimitResponse_RateLimit_Unit) time.Duration {
+	for _, d := range []time.Duration{time.Second, time.Minute, time.Hour, 24 * time.Hour, 7 * 24 * time.Hour, 30 * 24 * time.Hour, 365 * 24 * time.Hour} {
+		if unitOf(d) == u {
+			return d
+		}
+	}
+	return 0
 }
 
 // ceilSecond rounds up to whole seconds, as envoyproxy/ratelimit reports resets (a client

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -32,6 +33,7 @@ const rlsOtherKey = "_other"
 type rlsMetrics struct {
 	totalHits, overLimit, nearLimit, withinLimit, shadowMode *prometheus.CounterVec
 	requests                                                 *prometheus.CounterVec
+	okReqs, overReqs                                         prometheus.Counter // requests' two series
 	latency                                                  prometheus.Histogram
 	dropped                                                  *prometheus.CounterVec
 
@@ -62,11 +64,12 @@ func newRLSMetrics(reg *prometheus.Registry) *rlsMetrics {
 		keys: make(map[string]map[string]*ruleCounters),
 	}
 	reg.MustRegister(m.totalHits, m.overLimit, m.nearLimit, m.withinLimit, m.shadowMode, m.requests, m.latency, m.dropped)
+	m.okReqs, m.overReqs = m.requests.WithLabelValues("ok"), m.requests.WithLabelValues("over_limit")
 	return m
 }
 
 // counters returns the series of key in domain, folding keys beyond the cap into "_other".
-func (m *rlsMetrics) counters(domain, key string) *ruleCounters {
+func (m *rlsMetrics) counters(domain string, kb []byte) *ruleCounters {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	ks := m.keys[domain]
@@ -74,9 +77,10 @@ func (m *rlsMetrics) counters(domain, key string) *ruleCounters {
 		ks = make(map[string]*ruleCounters)
 		m.keys[domain] = ks
 	}
-	if c, ok := ks[key]; ok {
+	if c, ok := ks[string(kb)]; ok { // no allocation for a key seen before
 		return c
 	}
+	key := string(kb)
 	if len(ks) >= MaxRLSStatKeys {
 		m.dropped.WithLabelValues(domain).Inc()
 		key = rlsOtherKey
@@ -126,8 +130,8 @@ func countRLS(st *quota.RLSStatus, ratio float64) rlsCounts {
 }
 
 // observeRLS records a decided request: per-rule counters (keys from the matcher of the
-// limits the decision was made under, or near enough: a limits change between the two is
-// rare and only moves a count between keys), the overall code and the latency.
+// limits the decision was made under, which the FSM hands back with it), the overall code and
+// the latency.
 func (m *Metrics) observeRLS(match *quota.Matcher, req *rlsv3.RateLimitRequest, d *quota.RLSDecision,
 	code rlsv3.RateLimitResponse_Code, ratio float64, took time.Duration) {
 	if m == nil || m.rls == nil {
@@ -135,39 +139,61 @@ func (m *Metrics) observeRLS(match *quota.Matcher, req *rlsv3.RateLimitRequest, 
 	}
 	r := m.rls
 	if code == rlsv3.RateLimitResponse_OVER_LIMIT {
-		r.requests.WithLabelValues("over_limit").Inc()
+		r.overReqs.Inc()
 	} else {
-		r.requests.WithLabelValues("ok").Inc()
+		r.okReqs.Inc()
 	}
 	r.latency.Observe(took.Seconds())
 	if d.UnknownDomain {
 		return
 	}
 	if c := d.Ceiling; c != nil {
-		r.add(req.Domain, "", countRLS(c, ratio))
+		r.add(req.Domain, nil, countRLS(c, ratio))
 		if c.Code == quota.RLSOverLimit {
 			return // no descriptor was checked
 		}
 	}
-	var entries []quota.Entry
+	var entries [8]quota.Entry
+	var kb [128]byte
 	for i := range d.Statuses {
 		st := &d.Statuses[i]
 		if !st.Limited {
 			continue
 		}
-		entries = entries[:0]
-		for _, e := range req.Descriptors[i].GetEntries() {
-			entries = append(entries, quota.Entry{Key: e.GetKey(), Value: e.GetValue()})
+		if req.Descriptors[i].GetLimit() != nil {
+			// envoyproxy/ratelimit's key for an override: the request's keys and values.
+			r.add(req.Domain, overrideStatKey(kb[:0], req.Descriptors[i]), countRLS(st, ratio))
+			continue
 		}
-		key := match.RuleKey(req.Domain, entries)
-		if key == "" {
-			continue // the limits changed under the request
+		es := entries[:0]
+		for _, e := range req.Descriptors[i].GetEntries() {
+			es = append(es, quota.Entry{Key: e.GetKey(), Value: e.GetValue()})
+		}
+		key := match.AppendRuleKey(kb[:0], req.Domain, es)
+		if len(key) == 0 {
+			continue // cannot happen: the decision applied a rule
 		}
 		r.add(req.Domain, key[len(req.Domain)+1:], countRLS(st, ratio))
 	}
 }
 
-func (r *rlsMetrics) add(domain, key string, c rlsCounts) {
+// overrideStatKey is envoyproxy/ratelimit's statistics key of a descriptor with its own limit
+// (its config's descriptorKey, without the domain): key_value of every entry joined by '.'.
+func overrideStatKey(b []byte, d *ratelimitv3.RateLimitDescriptor) []byte {
+	for i, e := range d.GetEntries() {
+		if i > 0 {
+			b = append(b, '.')
+		}
+		b = append(b, e.GetKey()...)
+		if e.GetValue() != "" {
+			b = append(b, '_')
+			b = append(b, e.GetValue()...)
+		}
+	}
+	return b
+}
+
+func (r *rlsMetrics) add(domain string, key []byte, c rlsCounts) {
 	k := r.counters(domain, key)
 	k.total.Add(float64(c.total))
 	k.over.Add(float64(c.over))

@@ -15,9 +15,9 @@ import (
 func TestRLSStatKeysAreBounded(t *testing.T) {
 	m := newRLSMetrics(prometheus.NewRegistry())
 	for i := range MaxRLSStatKeys + 500 {
-		m.add("d", fmt.Sprintf("user_%d", i), rlsCounts{total: 1})
+		m.add("d", fmt.Appendf(nil, "user_%d", i), rlsCounts{total: 1})
 	}
-	m.add("e", "k", rlsCounts{total: 1})
+	m.add("e", []byte("k"), rlsCounts{total: 1})
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(m.totalHits)
 	families, err := reg.Gather()

@@ -11,6 +11,7 @@ import (
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -151,6 +152,35 @@ func TestRLSSecureCluster(t *testing.T) {
 	r, err = viaLeader.ShouldRateLimit(ctx, big)
 	wantRLS(t, r, err, over, over)
 
+	// A descriptor's own limit (Envoy's override) travels in the log op, via a follower too;
+	// UNKNOWN units and is_negative_hits are refused.
+	ovr := rlsReq("platform", []string{"tenant", "o", "consumer", "c", "deeper", "1"})
+	ovr.Descriptors[0].Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: typev3.RateLimitUnit_HOUR}
+	r, err = viaFollower.ShouldRateLimit(ctx, ovr)
+	wantRLS(t, r, err, ok, ok)
+	if st := r.Statuses[0]; st.CurrentLimit.GetRequestsPerUnit() != 1 || st.CurrentLimit.GetUnit() != rlsv3.RateLimitResponse_RateLimit_HOUR || st.CurrentLimit.GetName() != "" {
+		t.Errorf("override status %v: want 1/HOUR without a name", st)
+	}
+	r, err = viaLeader.ShouldRateLimit(ctx, ovr)
+	wantRLS(t, r, err, over, over)
+	// The rule's own limit shares the rule's bucket (one hit by the rule, one by the override).
+	same := rlsReq("platform", []string{"tenant", "s", "consumer", "c"})
+	r, err = viaLeader.ShouldRateLimit(ctx, same)
+	wantRLS(t, r, err, ok, ok)
+	same.Descriptors[0].Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 2, Unit: typev3.RateLimitUnit_MINUTE}
+	r, err = viaFollower.ShouldRateLimit(ctx, same)
+	wantRLS(t, r, err, ok, ok)
+	if st := r.Statuses[0]; st.LimitRemaining != 0 {
+		t.Errorf("override of the rule's own limit: %v, want the rule's bucket (0 remaining)", st)
+	}
+	ovr.Descriptors[0].Limit.Unit = typev3.RateLimitUnit_UNKNOWN
+	_, err = viaFollower.ShouldRateLimit(ctx, ovr)
+	wantCode(t, err, codes.InvalidArgument, "descriptors[0].limit.unit")
+	neg := rlsReq("platform", []string{"tenant", "a"})
+	neg.Descriptors[0].IsNegativeHits = true
+	_, err = viaLeader.ShouldRateLimit(ctx, neg)
+	wantCode(t, err, codes.InvalidArgument, "is_negative_hits")
+
 	// Statistics on the leader (where every decision is made).
 	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: p.pool}}}
 	resp, err := hc.Get("https://" + c.Agent(leader).HTTPAddr() + "/metrics")
@@ -163,14 +193,15 @@ func TestRLSSecureCluster(t *testing.T) {
 		t.Fatalf("/metrics: %s", resp.Status)
 	}
 	for _, want := range []string{
-		`quotad_rate_limit_total_hits_total{domain="platform",key="tenant.consumer"} 6`,
+		`quotad_rate_limit_total_hits_total{domain="platform",key="tenant.consumer"} 7`,
 		`quotad_rate_limit_over_limit_total{domain="platform",key="tenant.consumer"} 2`,
-		`quotad_rate_limit_within_limit_total{domain="platform",key="tenant.consumer"} 2`,
+		`quotad_rate_limit_within_limit_total{domain="platform",key="tenant.consumer"} 3`,
 		`quotad_rate_limit_near_limit_total{domain="platform",key="tenant.consumer"} 2`,
 		`quotad_rate_limit_over_limit_total{domain="platform",key="banned"} 1`,
 		`quotad_rate_limit_shadow_mode_total{domain="platform",key="shadow"} 2`,
 		`quotad_rate_limit_total_hits_total{domain="platform",key="path_files/*"} 3`,
-		`quotad_rls_requests_total{code="over_limit"} 4`,
+		`quotad_rate_limit_over_limit_total{domain="platform",key="tenant_o.consumer_c.deeper_1"} 1`,
+		`quotad_rls_requests_total{code="over_limit"} 5`,
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics lacks %s", want)

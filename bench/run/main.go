@@ -121,6 +121,7 @@ func main() {
 		soak        = flag.Duration("soak", 10*time.Minute, "length of the soak step (alternating 30 s of load and 30 s of idle)")
 		soakBuckets = flag.Int("soak-buckets", 0, "stored buckets to create before the soak (e.g. 1000000: snapshots of a large state under load)")
 		out         = flag.String("out", "bench/results/latest.json", "JSON report path")
+		rlsProfile  = flag.String("rls-profile", "", "rls step: write every node's CPU profile of each run's measured part to this directory (node<i>-c<conc>-run<r>.pprof)")
 		keep        = flag.Bool("keep", false, "keep the cluster running at the end (for profiling) until interrupted")
 		agentArgs   = flag.String("agent-args", "", "extra agent flags, space-separated")
 		snapProf    = flag.String("snapshot-cpuprofile", "", "write a CPU profile of the snapshot step's timed part to this file")
@@ -215,7 +216,7 @@ func main() {
 		rep.DecisionsPerSec, rep.P99Ms = best.DecisionsPerSec, best.P99Ms
 	}
 	if want("rls") {
-		rep.RLS = rlsStep(loadgen, addrs, parseInts(*rlsConcs), *runs, *duration)
+		rep.RLS = rlsStep(c, *rlsProfile, loadgen, addrs, parseInts(*rlsConcs), *runs, *duration)
 	}
 	if want("failover") {
 		times := failover(c, *kills)

@@ -1033,10 +1033,15 @@ type RateLimitDescriptor struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Entries []*v1.Entry            `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
 	// has_hits: the descriptor's own hits_addend (hits, which may be 0: check without charging).
-	HasHits       bool   `protobuf:"varint,2,opt,name=has_hits,json=hasHits,proto3" json:"has_hits,omitempty"`
-	Hits          uint64 `protobuf:"varint,3,opt,name=hits,proto3" json:"hits,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	HasHits bool   `protobuf:"varint,2,opt,name=has_hits,json=hasHits,proto3" json:"has_hits,omitempty"`
+	Hits    uint64 `protobuf:"varint,3,opt,name=hits,proto3" json:"hits,omitempty"`
+	// has_limit: the descriptor's own limit (Envoy's per-descriptor override, command version
+	// 4): limit_requests_per_unit (0 blocks) per limit_unit_seconds.
+	HasLimit             bool   `protobuf:"varint,4,opt,name=has_limit,json=hasLimit,proto3" json:"has_limit,omitempty"`
+	LimitRequestsPerUnit uint32 `protobuf:"varint,5,opt,name=limit_requests_per_unit,json=limitRequestsPerUnit,proto3" json:"limit_requests_per_unit,omitempty"`
+	LimitUnitSeconds     uint64 `protobuf:"varint,6,opt,name=limit_unit_seconds,json=limitUnitSeconds,proto3" json:"limit_unit_seconds,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *RateLimitDescriptor) Reset() {
@@ -1086,6 +1091,27 @@ func (x *RateLimitDescriptor) GetHasHits() bool {
 func (x *RateLimitDescriptor) GetHits() uint64 {
 	if x != nil {
 		return x.Hits
+	}
+	return 0
+}
+
+func (x *RateLimitDescriptor) GetHasLimit() bool {
+	if x != nil {
+		return x.HasLimit
+	}
+	return false
+}
+
+func (x *RateLimitDescriptor) GetLimitRequestsPerUnit() uint32 {
+	if x != nil {
+		return x.LimitRequestsPerUnit
+	}
+	return 0
+}
+
+func (x *RateLimitDescriptor) GetLimitUnitSeconds() uint64 {
+	if x != nil {
+		return x.LimitUnitSeconds
 	}
 	return 0
 }
@@ -1272,11 +1298,14 @@ const file_quotad_fsm_v1_fsm_proto_rawDesc = "" +
 	"\tRateLimit\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12D\n" +
 	"\vdescriptors\x18\x02 \x03(\v2\".quotad.fsm.v1.RateLimitDescriptorR\vdescriptors\x12\x12\n" +
-	"\x04hits\x18\x03 \x01(\x04R\x04hits\"p\n" +
+	"\x04hits\x18\x03 \x01(\x04R\x04hits\"\xf2\x01\n" +
 	"\x13RateLimitDescriptor\x12*\n" +
 	"\aentries\x18\x01 \x03(\v2\x10.quotad.v1.EntryR\aentries\x12\x19\n" +
 	"\bhas_hits\x18\x02 \x01(\bR\ahasHits\x12\x12\n" +
-	"\x04hits\x18\x03 \x01(\x04R\x04hits\"P\n" +
+	"\x04hits\x18\x03 \x01(\x04R\x04hits\x12\x1b\n" +
+	"\thas_limit\x18\x04 \x01(\bR\bhasLimit\x125\n" +
+	"\x17limit_requests_per_unit\x18\x05 \x01(\rR\x14limitRequestsPerUnit\x12,\n" +
+	"\x12limit_unit_seconds\x18\x06 \x01(\x04R\x10limitUnitSeconds\"P\n" +
 	"\x05Share\x12\x14\n" +
 	"\x05owner\x18\x01 \x01(\tR\x05owner\x121\n" +
 	"\arequest\x18\x02 \x01(\v2\x17.quotad.v1.ShareRequestR\arequest\"^\n" +
