@@ -38,7 +38,7 @@ type Client struct {
 	shares     *shareHolder // Limiters' share holder, started by the first Limiter
 
 	metrics struct {
-		admissions, batches, rpcs, retries atomic.Uint64
+		admissions, batches, held, rpcs, retries atomic.Uint64
 	}
 }
 
@@ -133,6 +133,9 @@ type Stats struct {
 	Admissions uint64
 	// Batches is the number of batches formed (0 with batching disabled).
 	Batches uint64
+	// BatchesHeld counts batches held open for the batch window (Config.Batch.Window)
+	// because another batch was in flight. A serial caller sees none.
+	BatchesHeld uint64
 	// RPCs counts Acquire RPC attempts, retries included.
 	RPCs uint64
 	// Retries counts failed RPC attempts of any method that were retried.
@@ -142,10 +145,11 @@ type Stats struct {
 // Stats returns the client's counters.
 func (c *Client) Stats() Stats {
 	return Stats{
-		Admissions: c.metrics.admissions.Load(),
-		Batches:    c.metrics.batches.Load(),
-		RPCs:       c.metrics.rpcs.Load(),
-		Retries:    c.metrics.retries.Load(),
+		Admissions:  c.metrics.admissions.Load(),
+		Batches:     c.metrics.batches.Load(),
+		BatchesHeld: c.metrics.held.Load(),
+		RPCs:        c.metrics.rpcs.Load(),
+		Retries:     c.metrics.retries.Load(),
 	}
 }
 

@@ -317,3 +317,24 @@ func TestClusterLeaseRenewedUntilReleased(t *testing.T) {
 		t.Errorf("Release of a lost lease: %v", err)
 	}
 }
+
+// TestClusterSerialCallerPaysNoWindow: a caller that waits for each decision before the next
+// Allow never has a batch in flight when it submits, so its admissions go out at once and are
+// never held open for the batch window. Counted, not timed: with the batch counted as in
+// flight until send's cleanup ended, most of these 300 calls were held (the caller, woken
+// with its decision, submits again before that cleanup), each for up to Window.
+func TestClusterSerialCallerPaysNoWindow(t *testing.T) {
+	tc := startCluster(t)
+	c := newTestClient(t, []string{tc.agent(tc.leader()).GRPCAddr()}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := range 300 {
+		if _, err := c.Allow(ctx, Request{Domain: "bench"}); err != nil {
+			t.Fatalf("Allow %d: %v", i, err)
+		}
+	}
+	st := c.Stats()
+	if st.Batches != 300 || st.BatchesHeld != 0 {
+		t.Fatalf("300 serial calls: %d batches, %d held open for the batch window; want 300 and 0", st.Batches, st.BatchesHeld)
+	}
+}

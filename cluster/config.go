@@ -35,9 +35,9 @@ type Config struct {
 	// back with the same ID on new addresses; the leader then updates its Raft address.
 	ID string
 
-	// DataDir holds the Raft log and stable store (raft.db, a BoltDB file fsynced on every
-	// write; with LogStore "wal" the wal/ directory and stable.db instead) and the snapshots
-	// directory. Created if missing.
+	// DataDir holds the Raft log and stable store (with the wal backend the wal/ directory
+	// and stable.db; with boltdb raft.db, a BoltDB file fsynced on every write; see LogStore)
+	// and the snapshots directory. Created if missing.
 	DataDir string
 
 	// RaftAddr is the host:port the Raft TCP transport listens on and advertises to peers.
@@ -173,8 +173,11 @@ type Config struct {
 	// LogStore is the Raft log's storage: LogStoreBoltDB ("boltdb": raft.db, a BoltDB B-tree,
 	// two fdatasyncs per append) or LogStoreWAL ("wal": package wal's segment files in wal/,
 	// one write and one fdatasync per append, term and vote in stable.db). Both fsync every
-	// append. A data dir keeps the backend it was created with: NewNode refuses one written by
-	// the other (ErrLogStoreMismatch) and says how to replace the node instead. See logstore.go.
+	// append. A data dir keeps the backend it was created with: LogStoreAuto (the default)
+	// opens it with that one and gives a data dir without a Raft log LogStoreWAL; an explicit
+	// backend that is not the data dir's is refused by NewNode (ErrLogStoreMismatch), which
+	// says how to replace the node instead. Node.LogStore reports the one in use. See
+	// logstore.go.
 	LogStore string
 
 	// Clock is the node's time source; nil means SystemClock.
@@ -230,7 +233,7 @@ func DefaultConfig() Config {
 		LibraryLogLevel:    slog.LevelWarn,
 
 		PeerHandshakeTimeout: 5 * time.Second,
-		LogStore:             LogStoreBoltDB,
+		LogStore:             LogStoreAuto,
 	}
 }
 

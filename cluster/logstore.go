@@ -32,9 +32,18 @@ import (
 //     CRC, nothing valid after it) is cut off: it was never acknowledged. The stable store
 //     (term, vote) is a raft-boltdb file of its own, stable.db, fsynced on every write like
 //     raft.db.
+//
+// Config.LogStore may also be LogStoreAuto (empty, the default): the backend the data dir was
+// written with, and LogStoreWAL for a data dir without a Raft log. So an upgraded node keeps
+// its BoltDB log, a new node gets the WAL, and moving a node to the other backend is replacing
+// it (README, "Raft log store").
 const (
 	LogStoreBoltDB = "boltdb"
 	LogStoreWAL    = "wal"
+	LogStoreAuto   = ""
+
+	// logStoreNew is what LogStoreAuto picks for a data dir without a Raft log.
+	logStoreNew = LogStoreWAL
 )
 
 // Files of each backend in DataDir. A data dir holds exactly one backend's files; which one is
@@ -52,11 +61,12 @@ const (
 // validateLogStore checks Config.LogStore.
 func validateLogStore(backend string) error {
 	switch backend {
-	case LogStoreBoltDB, LogStoreWAL:
+	case LogStoreBoltDB, LogStoreWAL, LogStoreAuto:
 		return nil
 	}
-	return fmt.Errorf("cluster: LogStore (--raft-log-store) %q is not a Raft log store; use %q or %q",
-		backend, LogStoreBoltDB, LogStoreWAL)
+	return fmt.Errorf("cluster: LogStore %q is not a Raft log store; use %q or %q, "+
+		"or leave it unset (the data dir's own, %s for a new data dir)",
+		backend, LogStoreBoltDB, LogStoreWAL, logStoreNew)
 }
 
 // ErrLogStoreMismatch is returned (wrapped) by NewNode when the data dir was written by the
@@ -109,32 +119,57 @@ func logStoreFiles(backend string) string {
 	return boltLogFile
 }
 
-// openLogStore opens (or creates) the Raft stable store and log store of backend in dir. With
-// boltdb both are the same raft.db; with wal the log is our write-ahead log (package wal) in
-// dir/wal and the stable store is raft-boltdb in dir/stable.db. walLog is the WAL to close
-// after raft stopped (nil for boltdb, whose log closes with stable). An existing data dir
-// written by the other backend is refused (ErrLogStoreMismatch) with what to do about it.
-func openLogStore(dir, backend string, l *slog.Logger) (stable *raftboltdb.BoltStore, logs raft.LogStore, walLog *wal.Log, err error) {
-	return openLogStoreWith(dir, backend, wal.Options{Logger: l.With("component", "wal")})
-}
-
-// openLogStoreWith is openLogStore with the WAL's options (tests use small segments to rotate
-// often, and crash hooks).
-func openLogStoreWith(dir, backend string, walOpts wal.Options) (stable *raftboltdb.BoltStore, logs raft.LogStore, walLog *wal.Log, err error) {
-	if err := validateLogStore(backend); err != nil {
-		return nil, nil, nil, err
+// chooseLogStore decides which backend opens dir, given Config.LogStore (requested), and says
+// why in a few words for the startup log. An explicit backend that is not the one the data dir
+// was written with is refused (ErrLogStoreMismatch) with what to do about it; nothing in dir
+// is touched.
+func chooseLogStore(dir, requested string) (backend, why string, err error) {
+	if err := validateLogStore(requested); err != nil {
+		return "", "", err
 	}
 	have, err := dataDirLogStore(dir)
 	if err != nil {
-		return nil, nil, nil, err
+		return "", "", err
 	}
-	if have != "" && have != backend {
-		return nil, nil, nil, fmt.Errorf("cluster: %w: data dir %q holds a %s Raft log (%s) but this node is "+
-			"configured with LogStore (--raft-log-store) %q. A node cannot convert its log in place. Either start it "+
-			"with --raft-log-store %s, or (in a cluster of 3 or more nodes) replace it with a %s node, one node at a time: stop it, move %q away, start it "+
-			"again with the same --id, an empty --data-dir and --raft-log-store %s (it catches up from the leader's "+
-			"snapshot), and wait until it has caught up before replacing the next node (README, \"Raft log store\")",
-			ErrLogStoreMismatch, dir, have, logStoreFiles(have), backend, have, backend, dir, backend)
+	switch {
+	case requested == LogStoreAuto && have == "":
+		return logStoreNew, "the data dir has no Raft log yet and --raft-log-store is not set: " + logStoreNew + " is the default for new data dirs", nil
+	case requested == LogStoreAuto:
+		return have, fmt.Sprintf("the data dir's Raft log was written by %s (%s) and --raft-log-store is not set", have, logStoreFiles(have)), nil
+	case have == "":
+		return requested, "set by --raft-log-store; new data dir", nil
+	case have == requested:
+		return requested, fmt.Sprintf("set by --raft-log-store; the data dir's Raft log was written by it (%s)", logStoreFiles(have)), nil
+	}
+	return "", "", fmt.Errorf("cluster: %w: data dir %q holds a %s Raft log (%s) but this node is "+
+		"configured with LogStore %q. A node cannot convert its log in place. Either start it "+
+		"with --raft-log-store %s or without --raft-log-store (a data dir keeps the backend it was written with), or (in a cluster of 3 or more nodes) "+
+		"replace it with a %s node, one node at a time: stop it, move %q away, start it "+
+		"again with the same --id, an empty --data-dir and --raft-log-store %s (it catches up from the leader's "+
+		"snapshot), and wait until it has caught up before replacing the next node (README, \"Raft log store\")",
+		ErrLogStoreMismatch, dir, have, logStoreFiles(have), requested, have, requested, dir, requested)
+}
+
+// openLogStore opens (or creates) the Raft stable store and log store in dir, of the backend
+// chooseLogStore picks for requested (Config.LogStore). With boltdb both are the same raft.db;
+// with wal the log is our write-ahead log (package wal) in dir/wal and the stable store is
+// raft-boltdb in dir/stable.db. walLog is the WAL to close after raft stopped (nil for boltdb,
+// whose log closes with stable). The chosen backend and why are logged.
+func openLogStore(dir, requested string, l *slog.Logger) (backend string, stable *raftboltdb.BoltStore, logs raft.LogStore, walLog *wal.Log, err error) {
+	backend, why, err := chooseLogStore(dir, requested)
+	if err != nil {
+		return "", nil, nil, nil, err
+	}
+	l.Info("raft log store", "backend", backend, "why", why)
+	stable, logs, walLog, err = openLogStoreWith(dir, backend, wal.Options{Logger: l.With("component", "wal")})
+	return backend, stable, logs, walLog, err
+}
+
+// openLogStoreWith opens backend's stores in dir (backend as chooseLogStore picked it, or
+// explicit), with the WAL's options (tests use small segments to rotate often, and crash hooks).
+func openLogStoreWith(dir, backend string, walOpts wal.Options) (stable *raftboltdb.BoltStore, logs raft.LogStore, walLog *wal.Log, err error) {
+	if backend, _, err = chooseLogStore(dir, backend); err != nil {
+		return nil, nil, nil, err
 	}
 	if backend == LogStoreBoltDB {
 		path := filepath.Join(dir, boltLogFile)

@@ -78,7 +78,8 @@ type Node struct {
 
 	clk leaderClock
 
-	walLog *wal.Log // the log store with LogStore "wal" (bolt is then only the stable store); else nil
+	walLog   *wal.Log // the log store with LogStore "wal" (bolt is then only the stable store); else nil
+	logStore string   // the backend in use: LogStoreBoltDB or LogStoreWAL (never LogStoreAuto)
 
 	lcMu sync.Mutex
 	lcCh chan struct{}
@@ -189,11 +190,11 @@ func (n *Node) openRaft() error {
 	var nonce [8]byte
 	_, _ = rand.Read(nonce[:])
 	n.nonce = hex.EncodeToString(nonce[:])
-	bolt, logs, walLog, err := openLogStore(cfg.DataDir, cfg.LogStore, n.log)
+	backend, bolt, logs, walLog, err := openLogStore(cfg.DataDir, cfg.LogStore, n.log)
 	if err != nil {
 		return err
 	}
-	n.bolt, n.walLog = bolt, walLog
+	n.logStore, n.bolt, n.walLog = backend, bolt, walLog
 	if cfg.WrapLogStore != nil {
 		logs = cfg.WrapLogStore(logs)
 	}
@@ -304,6 +305,10 @@ func (n *Node) closeStores() {
 
 // ID returns the node's ID.
 func (n *Node) ID() string { return n.cfg.ID }
+
+// LogStore returns the Raft log store backend the node opened its data dir with:
+// LogStoreBoltDB or LogStoreWAL (with Config.LogStore LogStoreAuto, the one chosen).
+func (n *Node) LogStore() string { return n.logStore }
 
 // RaftAddr returns the address the Raft transport listens on (the actual port if
 // Config.RaftAddr had port 0).

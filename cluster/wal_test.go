@@ -1,8 +1,11 @@
 package cluster_test
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -174,9 +177,11 @@ func TestMixedLogStores(t *testing.T) {
 	}
 }
 
-// TestReplaceNodesWithWAL is the documented upgrade path: a BoltDB cluster under writes
-// becomes a WAL cluster by replacing one node at a time — stop it, start it with the same ID,
-// an empty data dir and LogStore wal; it catches up by snapshot before the next one.
+// TestReplaceNodesWithWAL is the documented upgrade path: a BoltDB cluster (written by a
+// build whose default was boltdb) restarted on this build with no LogStore setting keeps
+// BoltDB and its state; under writes it becomes a WAL cluster by replacing one node at a
+// time — stop it, start it with the same ID and an empty data dir (no setting: a new data dir
+// gets the WAL; or LogStore wal); it catches up by snapshot before the next one.
 func TestReplaceNodesWithWAL(t *testing.T) {
 	t.Parallel()
 	store := []string{cluster.LogStoreBoltDB, cluster.LogStoreBoltDB, cluster.LogStoreBoltDB}
@@ -193,6 +198,19 @@ func TestReplaceNodesWithWAL(t *testing.T) {
 	for range 50 {
 		want = add(t, c.Node(li), 1)
 	}
+	// The upgrade: every node restarted without a LogStore setting keeps its BoltDB log.
+	for i := range 3 {
+		c.Stop(i)
+		store[i] = cluster.LogStoreAuto
+		c.Restart(i)
+		if got := c.Node(i).LogStore(); got != cluster.LogStoreBoltDB {
+			t.Fatalf("node%d restarted on its BoltDB data dir without a LogStore setting opened %q", i, got)
+		}
+		checkDataDir(t, c.Config(i).DataDir, cluster.LogStoreBoltDB)
+		li = c.WaitLeader(leaderTimeout)
+		want = add(t, c.Node(li), 1)
+		waitCount(t, c, want)
+	}
 	for i := range 3 {
 		old := c.Config(i).DataDir
 		c.Stop(i) // graceful: a leader hands over first
@@ -201,14 +219,21 @@ func TestReplaceNodesWithWAL(t *testing.T) {
 			want = add(t, c.Node(li), 1)
 		}
 		// Starting the old data dir with the other backend is refused.
-		store[i] = cluster.LogStoreWAL
 		cfg := c.Config(i)
 		cfg.LogStore = cluster.LogStoreWAL
 		if _, err := cluster.NewNode(cfg, newCounterFSM()); !errors.Is(err, cluster.ErrLogStoreMismatch) {
 			t.Fatalf("node%d: NewNode on its BoltDB data dir with LogStore wal: %v, want ErrLogStoreMismatch", i, err)
 		}
+		// The replacement: an empty data dir, with no setting (nodes 0 and 2) or wal.
+		store[i] = cluster.LogStoreAuto
+		if i == 1 {
+			store[i] = cluster.LogStoreWAL
+		}
 		dirs[i] = t.TempDir()
 		c.Restart(i)
+		if got := c.Node(i).LogStore(); got != cluster.LogStoreWAL {
+			t.Fatalf("node%d replaced with an empty data dir and LogStore %q opened %q, want wal", i, store[i], got)
+		}
 		waitCount(t, c, want)
 		li = c.WaitLeader(leaderTimeout)
 		want = add(t, c.Node(li), 1)
@@ -285,7 +310,7 @@ func TestLogStoreMismatchRefused(t *testing.T) {
 			}
 			msg := err.Error()
 			for _, want := range []string{
-				fmt.Sprintf("holds a %s Raft log", tc.wrote), fmt.Sprintf("(--raft-log-store) %q", tc.open),
+				fmt.Sprintf("holds a %s Raft log", tc.wrote), fmt.Sprintf("LogStore %q", tc.open),
 				"--raft-log-store " + tc.wrote, "one node at a time", "empty --data-dir", cfg.DataDir,
 			} {
 				if !strings.Contains(msg, want) {
@@ -349,24 +374,104 @@ func listDir(t *testing.T, dir string) string {
 }
 
 func TestConfigValidateLogStore(t *testing.T) {
-	for _, v := range []string{"", "bolt", "WAL", "raft.db"} {
+	for _, v := range []string{"bolt", "WAL", "raft.db", "auto"} {
 		c := clustertest.TestConfig(t, "a")
 		c.LogStore = v
 		err := c.Validate()
-		if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("--raft-log-store) %q", v)) ||
-			!strings.Contains(err.Error(), `"boltdb" or "wal"`) {
+		if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("LogStore %q", v)) ||
+			!strings.Contains(err.Error(), `"boltdb" or "wal", or leave it unset`) {
 			t.Errorf("LogStore %q: Validate() = %v", v, err)
 		}
 	}
-	for _, v := range []string{cluster.LogStoreBoltDB, cluster.LogStoreWAL} {
+	for _, v := range []string{cluster.LogStoreBoltDB, cluster.LogStoreWAL, cluster.LogStoreAuto} {
 		c := clustertest.TestConfig(t, "a")
 		c.LogStore = v
 		if err := c.Validate(); err != nil {
 			t.Errorf("LogStore %q: %v", v, err)
 		}
 	}
-	if d := cluster.DefaultConfig().LogStore; d != cluster.LogStoreBoltDB {
-		t.Errorf("default LogStore %q", d)
+	if d := cluster.DefaultConfig().LogStore; d != cluster.LogStoreAuto {
+		t.Errorf("default LogStore %q, want LogStoreAuto (the data dir's own, wal for a new one)", d)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestLogStoreChosenByDataDir: with no LogStore setting (the default), a data dir without a
+// Raft log gets the WAL, and one written by either backend is opened with that backend, its
+// state intact and no other backend's files created; the startup log says which and why.
+func TestLogStoreChosenByDataDir(t *testing.T) {
+	t.Parallel()
+	for _, wrote := range []string{cluster.LogStoreBoltDB, cluster.LogStoreWAL, cluster.LogStoreAuto} {
+		want := wrote
+		if wrote == cluster.LogStoreAuto {
+			want = cluster.LogStoreWAL
+		}
+		t.Run("wrote-"+want+"-setting-"+strconv.Quote(wrote), func(t *testing.T) {
+			t.Parallel()
+			cfg := clustertest.TestConfig(t, "a")
+			cfg.BootstrapExpect, cfg.MinVoters = 1, 1
+			start := func(setting string) (*cluster.Node, string) {
+				t.Helper()
+				var logs syncBuffer
+				cfg.LogStore = setting
+				cfg.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(&logs, t.Output()), nil))
+				n, err := cluster.NewNode(cfg, newCounterFSM())
+				if err != nil {
+					t.Fatal(err)
+				}
+				clustertest.Eventually(t, leaderTimeout, func() error {
+					if !n.IsLeader() {
+						return errors.New("single node not leader yet")
+					}
+					return nil
+				})
+				return n, logs.String()
+			}
+
+			n, logs := start(wrote)
+			if got := n.LogStore(); got != want {
+				t.Fatalf("new data dir with LogStore %q opened %q, want %q", wrote, got, want)
+			}
+			if wrote == cluster.LogStoreAuto &&
+				(!strings.Contains(logs, "backend=wal") || !strings.Contains(logs, "default for new data dirs")) {
+				t.Errorf("the startup log does not say the new data dir got wal by default:\n%s", logs)
+			}
+			add(t, n, 7)
+			if err := n.Shutdown(); err != nil {
+				t.Fatal(err)
+			}
+
+			n, logs = start(cluster.LogStoreAuto)
+			defer n.Kill()
+			if got := n.LogStore(); got != want {
+				t.Fatalf("data dir written by %s reopened without a LogStore setting with %q", want, got)
+			}
+			why := fmt.Sprintf("the data dir's Raft log was written by %s", want)
+			if !strings.Contains(logs, "backend="+want) || !strings.Contains(logs, why) {
+				t.Errorf("the startup log does not say %q with backend=%s:\n%s", why, want, logs)
+			}
+			if got := add(t, n, 1); got != 8 {
+				t.Fatalf("count after reopening the %s data dir without a setting: %d, want 8", want, got)
+			}
+			checkDataDir(t, cfg.DataDir, want)
+		})
 	}
 }
 

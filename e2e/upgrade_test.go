@@ -260,6 +260,36 @@ func checkInvariants(t *testing.T, c *proccluster.Cluster, l *load, minAcked int
 	}
 }
 
+// checkKeptBoltDB fails unless every node, now on this tree's binary (whose default log store
+// for new data dirs is wal) and started without --raft-log-store, still runs the BoltDB log the
+// previous binary wrote — raft.db in its data dir, no wal/ or stable.db — and said so at startup.
+func checkKeptBoltDB(t *testing.T, c *proccluster.Cluster) {
+	t.Helper()
+	said, err := c.ScanLogs(`"msg":"raft log store"`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range c.Nodes {
+		has := func(name string) bool { _, err := os.Stat(filepath.Join(n.DataDir, name)); return err == nil }
+		if !has("raft.db") || has("wal") || has("stable.db") {
+			t.Errorf("%s after the upgrade: raft.db %v, wal/ %v, stable.db %v; want the BoltDB log only",
+				n.ID, has("raft.db"), has("wal"), has("stable.db"))
+		}
+		found := false
+		for _, h := range said {
+			if strings.HasPrefix(h, n.ID+": ") {
+				found = true
+				if !strings.Contains(h, `"backend":"boltdb"`) || !strings.Contains(h, "is not set") {
+					t.Errorf("%s chose its log store as: %s", n.ID, h)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("%s never logged which Raft log store it chose", n.ID)
+		}
+	}
+}
+
 // waitCaughtUp waits until node i answers /healthz ok (it knows a leader and is within 512
 // entries of the commit index).
 func waitCaughtUp(t *testing.T, c *proccluster.Cluster, i int, timeout time.Duration) {
@@ -346,6 +376,7 @@ func TestRollingUpgradeUnderLoad(t *testing.T) {
 		waitCaughtUp(t, u.Cluster, i, 30*time.Second)
 	}
 	checkInvariants(t, u.Cluster, l, 500)
+	checkKeptBoltDB(t, u.Cluster)
 }
 
 // TestOldNodesStopOnNewerEntries: if a node on the new binary leads while nodes on the

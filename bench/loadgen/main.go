@@ -48,6 +48,10 @@ type Result struct {
 	MaxMs        float64 `json:"max_ms"`
 	RPCs         uint64  `json:"rpcs"`
 	ClientRetrys uint64  `json:"client_retries"`
+	// Batches the client formed, and how many of them it held open for the batch window
+	// because another was in flight (warmup included).
+	Batches     uint64 `json:"batches"`
+	BatchesHeld uint64 `json:"batches_held"`
 	// rls mode: descriptors decided per second (3 per request).
 	DescriptorsPerSec float64 `json:"descriptors_per_sec,omitempty"`
 }
@@ -111,7 +115,7 @@ func main() {
 		fail(fmt.Errorf("unknown -mode %q", *mode))
 	}
 	st := c.Stats()
-	res.RPCs, res.ClientRetrys = st.RPCs, st.Retries
+	res.RPCs, res.ClientRetrys, res.Batches, res.BatchesHeld = st.RPCs, st.Retries, st.Batches, st.BatchesHeld
 	if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
 		fail(err)
 	}

@@ -76,8 +76,8 @@ func logStoreCompare(bin, loadgen, limits, dir string, extra []string, rounds in
 				"-duration", dur.String(), "-warmup", "1s")
 			runLoadgen(loadgen, &c64, "-addrs", addrs[b], "-mode", "load", "-concurrency", "64",
 				"-duration", dur.String(), "-warmup", "1s")
-			logf("log_store_compare round %d %-6s: c=1 p50 %5.2f ms (%4.0f/s, errors %d)  c=64 %6.0f/s p99 %6.2f ms (errors %d) %s%s",
-				r+1, b, serial.P50Ms, serial.PerSec, serial.Errors, c64.PerSec, c64.P99Ms, c64.Errors, serial.FirstError, c64.FirstError)
+			logf("log_store_compare round %d %-6s: c=1 p50 %5.2f ms (%4.0f/s, errors %d, batches held for the window %d/%d)  c=64 %6.0f/s p99 %6.2f ms (errors %d) %s%s",
+				r+1, b, serial.P50Ms, serial.PerSec, serial.Errors, serial.Held, serial.Batches, c64.PerSec, c64.P99Ms, c64.Errors, serial.FirstError, c64.FirstError)
 			rs := runs[b]
 			rs[0], rs[1] = append(rs[0], serial), append(rs[1], c64)
 			runs[b] = rs

@@ -106,6 +106,8 @@ type loadResult struct {
 	P999Ms     float64 `json:"p999_ms"`
 	MaxMs      float64 `json:"max_ms"`
 	RPCs       uint64  `json:"rpcs"`
+	Batches    uint64  `json:"batches"`
+	Held       uint64  `json:"batches_held"`
 }
 
 func main() {

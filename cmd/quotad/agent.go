@@ -138,7 +138,7 @@ over the environment, which wins over the file (docs/operations.md, "Configurati
 	f.DurationVar(&cc.ElectionTimeout, "raft-election-timeout", cc.ElectionTimeout, "how long a candidate waits for votes before retrying (>= --raft-heartbeat-timeout)")
 	f.DurationVar(&cc.LeaderLeaseTimeout, "raft-leader-lease-timeout", cc.LeaderLeaseTimeout, "a leader that cannot reach a quorum for this long steps down (<= --raft-heartbeat-timeout)")
 	f.Uint64Var(&cc.TrailingLogs, "trailing-logs", cc.TrailingLogs, "log entries kept after a snapshot for slow followers")
-	f.StringVar(&cc.LogStore, "raft-log-store", cc.LogStore, "Raft log storage: boltdb (raft.db) or wal (segment files in wal/, one write and one fdatasync per append); both fsync every append. A data dir keeps the one it was created with (README: \"Raft log store\")")
+	f.StringVar(&cc.LogStore, "raft-log-store", cc.LogStore, "Raft log storage: wal (segment files in wal/, one write and one fdatasync per append) or boltdb (raft.db, two fdatasyncs per append); both fsync every append. Unset: the one the data dir was written with, wal for a new data dir. A value the data dir was not written with is refused; to move a node to the other, replace it (README: \"Raft log store\")")
 	f.IntVar(&proposer.MaxInflight, "max-entries-in-flight", proposer.MaxInflight, "group commit: log entries the leader lets commit at once (more queue and ride in the next entry)")
 	f.IntVar(&proposer.MaxBatch, "max-entry-ops", proposer.MaxBatch, "group commit: most operations in one log entry")
 	f.StringVar(&acfg.ClusterName, "cluster-name", rpc.DefaultClusterName, "cluster name in certificates: node certificates carry server.<name>.quotad")
