@@ -68,11 +68,22 @@ const (
 	fairHorizonMin     = 2 * time.Millisecond
 	fairHorizonMax     = 100 * time.Millisecond
 	fairHorizonInitial = 10 * time.Millisecond
+	// fairLaneInflight is how many log entries of the waiting path may be committing at once.
+	// Its admissions have their own group commit beside the one of everything else
+	// (Server.prop, --max-entries-in-flight): a released batch waits for a commit slot, and
+	// that wait is both a newcomer's delay and what the release horizon must cover.
+	fairLaneInflight = 64
+	// fairPassMin is the least time between two passes the pump's timer starts (a new flow
+	// or an answered batch starts one at once): at 10,000 tokens/s a pass per token would
+	// cost more CPU than it saves. The horizon covers it (a pass releases a horizon's worth).
+	fairPassMin = time.Millisecond
 )
 
 type fair struct {
 	s       *Server
 	metrics *fairMetrics
+	// prop is the waiting path's own group commit (see fairLaneInflight).
+	prop *proposer
 
 	mu          sync.Mutex
 	queues      map[string]*fairQueue // by contended bucket key
@@ -149,11 +160,13 @@ func newFair(s *Server) *fair {
 		pending:     make(map[string]uint64),
 		pendingConc: make(map[string]uint64),
 		usage:       make(map[string]*shareWindow),
+		prop:        newProposer(s.node, ProposerConfig{MaxBatch: s.prop.cfg.MaxBatch, MaxInflight: fairLaneInflight, ApplyTimeout: s.prop.cfg.ApplyTimeout}),
 		horizon:     fairHorizonInitial,
 		kick:        make(chan struct{}, 1),
 		stop:        make(chan struct{}),
 		done:        make(chan struct{}),
 	}
+	f.prop.observe = s.prop.observe
 	f.registerCollectors(s.metrics)
 	go f.loop()
 	return f
@@ -162,6 +175,7 @@ func newFair(s *Server) *fair {
 func (f *fair) close() {
 	close(f.stop)
 	<-f.done
+	f.prop.close()
 }
 
 // handles reports whether req goes through the scheduler: it has a waiting admission, or
@@ -527,9 +541,11 @@ func (f *fair) wait(ctx context.Context, owner, clientID string, adm *quotadv1.A
 			}
 			q = f.newQueue(adm.Domain, v, es, blocking, time.Now())
 		}
-		f.push(q, w, v, es, requeue)
+		urgent := f.push(q, w, v, es, requeue)
 		f.mu.Unlock()
-		f.wake()
+		if urgent {
+			f.wake()
+		}
 
 		timer := time.NewTimer(time.Until(deadline))
 		released := false
@@ -600,7 +616,7 @@ func (f *fair) released(ctx context.Context, w *waiter) (*quotadv1.Decision, boo
 	if w.submitErr != nil {
 		return nil, true, f.s.applyError(w.submitErr)
 	}
-	if err := f.s.prop.wait(ctx, w.call); err != nil {
+	if err := f.prop.wait(ctx, w.call); err != nil {
 		return nil, true, f.s.applyError(err)
 	}
 	r := w.call.results[w.idx]
@@ -711,9 +727,9 @@ func (f *fair) recordAdmission(w *waiter, now time.Time) {
 }
 
 func (f *fair) propose(ctx context.Context, w *waiter) (proposalResult, error) {
-	c, err := f.s.prop.submit(ctx, [][]byte{fsm.AppendOwnedAcquireOp(nil, w.owner, w.clientID, w.adm)})
+	c, err := f.prop.submit(ctx, [][]byte{fsm.AppendOwnedAcquireOp(nil, w.owner, w.clientID, w.adm)})
 	if err == nil {
-		err = f.s.prop.wait(ctx, c)
+		err = f.prop.wait(ctx, c)
 	}
 	if err == nil {
 		err = c.results[0].err
@@ -747,7 +763,7 @@ func (f *fair) submit(ws []*waiter) {
 		res[i] = held{w.rateKeys, w.concKeys, w.cost}
 	}
 	releasedAt := ws[0].releasedAt
-	c, err := f.s.prop.submit(context.Background(), ops)
+	c, err := f.prop.submit(context.Background(), ops)
 	for i, w := range ws {
 		w.call, w.idx, w.submitErr = c, i, err
 		w.ready <- struct{}{}
@@ -779,7 +795,7 @@ func (f *fair) submit(ws []*waiter) {
 		select {
 		case <-c.done:
 			done(true)
-		case <-f.s.prop.stop:
+		case <-f.prop.stop:
 			done(false)
 		}
 	}()
@@ -875,9 +891,12 @@ func (f *fair) pruneUsage(now time.Time) {
 	}
 }
 
-// push queues w on q. f.mu held.
-func (f *fair) push(q *fairQueue, w *waiter, v *pathView, es []quota.Entry, requeue bool) {
+// push queues w on q and reports whether the pump should look at once: w's flow had nothing
+// waiting (a newcomer goes ahead of backlogged flows, so it may be due now) or it is a
+// requeue. A backlogged flow's next request is picked up by the pump's own timer. f.mu held.
+func (f *fair) push(q *fairQueue, w *waiter, v *pathView, es []quota.Entry, requeue bool) bool {
 	flow, weight, tier := flowOf(v, es, q.level)
+	urgent := requeue || !q.q.Waiting(flow)
 	if !requeue || w.queue != q {
 		f.seq++
 		w.id = f.seq
@@ -896,6 +915,7 @@ func (f *fair) push(q *fairQueue, w *waiter, v *pathView, es []quota.Entry, requ
 	q.cost += w.cost
 	f.waiters[w.id] = w
 	f.nwait.Add(1)
+	return urgent
 }
 
 // unqueue removes a waiter that stopped waiting before it was released. f.mu held.
@@ -1024,7 +1044,7 @@ func (f *fair) pass() time.Duration {
 		f.submit(b)
 	}
 	d := time.Duration(wake - now)
-	return max(d, 100*time.Microsecond)
+	return max(d, fairPassMin)
 }
 
 // failAll fails every waiter: this node no longer leads (or is stopping).
