@@ -543,7 +543,16 @@ func (f *fair) wait(ctx context.Context, owner, clientID string, adm *quotadv1.A
 		}
 		urgent := f.push(q, w, v, es, requeue)
 		f.mu.Unlock()
-		if urgent {
+		switch {
+		case urgent && !requeue:
+			// A newcomer goes ahead of backlogged flows, so it is usually due at once:
+			// release it from here instead of handing off to the pump goroutine (that
+			// hand-off took 0.7 ms median, 5 ms p99 at 1000/s on a loaded machine).
+			// Passes may run concurrently; each releases under f.mu. The pump still looks
+			// (it sets its timer for whatever this pass left waiting).
+			f.pass()
+			f.wake()
+		case urgent:
 			f.wake()
 		}
 
