@@ -26,8 +26,10 @@ import (
 // reset time, pauses, permits in flight) plus what it has released but not yet seen applied
 // ("pending"). Grants are released ahead of time: every waiter the bucket can pay within the
 // release horizon (about how long a released grant takes to be stamped into a log entry) is
-// picked in fair order (sched.Queue.Batch) and the whole batch goes to the proposer as one
-// call, so it lands in one log entry in that order. The FSM re-checks and debits each as a
+// picked in fair order (sched.Queue.Batch) and the whole batch goes to the waiting path's own
+// proposer (fair.prop, many entries in flight, so a batch is stamped at once rather than
+// after a commit slot shared with all other traffic) as one call, so it lands in one log
+// entry in that order. The FSM re-checks and debits each as a
 // scheduled grant (command version 2): admitted as of the moment the bucket has its units,
 // which may be a little after the entry's time, and the waiter's answer is held until that
 // moment. So grants follow each other at the bucket's pace whatever the commit latency (one
