@@ -74,11 +74,13 @@ const (
 	// Its admissions have their own group commit beside the one of everything else
 	// (Server.prop, --max-entries-in-flight): a released batch waits for a commit slot, and
 	// that wait is both a newcomer's delay and what the release horizon must cover.
-	fairLaneInflight = 64
+	fairLaneInflight = 16
 	// fairPassMin is the least time between two passes the pump's timer starts (a new flow
-	// or an answered batch starts one at once): at 10,000 tokens/s a pass per token would
-	// cost more CPU than it saves. The horizon covers it (a pass releases a horizon's worth).
-	fairPassMin = time.Millisecond
+	// or an answered batch starts one at once). Each pass that releases anything is one log
+	// entry, so it bounds the waiting path's entries (~500/s); one grant per entry at
+	// 1000/s made commits slower for everyone. The horizon adds it (a pass releases a
+	// horizon's worth, and the lead may drop by this much before the next).
+	fairPassMin = 2 * time.Millisecond
 )
 
 type fair struct {
@@ -520,9 +522,12 @@ func (f *fair) wait(ctx context.Context, owner, clientID string, adm *quotadv1.A
 		}
 		q := f.queueOn(v)
 		at, blocking := f.admitAt(v, w.cost)
-		if q == nil && !requeue && at <= now+int64(f.horizon) {
-			// Nobody waits on this path and every bucket can pay (within the release
-			// horizon: the FSM makes it a scheduled grant): go straight to the FSM.
+		if q == nil && !requeue && at <= now {
+			// Nobody waits on this path and every bucket can pay now: go straight to the
+			// FSM, through the shared group commit. Not "within the release horizon": at
+			// 10,000/s with a 100 ms horizon a thousand grants at a time went this way,
+			// first come first served, one entry each (A:B 3:1 instead of 1:1); queued,
+			// a newcomer releases itself at once anyway (below).
 			f.reserve(w)
 			f.mu.Unlock()
 			d, final, err := f.decide(ctx, w)
@@ -738,9 +743,9 @@ func (f *fair) recordAdmission(w *waiter, now time.Time) {
 }
 
 func (f *fair) propose(ctx context.Context, w *waiter) (proposalResult, error) {
-	c, err := f.prop.submit(ctx, [][]byte{fsm.AppendOwnedAcquireOp(nil, w.owner, w.clientID, w.adm)})
+	c, err := f.s.prop.submit(ctx, [][]byte{fsm.AppendOwnedAcquireOp(nil, w.owner, w.clientID, w.adm)})
 	if err == nil {
-		err = f.prop.wait(ctx, c)
+		err = f.s.prop.wait(ctx, c)
 	}
 	if err == nil {
 		err = c.results[0].err
@@ -818,7 +823,7 @@ func (f *fair) submit(ws []*waiter) {
 // slower, which would lengthen it again. f.mu held.
 func (f *fair) observeStamp(d int64) {
 	f.stampMax = max(float64(max(d, 0)), f.stampMax*0.99)
-	h := time.Duration(1.5*f.stampMax) + 2*time.Millisecond
+	h := time.Duration(1.5*f.stampMax) + 2*time.Millisecond + fairPassMin
 	f.horizon = min(max(h, fairHorizonMin), fairHorizonMax)
 }
 
