@@ -227,6 +227,31 @@ func backlog(ctx context.Context, cl *client.Client, wg *sync.WaitGroup, n int, 
 	}
 }
 
+// workersPerClient is how many of a tenant's waiting workers share one client (client_id):
+// the leader caps the admissions waiting per client_id (--max-waiters-per-client, 1000, since
+// 7757cab). With every scenario's workers on one client, seed's 1,000 waiters of A held all
+// 1,000 slots and B and C were refused too_many_waiters for seconds (p99 9.8 s, failover
+// max 18 s), and in rate_sweep A's and B's 4,000 waiters shared 1,000 slots (A:B 3:1).
+// Workers of a tenant are processes of their own in practice; a few hundred per client is
+// what a worker fleet's client looks like.
+const workersPerClient = 250
+
+// backlogClients is backlog over clients of their own, workersPerClient workers each. The
+// returned function closes them (after wg is done).
+func backlogClients(ctx context.Context, c *proccluster.Cluster, wg *sync.WaitGroup, n int, req client.Request, admitted *atomic.Int64, counting *atomic.Bool) func() {
+	var cls []*client.Client
+	for left := n; left > 0; left -= workersPerClient {
+		cl := newClient(c)
+		cls = append(cls, cl)
+		backlog(ctx, cl, wg, min(left, workersPerClient), req, admitted, counting)
+	}
+	return func() {
+		for _, cl := range cls {
+			cl.Close()
+		}
+	}
+}
+
 // seed: tenant A keeps 1,000 admissions waiting on a 10/s bucket; B and C each send one at
 // random moments. Returns B/C wait p99 and max (ms) and the bucket's utilization. With kill,
 // the leader is killed a third of the way in.
@@ -237,13 +262,16 @@ func seed(c *proccluster.Cluster, domain string, d time.Duration, kill bool) (p9
 	var wg sync.WaitGroup
 	var admitted atomic.Int64
 	var counting atomic.Bool
-	backlog(ctx, cl, &wg, 1000, client.Request{Domain: domain, Descriptors: client.Descriptors("tenant", "A")}, &admitted, &counting)
+	closeA := backlogClients(ctx, c, &wg, 1000, client.Request{Domain: domain, Descriptors: client.Descriptors("tenant", "A")}, &admitted, &counting)
+	defer closeA()
 	time.Sleep(3 * time.Second) // A's backlog forms; the burst is spent
 	var mu sync.Mutex
 	var waits []float64
 	var small sync.WaitGroup
 	stop := time.Now().Add(d)
 	for _, t := range []string{"B", "C"} {
+		cl := newClient(c) // a small tenant's worker: a client of its own
+		defer cl.Close()
 		small.Go(func() {
 			for time.Now().Before(stop) {
 				time.Sleep(time.Duration(300+rand.IntN(900)) * time.Millisecond)

@@ -104,8 +104,10 @@ func sweepOne(c *proccluster.Cluster, rate int) SweepPoint {
 	var wg sync.WaitGroup
 	var counting atomic.Bool
 	var a, b, small atomic.Int64
-	backlog(ctx, cl, &wg, nA, client.Request{Domain: domain, Descriptors: client.Descriptors("tenant", "A")}, &a, &counting)
-	backlog(ctx, cl, &wg, nB, client.Request{Domain: domain, Descriptors: client.Descriptors("tenant", "B")}, &b, &counting)
+	closeA := backlogClients(ctx, c, &wg, nA, client.Request{Domain: domain, Descriptors: client.Descriptors("tenant", "A")}, &a, &counting)
+	defer closeA()
+	closeB := backlogClients(ctx, c, &wg, nB, client.Request{Domain: domain, Descriptors: client.Descriptors("tenant", "B")}, &b, &counting)
+	defer closeB()
 	time.Sleep(3 * time.Second) // the backlogs form
 
 	leader := c.Leader(ctx)
@@ -117,6 +119,8 @@ func sweepOne(c *proccluster.Cluster, rate int) SweepPoint {
 	// Small tenants: one request at a time, each after a random pause of 50..150 token
 	// intervals (at least 5 ms): together about 6 % of the rate, so they rarely meet.
 	for i := range 6 {
+		cl := newClient(c) // a small tenant's worker: a client of its own
+		defer cl.Close()
 		others.Go(func() {
 			tenant := fmt.Sprint("s", i)
 			for {
