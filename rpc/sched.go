@@ -26,8 +26,10 @@ import (
 // reset time, pauses, permits in flight) plus what it has released but not yet seen applied
 // ("pending"). Grants are released ahead of time: every waiter the bucket can pay within the
 // release horizon (about how long a released grant takes to be stamped into a log entry) is
-// picked in fair order (sched.Queue.Batch) and the whole batch goes to the proposer as one
-// call, so it lands in one log entry in that order. The FSM re-checks and debits each as a
+// picked in fair order (sched.Queue.Batch) and the whole batch goes to the waiting path's own
+// proposer (fair.prop, many entries in flight, so a batch is stamped at once rather than
+// after a commit slot shared with all other traffic) as one call, so it lands in one log
+// entry in that order. The FSM re-checks and debits each as a
 // scheduled grant (command version 2): admitted as of the moment the bucket has its units,
 // which may be a little after the entry's time, and the waiter's answer is held until that
 // moment. So grants follow each other at the bucket's pace whatever the commit latency (one
@@ -68,11 +70,24 @@ const (
 	fairHorizonMin     = 2 * time.Millisecond
 	fairHorizonMax     = 100 * time.Millisecond
 	fairHorizonInitial = 10 * time.Millisecond
+	// fairLaneInflight is how many log entries of the waiting path may be committing at once.
+	// Its admissions have their own group commit beside the one of everything else
+	// (Server.prop, --max-entries-in-flight): a released batch waits for a commit slot, and
+	// that wait is both a newcomer's delay and what the release horizon must cover.
+	fairLaneInflight = 16
+	// fairPassMin is the least time between two passes the pump's timer starts (a new flow
+	// or an answered batch starts one at once). Each pass that releases anything is one log
+	// entry, so it bounds the waiting path's entries (~500/s); one grant per entry at
+	// 1000/s made commits slower for everyone. The horizon adds it (a pass releases a
+	// horizon's worth, and the lead may drop by this much before the next).
+	fairPassMin = 2 * time.Millisecond
 )
 
 type fair struct {
 	s       *Server
 	metrics *fairMetrics
+	// prop is the waiting path's own group commit (see fairLaneInflight).
+	prop *proposer
 
 	mu          sync.Mutex
 	queues      map[string]*fairQueue // by contended bucket key
@@ -149,11 +164,13 @@ func newFair(s *Server) *fair {
 		pending:     make(map[string]uint64),
 		pendingConc: make(map[string]uint64),
 		usage:       make(map[string]*shareWindow),
+		prop:        newProposer(s.node, ProposerConfig{MaxBatch: s.prop.cfg.MaxBatch, MaxInflight: fairLaneInflight, ApplyTimeout: s.prop.cfg.ApplyTimeout}),
 		horizon:     fairHorizonInitial,
 		kick:        make(chan struct{}, 1),
 		stop:        make(chan struct{}),
 		done:        make(chan struct{}),
 	}
+	f.prop.observe = s.prop.observe
 	f.registerCollectors(s.metrics)
 	go f.loop()
 	return f
@@ -162,6 +179,7 @@ func newFair(s *Server) *fair {
 func (f *fair) close() {
 	close(f.stop)
 	<-f.done
+	f.prop.close()
 }
 
 // handles reports whether req goes through the scheduler: it has a waiting admission, or
@@ -504,9 +522,12 @@ func (f *fair) wait(ctx context.Context, owner, clientID string, adm *quotadv1.A
 		}
 		q := f.queueOn(v)
 		at, blocking := f.admitAt(v, w.cost)
-		if q == nil && !requeue && at <= now+int64(f.horizon) {
-			// Nobody waits on this path and every bucket can pay (within the release
-			// horizon: the FSM makes it a scheduled grant): go straight to the FSM.
+		if q == nil && !requeue && at <= now {
+			// Nobody waits on this path and every bucket can pay now: go straight to the
+			// FSM, through the shared group commit. Not "within the release horizon": at
+			// 10,000/s with a 100 ms horizon a thousand grants at a time went this way,
+			// first come first served, one entry each (A:B 3:1 instead of 1:1); queued,
+			// a newcomer releases itself at once anyway (below).
 			f.reserve(w)
 			f.mu.Unlock()
 			d, final, err := f.decide(ctx, w)
@@ -527,9 +548,20 @@ func (f *fair) wait(ctx context.Context, owner, clientID string, adm *quotadv1.A
 			}
 			q = f.newQueue(adm.Domain, v, es, blocking, time.Now())
 		}
-		f.push(q, w, v, es, requeue)
+		urgent := f.push(q, w, v, es, requeue)
 		f.mu.Unlock()
-		f.wake()
+		switch {
+		case urgent && !requeue:
+			// A newcomer goes ahead of backlogged flows, so it is usually due at once:
+			// release it from here instead of handing off to the pump goroutine (that
+			// hand-off took 0.7 ms median, 5 ms p99 at 1000/s on a loaded machine).
+			// Passes may run concurrently; each releases under f.mu. The pump still looks
+			// (it sets its timer for whatever this pass left waiting).
+			f.pass()
+			f.wake()
+		case urgent:
+			f.wake()
+		}
 
 		timer := time.NewTimer(time.Until(deadline))
 		released := false
@@ -600,7 +632,7 @@ func (f *fair) released(ctx context.Context, w *waiter) (*quotadv1.Decision, boo
 	if w.submitErr != nil {
 		return nil, true, f.s.applyError(w.submitErr)
 	}
-	if err := f.s.prop.wait(ctx, w.call); err != nil {
+	if err := f.prop.wait(ctx, w.call); err != nil {
 		return nil, true, f.s.applyError(err)
 	}
 	r := w.call.results[w.idx]
@@ -747,7 +779,7 @@ func (f *fair) submit(ws []*waiter) {
 		res[i] = held{w.rateKeys, w.concKeys, w.cost}
 	}
 	releasedAt := ws[0].releasedAt
-	c, err := f.s.prop.submit(context.Background(), ops)
+	c, err := f.prop.submit(context.Background(), ops)
 	for i, w := range ws {
 		w.call, w.idx, w.submitErr = c, i, err
 		w.ready <- struct{}{}
@@ -779,7 +811,7 @@ func (f *fair) submit(ws []*waiter) {
 		select {
 		case <-c.done:
 			done(true)
-		case <-f.s.prop.stop:
+		case <-f.prop.stop:
 			done(false)
 		}
 	}()
@@ -791,7 +823,7 @@ func (f *fair) submit(ws []*waiter) {
 // slower, which would lengthen it again. f.mu held.
 func (f *fair) observeStamp(d int64) {
 	f.stampMax = max(float64(max(d, 0)), f.stampMax*0.99)
-	h := time.Duration(1.5*f.stampMax) + 2*time.Millisecond
+	h := time.Duration(1.5*f.stampMax) + 2*time.Millisecond + fairPassMin
 	f.horizon = min(max(h, fairHorizonMin), fairHorizonMax)
 }
 
@@ -875,9 +907,12 @@ func (f *fair) pruneUsage(now time.Time) {
 	}
 }
 
-// push queues w on q. f.mu held.
-func (f *fair) push(q *fairQueue, w *waiter, v *pathView, es []quota.Entry, requeue bool) {
+// push queues w on q and reports whether the pump should look at once: w's flow had nothing
+// waiting (a newcomer goes ahead of backlogged flows, so it may be due now) or it is a
+// requeue. A backlogged flow's next request is picked up by the pump's own timer. f.mu held.
+func (f *fair) push(q *fairQueue, w *waiter, v *pathView, es []quota.Entry, requeue bool) bool {
 	flow, weight, tier := flowOf(v, es, q.level)
+	urgent := requeue || !q.q.Waiting(flow)
 	if !requeue || w.queue != q {
 		f.seq++
 		w.id = f.seq
@@ -896,6 +931,7 @@ func (f *fair) push(q *fairQueue, w *waiter, v *pathView, es []quota.Entry, requ
 	q.cost += w.cost
 	f.waiters[w.id] = w
 	f.nwait.Add(1)
+	return urgent
 }
 
 // unqueue removes a waiter that stopped waiting before it was released. f.mu held.
@@ -1024,7 +1060,7 @@ func (f *fair) pass() time.Duration {
 		f.submit(b)
 	}
 	d := time.Duration(wake - now)
-	return max(d, 100*time.Microsecond)
+	return max(d, fairPassMin)
 }
 
 // failAll fails every waiter: this node no longer leads (or is stopping).

@@ -212,6 +212,12 @@ func (q *Queue) Requeue(it Item) error {
 	return nil
 }
 
+// Waiting reports whether flow has requests waiting.
+func (q *Queue) Waiting(flow string) bool {
+	f := q.flows[flow]
+	return f != nil && f.n > 0
+}
+
 // HasClass reports whether name is one of the configured classes (not the implicit one).
 func (q *Queue) HasClass(name string) bool {
 	_, ok := q.classes[name]

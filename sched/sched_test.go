@@ -284,8 +284,14 @@ func TestRemoveRequeueOldest(t *testing.T) {
 	if o, ok := q.Oldest(); !ok || !o.Equal(at(10)) {
 		t.Fatalf("Oldest = %v %v", o, ok)
 	}
+	if !q.Waiting("a") || !q.Waiting("b") || q.Waiting("c") {
+		t.Fatal("Waiting: a and b have requests waiting, c none")
+	}
 	if !q.Remove(a) || q.Remove(a) || q.Len() != 1 {
 		t.Fatal("Remove")
+	}
+	if q.Waiting("a") {
+		t.Fatal("Waiting(a) after its only request was removed")
 	}
 	if o, _ := q.Oldest(); !o.Equal(at(20)) {
 		t.Fatalf("Oldest after remove = %v", o)

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,7 +25,8 @@ import (
 // the usual token-bucket default) absorbs the bunching of admissions described at aimdDomain.
 var aimdProviderBurst = flag.Int("aimd-provider-burst", aimdHiddenDefaultBurst, "aimd: the simulated provider's burst")
 
-// aimdDomain is the limits of domain "provider" (%d: its burst, flag -aimd-burst).
+// aimdDomain is the limits of domain "provider" (%s: its name, "provider" or "provider-N" for
+// the N-th run of -aimd-runs; %d: its burst, flag -aimd-burst).
 const aimdDomain = `# AIMD against a simulated provider whose hidden capacity is 60/s, 60 %% of this ceiling
 # (aimd.go). Every confirmed 429 costs twice: the domain is paused until the provider's
 # Retry-After, which over HTTP is whole seconds (a 1 s stop, about 55 requests of a 60/s
@@ -49,15 +51,35 @@ const aimdDomain = `# AIMD against a simulated provider whose hidden capacity is
 #   resume_jitter 250ms: the waiters queue on the leader through a pause; the jitter only
 #     spreads requests refused as paused, and a long one would idle the provider after each
 #     1 s pause.
-domain: provider
+domain: %s
 rate_limit: {unit: second, requests_per_unit: 100, burst: %d}
 adaptive: {floor: 20, decrease_percent: 90, increase: 1, stable_window: 2s}
 resume_jitter: 250ms
 `
 
-var aimdBurst = flag.Int("aimd-burst", 2, "aimd: burst of domain provider")
+var (
+	aimdBurst = flag.Int("aimd-burst", 2, "aimd: burst of domain provider")
+	aimdRuns  = flag.Int("aimd-runs", 1, "aimd: how many times to run the scenario, each on a domain of its own (fresh adaptive state)")
+)
 
-func aimdLimits() string { return fmt.Sprintf(aimdDomain, *aimdBurst) }
+// aimdDomainName is the domain of the run-th AIMD run (1-based).
+func aimdDomainName(run int) string {
+	if run <= 1 {
+		return "provider"
+	}
+	return fmt.Sprint("provider-", run)
+}
+
+func aimdLimits() string {
+	var b strings.Builder
+	for run := 1; run <= max(*aimdRuns, 1); run++ {
+		if run > 1 {
+			b.WriteString("---\n")
+		}
+		fmt.Fprintf(&b, aimdDomain, aimdDomainName(run), *aimdBurst)
+	}
+	return b.String()
+}
 
 // The AIMD scenario's simulated provider and its load.
 const (
@@ -189,7 +211,7 @@ func (w window) String() string {
 // confirmed rate limiting — multiplies its adaptive rate down). The adaptive rate starts at
 // the ceiling. The first `warm` is convergence; the keys are measured over the following
 // `measure`: 429s / requests the provider received, and accepted / (hidden capacity · T).
-func aimd(c *proccluster.Cluster, warm, measure time.Duration) (conv, steady window) {
+func aimd(c *proccluster.Cluster, domain string, warm, measure time.Duration) (conv, steady window) {
 	cl := newClient(c)
 	defer cl.Close()
 	prov := newProvider(aimdHidden, *aimdProviderBurst)
@@ -204,7 +226,7 @@ func aimd(c *proccluster.Cluster, warm, measure time.Duration) (conv, steady win
 	var feedbackErrs atomic.Int64
 	hc := &http.Client{Transport: &quotahttp.Transport{
 		Client:       cl,
-		Request:      func(*http.Request) (client.Request, error) { return client.Request{Domain: "provider"}, nil },
+		Request:      func(*http.Request) (client.Request, error) { return client.Request{Domain: domain}, nil },
 		Base:         &http.Transport{MaxIdleConnsPerHost: aimdWorkers, MaxConnsPerHost: aimdWorkers},
 		Wait:         true,
 		ReasonHeader: aimdReasonHeader,
@@ -245,7 +267,7 @@ func aimd(c *proccluster.Cluster, warm, measure time.Duration) (conv, steady win
 	limit := func() uint64 {
 		sctx, sc := context.WithTimeout(ctx, 2*time.Second)
 		defer sc()
-		st, err := cl.Status(sctx, "provider")
+		st, err := cl.Status(sctx, domain)
 		if err != nil || len(st.Buckets) == 0 {
 			return 0
 		}

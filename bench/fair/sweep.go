@@ -94,14 +94,20 @@ func sweepOne(c *proccluster.Cluster, rate int) SweepPoint {
 	if rate >= 1000 {
 		measure /= 2
 	}
-	nB := max(50, rate/20) // about 100 ms of backlog at high rates, more at low ones
+	// About 200 ms of backlog at high rates, more at low ones: at 10,000/s a grant's round
+	// trip (commit, hold, answer, the next request) took 75-150 ms on a loaded machine, and
+	// with rate/20 B's waiters were all in flight, not waiting (A:B followed the 3:1 of
+	// their numbers, not max-min's 1:1).
+	nB := max(50, rate/10)
 	nA := 3 * nB
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	var counting atomic.Bool
 	var a, b, small atomic.Int64
-	backlog(ctx, cl, &wg, nA, client.Request{Domain: domain, Descriptors: client.Descriptors("tenant", "A")}, &a, &counting)
-	backlog(ctx, cl, &wg, nB, client.Request{Domain: domain, Descriptors: client.Descriptors("tenant", "B")}, &b, &counting)
+	closeA := backlogClients(ctx, c, &wg, nA, client.Request{Domain: domain, Descriptors: client.Descriptors("tenant", "A")}, &a, &counting)
+	defer closeA()
+	closeB := backlogClients(ctx, c, &wg, nB, client.Request{Domain: domain, Descriptors: client.Descriptors("tenant", "B")}, &b, &counting)
+	defer closeB()
 	time.Sleep(3 * time.Second) // the backlogs form
 
 	leader := c.Leader(ctx)
@@ -113,6 +119,8 @@ func sweepOne(c *proccluster.Cluster, rate int) SweepPoint {
 	// Small tenants: one request at a time, each after a random pause of 50..150 token
 	// intervals (at least 5 ms): together about 6 % of the rate, so they rarely meet.
 	for i := range 6 {
+		cl := newClient(c) // a small tenant's worker: a client of its own
+		defer cl.Close()
 		others.Go(func() {
 			tenant := fmt.Sprint("s", i)
 			for {
@@ -187,14 +195,22 @@ func sweepOne(c *proccluster.Cluster, rate int) SweepPoint {
 func commitHistogram(c *proccluster.Cluster, i int) map[float64]float64 {
 	out := map[float64]float64{}
 	if i < 0 {
-		return out
+		check(fmt.Errorf("rate_sweep: no leader to read the commit latency from"))
 	}
-	resp, err := http.Get("http://" + c.Nodes[i].HTTPAddr + "/metrics")
+	// The agents serve HTTPS with the cluster's credentials (a plain http.Get was refused, so
+	// commit_p99_ms read -1 and every latency target failed).
+	hc, err := proccluster.HTTPClient(c.Credentials(), 5*time.Second)
 	if err != nil {
-		logf("rate_sweep: reading node%d's metrics: %v", i+1, err)
-		return out
+		check(fmt.Errorf("rate_sweep: an HTTP client for the metrics: %w", err))
+	}
+	resp, err := hc.Get(c.URL(i, "/metrics"))
+	if err != nil {
+		check(fmt.Errorf("rate_sweep: reading node%d's metrics: %w", i+1, err))
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		check(fmt.Errorf("rate_sweep: reading node%d's metrics: %s", i+1, resp.Status))
+	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
