@@ -36,7 +36,12 @@ import (
 // version 1 and 2 entries are decided with RetryAfter 0, as their leaders decided them. Limits
 // may carry a domain's strict_keys (quota.Domain.StrictKeys), which an older build would drop:
 // only version 3 leaders accept it, and older nodes stop at their first version 3 entry.
-const CommandVersion = 3
+//
+// Version 4: a Share is allocated work-conservingly (quota.ShareRequest.NeedsFirst): every
+// holder's need (its demand without the 1.25 headroom) is filled before anyone's headroom, so
+// a holder's unspent headroom no longer sits idle while another holder's need goes unmet.
+// Version 1–3 Share entries are allocated in one filling, as their leaders did.
+const CommandVersion = 4
 
 // MaxScheduleAhead bounds how far after its entry's time a scheduled grant may take effect.
 // It is part of the replicated semantics of version 2 commands: never change it without a
@@ -82,6 +87,9 @@ type FSM struct {
 		cmd     rawCommand
 		acquire acquireOp
 		intern  internTable
+		// version is the command version of the entry being applied (ops that decide
+		// differently by version read it).
+		version uint32
 	}
 }
 
@@ -209,6 +217,7 @@ func (f *FSM) applyLocked(l *raft.Log) any {
 	if cmd.version == 0 || cmd.version > CommandVersion {
 		panic(fmt.Sprintf("fsm: committed log entry %d has command version %d; this build applies versions 1..%d — upgrade this node", l.Index, cmd.version, CommandVersion))
 	}
+	f.scratch.version = cmd.version
 	now := quota.Time(cmd.ts)
 	if c := f.engine.Clock(); now < c {
 		now = c
