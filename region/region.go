@@ -25,6 +25,7 @@
 package region
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -33,6 +34,7 @@ import (
 	"time"
 
 	"github.com/quotad/quotad/client"
+	"github.com/quotad/quotad/config"
 	"github.com/quotad/quotad/quota"
 	"github.com/quotad/quotad/rpc"
 )
@@ -56,7 +58,12 @@ type Config struct {
 	// Limits returns the limits the regional cluster enforces now (the same file as the
 	// global cluster's); the holder follows their scope: global levels.
 	Limits func() *quota.Limits
-	// Refresh is how often the holder looks for changed limits (default 1s).
+	// Follow, if set, makes the global cluster's limits the regional cluster's (through the
+	// regional Raft log; rpc.Server.FollowGlobalLimits): the holder reads them from the global
+	// cluster every Refresh and calls Follow with them. It reports whether they changed.
+	Follow func(ctx context.Context, global *quota.Limits) (bool, error)
+	// Refresh is how often the holder looks for changed limits, its own and the global
+	// cluster's (default 1s).
 	Refresh time.Duration
 	Logger  *slog.Logger
 }
@@ -74,6 +81,11 @@ type Holder struct {
 
 	stop chan struct{}
 	done chan struct{}
+
+	// followed is the version of the global limits last followed; followErr the last
+	// failure to follow them (logged once per change).
+	followed  uint64
+	followErr string
 }
 
 type share struct {
@@ -124,8 +136,49 @@ func (h *Holder) run() {
 		case <-h.stop:
 			return
 		case <-t.C:
+			h.follow()
 			h.sync()
 		}
+	}
+}
+
+// follow reads the global cluster's limits and makes them the regional cluster's when they
+// changed. The global cluster unreachable (or refusing): the region keeps its last limits.
+func (h *Holder) follow() {
+	if h.cfg.Follow == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), h.cfg.Refresh+time.Second)
+	defer cancel()
+	fail := func(err error) {
+		if msg := err.Error(); msg != h.followErr {
+			h.followErr = msg
+			h.log.Warn("cannot follow the global cluster's limits; keeping the regional ones", "err", err)
+		}
+	}
+	version, yaml, err := h.c.Limits(ctx)
+	if err != nil {
+		fail(err)
+		return
+	}
+	if version == h.followed && h.followErr == "" {
+		// Unchanged at the global cluster and applied here: only a regional change (none
+		// is accepted) could differ; FollowGlobalLimits compares anyway on the next version.
+		return
+	}
+	l, err := config.Parse("global limits", []byte(yaml))
+	if err != nil {
+		fail(fmt.Errorf("the global cluster's limits (version %d) do not parse here: %w", version, err))
+		return
+	}
+	changed, err := h.cfg.Follow(ctx, l)
+	if err != nil {
+		fail(err)
+		return
+	}
+	h.followed, h.followErr = version, ""
+	if changed {
+		h.log.Info("applied the global cluster's limits", "global_version", version, "domains", len(l.Domains))
 	}
 }
 
