@@ -152,3 +152,42 @@ func TestRegionsFollowGlobalLimits(t *testing.T) {
 	want = formatted(t, again)
 	clustertest.Eventually(t, 15*time.Second, func() error { return replicasHave(rc, -1, want) })
 }
+
+// A retried request (same client ID and request ID) is answered from the regional leader's
+// dedup table and spends nothing from the region's share of the global level again.
+func TestRegionsRetrySpendsShareOnce(t *testing.T) {
+	global := rpctest.Start(t, 1, limitsYAML)
+	g := client.Config{Addrs: global.Addrs(), Insecure: true}
+	rc := rpctest.Start(t, 1, limitsYAML, func(_ int, c *rpc.AgentConfig) { c.Region = region.Agent("r0", g) })
+	var h *region.Holder
+	clustertest.Eventually(t, 15*time.Second, func() error {
+		h, _ = rc.Agent(rc.Leader()).Region().(*region.Holder)
+		if h == nil || len(h.Shares()) == 0 || !h.Shares()[0].Local {
+			return fmt.Errorf("no share yet")
+		}
+		return nil
+	})
+	conn, err := grpc.NewClient(rc.Addrs()[rc.Leader()], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	q := quotadv1.NewQuotaClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req := &quotadv1.AcquireRequest{ClientId: "retrier", Admissions: []*quotadv1.Admission{{RequestId: 42, Domain: "api", Cost: 3}}}
+	first, err := q.Acquire(ctx, req)
+	if err != nil || !first.Decisions[0].Admitted {
+		t.Fatalf("first: %v %v", first, err)
+	}
+	spent := h.Shares()[0].Admitted
+	for range 5 {
+		r, err := q.Acquire(ctx, req)
+		if err != nil || !r.Decisions[0].Admitted || r.Decisions[0].Remaining != first.Decisions[0].Remaining {
+			t.Fatalf("retry: %v %v, want the remembered admission", r, err)
+		}
+	}
+	if got := h.Shares()[0].Admitted; got != spent {
+		t.Fatalf("the share spent %d units for 5 retries of an admitted request (admitted units %d → %d); want 0", got-spent, spent, got)
+	}
+}

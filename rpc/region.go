@@ -140,6 +140,12 @@ func (s *Server) regionAcquire(ctx context.Context, req *quotadv1.AcquireRequest
 			undo       func()
 			scope, why string
 		)
+		if s.fsm.Decided(id.Name, req.ClientId, adm.RequestId) {
+			// A retry the leader answers from its dedup table: decided (and its global units
+			// spent, if admitted) the first time; spend nothing again.
+			sub.Admissions, idx, undos = append(sub.Admissions, adm), append(idx, i), append(undos, nil)
+			continue
+		}
 		if h != nil {
 			ok, undo, scope, why = h.Admit(version, adm.Domain, entries, cost)
 		} else {
