@@ -52,7 +52,7 @@ type Config struct {
 	// Node names this node (the holder's ID at the global cluster: region/node).
 	Node string
 	// Global is the connection to the global cluster: its addresses and the credential of a
-	// worker scoped to the global levels' domains (a token file or a client certificate),
+	// worker for the domains the region serves (a token file or a client certificate),
 	// DialOptions for a custom dialer (tests inject WAN delay there).
 	Global client.Config
 	// Limits returns the limits the regional cluster enforces now (the same file as the
