@@ -82,10 +82,12 @@ type Holder struct {
 	stop chan struct{}
 	done chan struct{}
 
-	// followed is the version of the global limits last followed; followErr the last
-	// failure to follow them (logged once per change).
-	followed  uint64
-	followErr string
+	// followed is the version of the global limits last followed, localVersion the regional
+	// cluster's limits version right after (the initial --limits file of a new cluster may
+	// land after a follow: then they are compared again); followErr the last failure to
+	// follow them (logged once per change).
+	followed, localVersion uint64
+	followErr              string
 }
 
 type share struct {
@@ -161,9 +163,12 @@ func (h *Holder) follow() {
 		fail(err)
 		return
 	}
-	if version == h.followed && h.followErr == "" {
-		// Unchanged at the global cluster and applied here: only a regional change (none
-		// is accepted) could differ; FollowGlobalLimits compares anyway on the next version.
+	var local uint64
+	if l := h.cfg.Limits(); l != nil {
+		local = l.Version
+	}
+	if version == h.followed && h.followErr == "" && local == h.localVersion {
+		// Unchanged at the global cluster and here since they were last followed.
 		return
 	}
 	l, err := config.Parse("global limits", []byte(yaml))
@@ -177,6 +182,9 @@ func (h *Holder) follow() {
 		return
 	}
 	h.followed, h.followErr = version, ""
+	if l := h.cfg.Limits(); l != nil {
+		h.localVersion = l.Version
+	}
 	if changed {
 		h.log.Info("applied the global cluster's limits", "global_version", version, "domains", len(l.Domains))
 	}
