@@ -54,7 +54,7 @@ var Methods = map[string]Access{
 	"/quotad.v1.Quota/ShareStatus":  readers, // every holder of a path, whoever owns it
 
 	// quotad.v1.Admin: reads for readers, every change for admins.
-	"/quotad.v1.Admin/GetLimits":          readers,
+	"/quotad.v1.Admin/GetLimits":          workOrRead, // a worker sees only its domains (a regional leader follows them)
 	"/quotad.v1.Admin/Members":            readers,
 	"/quotad.v1.Admin/ApplyLimits":        adminOnly,
 	"/quotad.v1.Admin/TransferLeadership": adminOnly,

@@ -400,3 +400,19 @@ func (c *Client) Feedback(ctx context.Context, f Feedback) (FeedbackResult, erro
 	return FeedbackResult{PausedFor: millis(resp.GetPausedForMs()), Scope: resp.GetScope(),
 		Attributed: resp.GetAttributed(), Decreased: resp.GetDecreased(), Limit: resp.GetLimit()}, nil
 }
+
+// Limits reads the limits in force, linearizably: their version and the YAML `quotad limits
+// apply` accepts. A worker credential sees only the domains it may use (a regional leader
+// follows the global cluster's limits this way); a reader or admin sees them all.
+func (c *Client) Limits(ctx context.Context) (version uint64, yaml string, err error) {
+	var resp *quotadv1.GetLimitsResponse
+	err = c.invokeConn(ctx, "GetLimits", func(ctx context.Context, cc *grpc.ClientConn, opts ...grpc.CallOption) error {
+		var err error
+		resp, err = quotadv1.NewAdminClient(cc).GetLimits(ctx, &quotadv1.GetLimitsRequest{}, opts...)
+		return err
+	})
+	if err != nil {
+		return 0, "", err
+	}
+	return resp.GetVersion(), resp.GetYaml(), nil
+}

@@ -77,7 +77,7 @@ func (ns *nodes) getLocked(addr string) (*node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("quotad: connecting to %q: %w", addr, err)
 	}
-	n := &node{addr: addr, cc: cc, qc: quotadv1.NewQuotaClient(cc)}
+	n := &node{addr: addr, cc: cc, qc: quotaConn{quotadv1.NewQuotaClient(cc), cc}}
 	ns.byAddr[addr] = n
 	return n, nil
 }
@@ -187,6 +187,24 @@ func (c *Client) invoke(ctx context.Context, op string, extra time.Duration, cal
 			return c.unavailable(op, attempt+1, lastErr, ctx.Err())
 		}
 	}
+}
+
+// invokeConn is invoke for an RPC of another service than Quota (Admin): call gets the
+// node's connection.
+func (c *Client) invokeConn(ctx context.Context, op string, call func(ctx context.Context, cc *grpc.ClientConn, opts ...grpc.CallOption) error) error {
+	return c.invoke(ctx, op, 0, func(ctx context.Context, qc quotadv1.QuotaClient, opts ...grpc.CallOption) error {
+		qn, ok := qc.(quotaConn)
+		if !ok {
+			return status.Error(codes.Internal, "quotad: no connection for "+op)
+		}
+		return call(ctx, qn.cc, opts...)
+	})
+}
+
+// quotaConn is a node's Quota client with the connection under it (for invokeConn).
+type quotaConn struct {
+	quotadv1.QuotaClient
+	cc *grpc.ClientConn
 }
 
 // attempt performs one try against n and updates the leader from the response metadata.

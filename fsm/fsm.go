@@ -40,6 +40,11 @@ import (
 // Version 4: a RateLimit descriptor may carry its own limit (has_limit, Envoy's per-descriptor
 // override), which an older build would ignore and decide by the configuration: older nodes
 // stop at their first version 4 entry instead.
+//
+// Version 4 also: a Share is allocated work-conservingly (quota.ShareRequest.NeedsFirst): every
+// holder's need (its demand without the 1.25 headroom) is filled before anyone's headroom, so
+// a holder's unspent headroom no longer sits idle while another holder's need goes unmet.
+// Version 1–3 Share entries are allocated in one filling, as their leaders did.
 const CommandVersion = 4
 
 // MaxScheduleAhead bounds how far after its entry's time a scheduled grant may take effect.
@@ -86,6 +91,9 @@ type FSM struct {
 		cmd     rawCommand
 		acquire acquireOp
 		intern  internTable
+		// version is the command version of the entry being applied (ops that decide
+		// differently by version read it).
+		version uint32
 	}
 }
 
@@ -214,6 +222,7 @@ func (f *FSM) applyLocked(l *raft.Log) any {
 	if cmd.version == 0 || cmd.version > CommandVersion {
 		panic(fmt.Sprintf("fsm: committed log entry %d has command version %d; this build applies versions 1..%d — upgrade this node", l.Index, cmd.version, CommandVersion))
 	}
+	f.scratch.version = cmd.version
 	now := quota.Time(cmd.ts)
 	if c := f.engine.Clock(); now < c {
 		now = c

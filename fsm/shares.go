@@ -18,6 +18,8 @@ func (f *FSM) applyShare(now quota.Time, o *fsmv1.Share) OpResult {
 		Holder: quota.HolderKey{Owner: o.GetOwner(), ID: r.GetHolderId(), Incarnation: r.GetIncarnation()},
 		Seq:    r.GetSeq(), AckSeq: r.GetAckSeq(),
 		Paths: make([]quota.SharePath, len(r.GetPaths())),
+		// Command version 4: needs before headroom.
+		NeedsFirst: f.scratch.version >= 4,
 	}
 	for i, p := range r.GetPaths() {
 		req.Paths[i] = quota.SharePath{Domain: p.GetDomain(), Descriptors: entries(p.GetDescriptors()), Demand: p.GetDemand(), MaxCost: p.GetMaxCost()}

@@ -83,3 +83,33 @@ func TestShareOpsApplyReplayAndSnapshot(t *testing.T) {
 		}
 	}
 }
+
+// TestShareNeedsFirstByCommandVersion: a version 4 Share is allocated needs first (a quiet
+// holder's unspent headroom goes to the busy one); a version 3 entry (an older leader's) is
+// allocated in one filling, as that leader did, so replicas of both builds agree.
+func TestShareNeedsFirstByCommandVersion(t *testing.T) {
+	op := func(holder string, seq, ack, demand uint64) *fsmv1.Op {
+		return &fsmv1.Op{Op: &fsmv1.Op_Share{Share: &fsmv1.Share{Owner: "w", Request: &quotadv1.ShareRequest{
+			HolderId: holder, Incarnation: 1, Seq: seq, AckSeq: ack,
+			Paths: []*quotadv1.SharePath{{Domain: "api", Demand: demand, MaxCost: 1}},
+		}}}}
+	}
+	for _, tc := range []struct {
+		version uint32
+		busy    uint64 // µ/s of the 90/s lendable (the default 10 % reserve)
+	}{{3, 52_500_000}, {4, 60 * quota.MicroPerUnit}} {
+		l := newLog(t)
+		l.version = tc.version
+		l.apply(0, setLimits(t, shareLimits))
+		// quiet: 30/s attempted (37.5 with the headroom); busy: 120/s (150).
+		var busy *quota.ShareGrant
+		for i := range uint64(3) {
+			ts := time.Duration(i+1) * time.Second
+			l.apply(ts, op("quiet", i+1, i, 37_500_000))
+			busy = l.apply(ts+time.Millisecond, op("busy", i+1, i, 150*quota.MicroPerUnit)).Ops[0].Other.Share
+		}
+		if got := busy.Paths[0].Levels[0].Rate; got != tc.busy {
+			t.Fatalf("version %d: busy holder lent %d µ/s, want %d", tc.version, got, tc.busy)
+		}
+	}
+}

@@ -127,6 +127,11 @@ type ShareRequest struct {
 	// AckSeq is the seq of the last grant the holder applied (0: none).
 	AckSeq uint64
 	Paths  []SharePath
+	// NeedsFirst allocates work-conservingly (command version 4, needsFirstFill): the
+	// holders' needs (demand without the headroom) are filled before anyone's headroom.
+	// Replicas must see the same value for the same entry (the fsm sets it from the entry's
+	// command version).
+	NeedsFirst bool
 }
 
 // SharePath is one descriptor path a holder decides on, with its demand.
@@ -905,7 +910,7 @@ func (e *Engine) Share(now Time, req ShareRequest) (ShareGrant, error) {
 	}
 	e.activate(h)
 
-	g := e.allocate(h, now)
+	g := e.allocate(h, now, req.NeedsFirst)
 	old := e.charges(h)
 	for _, l := range g.levels {
 		if _, ok := old[l.key]; !ok {
@@ -1044,7 +1049,7 @@ type flowRef struct {
 // allocate computes h's new grant: one progressive filling over the flows of every domain h
 // has lendable paths in, then the lend threshold, the cap by what the other holders are
 // charged, and the rewrite hysteresis.
-func (e *Engine) allocate(h *holder, now Time) *grant {
+func (e *Engine) allocate(h *holder, now Time, needsFirst bool) *grant {
 	g := &grant{seq: h.seq, start: now, term: 0}
 	// The term: the shortest lease of the lendable levels h touches.
 	for i := range h.paths {
@@ -1116,7 +1121,11 @@ func (e *Engine) allocate(h *holder, now Time) *grant {
 					af[i].levels = append(af[i].levels, idx[k])
 				}
 			}
-			x = progressiveFill(af, capR)
+			if needsFirst {
+				x = needsFirstFill(af, capR)
+			} else {
+				x = progressiveFill(af, capR)
+			}
 			changed := false
 			for i, f := range flows {
 				if !excluded[i] && !e.lendable(x[i], f.p, g.term, caps) {

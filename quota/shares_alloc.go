@@ -99,3 +99,41 @@ func ceilDiv(a, b uint64) uint64 {
 	}
 	return q
 }
+
+// needsFirstFill is the work-conserving allocation of command version 4
+// (ShareRequest.NeedsFirst): a holder reports its demand with a headroom (attempted cost ×
+// 1.25, SharePath.Demand), which lets a growing holder grow before its next renewal. Filled in
+// one pass, that headroom is given even while another holder's real need goes unmet, and the
+// holder does not spend it: with two regions at 80/20 of 1.5 × the rate, 7.5 % of the rate
+// sits in the quiet region's bucket while the busy one is refused.
+//
+// So the filling runs twice: first every flow's need (its demand without the headroom,
+// demand × 4/5, weighted max-min as before), then what is left of each constraint goes, by the
+// same weighted max-min, to what every flow asked beyond it (its headroom). While the needs
+// exceed a constraint it is lent entirely to needs, in max-min shares of them; below that,
+// every need is met and the rest goes to headroom as before. Each pass keeps Σ x ≤ cap, so
+// the sum does: the caps, hence the bound, are those of the one-pass filling.
+func needsFirstFill(flows []allocFlow, caps []uint64) []uint64 {
+	need := make([]allocFlow, len(flows))
+	for i, f := range flows {
+		need[i] = f
+		if f.demand != math.MaxUint64 {
+			need[i].demand = f.demand - f.demand/5 // demand × 4/5, rounded up
+		}
+	}
+	x := progressiveFill(need, caps)
+	room := append([]uint64(nil), caps...)
+	rest := make([]allocFlow, len(flows))
+	for i, f := range flows {
+		for _, c := range f.levels {
+			room[c] -= min(room[c], x[i])
+		}
+		rest[i] = f
+		rest[i].demand = f.demand - x[i]
+	}
+	y := progressiveFill(rest, room)
+	for i := range x {
+		x[i] += y[i]
+	}
+	return x
+}

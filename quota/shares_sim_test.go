@@ -18,6 +18,8 @@ type simWorld struct {
 	// fsmFast: the leader's clock runs this much fast (FSM time = real × (1+fsmFast)).
 	fsmFast float64
 	adm     []simAdm
+	// needsFirst: renewals are allocated as command version 4 entries are (needsFirstFill).
+	needsFirst bool
 }
 
 type simAdm struct {
@@ -93,7 +95,7 @@ func (w *simWorld) holder(name string, paths ...SharePath) *simHolder {
 func (h *simHolder) renew(drop bool) (ShareGrant, error) {
 	h.seq++
 	send := h.w.real
-	g, err := h.w.e.Share(h.w.fsmNow(), ShareRequest{Holder: h.key, Seq: h.seq, AckSeq: h.applied, Paths: h.paths})
+	g, err := h.w.e.Share(h.w.fsmNow(), ShareRequest{Holder: h.key, Seq: h.seq, AckSeq: h.applied, Paths: h.paths, NeedsFirst: h.w.needsFirst})
 	if err == nil && !drop {
 		h.apply(g, send)
 	}

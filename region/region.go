@@ -25,6 +25,7 @@
 package region
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -33,6 +34,7 @@ import (
 	"time"
 
 	"github.com/quotad/quotad/client"
+	"github.com/quotad/quotad/config"
 	"github.com/quotad/quotad/quota"
 	"github.com/quotad/quotad/rpc"
 )
@@ -50,13 +52,18 @@ type Config struct {
 	// Node names this node (the holder's ID at the global cluster: region/node).
 	Node string
 	// Global is the connection to the global cluster: its addresses and the credential of a
-	// worker scoped to the global levels' domains (a token file or a client certificate),
+	// worker for the domains the region serves (a token file or a client certificate),
 	// DialOptions for a custom dialer (tests inject WAN delay there).
 	Global client.Config
 	// Limits returns the limits the regional cluster enforces now (the same file as the
 	// global cluster's); the holder follows their scope: global levels.
 	Limits func() *quota.Limits
-	// Refresh is how often the holder looks for changed limits (default 1s).
+	// Follow, if set, makes the global cluster's limits the regional cluster's (through the
+	// regional Raft log; rpc.Server.FollowGlobalLimits): the holder reads them from the global
+	// cluster every Refresh and calls Follow with them. It reports whether they changed.
+	Follow func(ctx context.Context, global *quota.Limits) (bool, error)
+	// Refresh is how often the holder looks for changed limits, its own and the global
+	// cluster's (default 1s).
 	Refresh time.Duration
 	Logger  *slog.Logger
 }
@@ -74,6 +81,13 @@ type Holder struct {
 
 	stop chan struct{}
 	done chan struct{}
+
+	// followed is the version of the global limits last followed, localVersion the regional
+	// cluster's limits version right after (the initial --limits file of a new cluster may
+	// land after a follow: then they are compared again); followErr the last failure to
+	// follow them (logged once per change).
+	followed, localVersion uint64
+	followErr              string
 }
 
 type share struct {
@@ -124,8 +138,55 @@ func (h *Holder) run() {
 		case <-h.stop:
 			return
 		case <-t.C:
+			h.follow()
 			h.sync()
 		}
+	}
+}
+
+// follow reads the global cluster's limits and makes them the regional cluster's when they
+// changed. The global cluster unreachable (or refusing): the region keeps its last limits.
+func (h *Holder) follow() {
+	if h.cfg.Follow == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), h.cfg.Refresh+time.Second)
+	defer cancel()
+	fail := func(err error) {
+		if msg := err.Error(); msg != h.followErr {
+			h.followErr = msg
+			h.log.Warn("cannot follow the global cluster's limits; keeping the regional ones", "err", err)
+		}
+	}
+	version, yaml, err := h.c.Limits(ctx)
+	if err != nil {
+		fail(err)
+		return
+	}
+	var local uint64
+	if l := h.cfg.Limits(); l != nil {
+		local = l.Version
+	}
+	if version == h.followed && h.followErr == "" && local == h.localVersion {
+		// Unchanged at the global cluster and here since they were last followed.
+		return
+	}
+	l, err := config.Parse("global limits", []byte(yaml))
+	if err != nil {
+		fail(fmt.Errorf("the global cluster's limits (version %d) do not parse here: %w", version, err))
+		return
+	}
+	changed, err := h.cfg.Follow(ctx, l)
+	if err != nil {
+		fail(err)
+		return
+	}
+	h.followed, h.followErr = version, ""
+	if l := h.cfg.Limits(); l != nil {
+		h.localVersion = l.Version
+	}
+	if changed {
+		h.log.Info("applied the global cluster's limits", "global_version", version, "domains", len(l.Domains))
 	}
 }
 

@@ -34,6 +34,9 @@ func (s *Server) ApplyLimits(ctx context.Context, req *quotadv1.ApplyLimitsReque
 	if err := applyProblem(name, parsed, req); err != nil {
 		return nil, err
 	}
+	if err := s.regionApplyProblem(); err != nil { // region.go
+		return nil, err
+	}
 	conn, err := s.route(ctx)
 	if err != nil || conn != nil {
 		if err != nil {

@@ -5,6 +5,7 @@ package rpc
 // admission enters the regional log. Kept in its own file so server.go stays as it was.
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -17,6 +18,7 @@ import (
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 	"github.com/quotad/quotad/auth"
+	"github.com/quotad/quotad/config"
 	"github.com/quotad/quotad/quota"
 )
 
@@ -27,8 +29,10 @@ type RegionConfig struct {
 	Name string
 	// Start starts holding shares of the global cluster's buckets for the scope: global
 	// levels of limits() (region.Start, wired by cmd/quotad: rpc does not import the client
-	// library). It is called each time this node becomes the regional leader.
-	Start func(nodeID string, limits func() *quota.Limits, log *slog.Logger) (RegionHolder, error)
+	// library). It is called each time this node becomes the regional leader. follow makes
+	// the global cluster's limits the regional cluster's, through the regional Raft log
+	// (FollowGlobalLimits).
+	Start func(nodeID string, limits func() *quota.Limits, follow func(ctx context.Context, global *quota.Limits) (bool, error), log *slog.Logger) (RegionHolder, error)
 }
 
 // RegionHolder is the regional leader's share holder (*region.Holder).
@@ -136,6 +140,12 @@ func (s *Server) regionAcquire(ctx context.Context, req *quotadv1.AcquireRequest
 			undo       func()
 			scope, why string
 		)
+		if s.fsm.Decided(id.Name, req.ClientId, adm.RequestId) {
+			// A retry the leader answers from its dedup table: decided (and its global units
+			// spent, if admitted) the first time; spend nothing again.
+			sub.Admissions, idx, undos = append(sub.Admissions, adm), append(idx, i), append(undos, nil)
+			continue
+		}
 		if h != nil {
 			ok, undo, scope, why = h.Admit(version, adm.Domain, entries, cost)
 		} else {
@@ -213,7 +223,7 @@ func (s *Server) RunRegion(stop <-chan struct{}, nodeID string, log *slog.Logger
 		leading, h := s.node.IsLeader(), s.region.h.Load()
 		switch {
 		case leading && h == nil:
-			nh, err := s.region.cfg.Start(nodeID, s.fsm.Limits, log)
+			nh, err := s.region.cfg.Start(nodeID, s.fsm.Limits, s.FollowGlobalLimits, log)
 			if err != nil {
 				log.Error("cannot hold shares of the global cluster; global levels refuse", "region", s.region.cfg.Name, "err", err)
 				continue
@@ -334,4 +344,66 @@ func (c *regionCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(r.Refused), lv...)
 		ch <- prometheus.MustNewConstMetric(c.undone, prometheus.CounterValue, float64(r.Undone), lv...)
 	}
+}
+
+// FollowGlobalLimits makes global (the limits the global cluster answers GetLimits with, to
+// the region's credential) the regional cluster's limits: one source of truth. The set
+// replaces the regional one whole (a domain the global cluster no longer has, or no longer
+// shows the region's credential, goes), as one SetLimits entry through the regional Raft
+// log, so every regional replica switches at once and a new regional leader has them. It
+// reports whether anything changed (false: the same domains, already in force). Called on the
+// regional leader by its share holder; the global cluster unreachable means no call, and the
+// region keeps its last limits.
+func (s *Server) FollowGlobalLimits(ctx context.Context, global *quota.Limits) (bool, error) {
+	if len(global.Domains) == 0 {
+		return false, fmt.Errorf("the global cluster shows this region's credential no domains: keeping the regional limits (give the region's global credential the domains it serves, or %q)", auth.AnyDomain)
+	}
+	s.limitsMu.Lock()
+	defer s.limitsMu.Unlock()
+	if err := s.node.VerifyRead(ctx); err != nil {
+		return false, s.applyError(err)
+	}
+	if sameLimits(s.fsm.Limits(), global) {
+		return false, nil
+	}
+	next := &quota.Limits{Domains: global.Domains}
+	if _, err := s.applyLimits(ctx, next); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// sameLimits reports whether a and b define the same domains (versions aside).
+func sameLimits(a, b *quota.Limits) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	x, y := *a, *b
+	x.Version, y.Version = 0, 0
+	return bytes.Equal(config.Format(&x), config.Format(&y))
+}
+
+// visibleLimits is what GetLimits shows id: everything to readers and admins (and without
+// authentication), a worker's domains to a worker.
+func visibleLimits(id auth.Identity, l *quota.Limits) *quota.Limits {
+	if id.Role != auth.RoleWorker || l == nil {
+		return l
+	}
+	out := &quota.Limits{Version: l.Version}
+	for _, d := range l.Domains {
+		if id.MayUseDomain(d.Name) {
+			out.Domains = append(out.Domains, d)
+		}
+	}
+	return out
+}
+
+// regionApplyProblem refuses ApplyLimits on a regional cluster: it follows the global
+// cluster's limits (one source of truth), and a local change would be overwritten within a
+// second — or, with the global cluster unreachable, differ from the other regions'.
+func (s *Server) regionApplyProblem() error {
+	if s.region == nil {
+		return nil
+	}
+	return status.Errorf(codes.FailedPrecondition, "this is regional cluster %q: it follows the global cluster's limits (--global-addrs); apply them to the global cluster, and the regional leader applies them here within about a second (docs/regions.md)", s.region.cfg.Name)
 }

@@ -275,6 +275,17 @@ func TestTokens(t *testing.T) {
 	if _, err := q.Status(as(reader), &quotadv1.StatusRequest{Domain: "provider"}); err != nil {
 		t.Fatalf("reader status: %v", err)
 	}
+	// GetLimits (through the follower): a worker sees only its domains (a regional leader
+	// follows the global cluster's limits with its worker credential), a reader all.
+	if g, err := admin.GetLimits(as(worker), &quotadv1.GetLimitsRequest{}); err != nil || !strings.Contains(g.Yaml, "domain: provider") {
+		t.Fatalf("worker of provider reads the limits: %v %v", g, err)
+	}
+	if g, err := admin.GetLimits(as(elsewhere), &quotadv1.GetLimitsRequest{}); err != nil || strings.Contains(g.Yaml, "provider") {
+		t.Fatalf("worker of billing reads the limits: %v %v; want no provider domain", g, err)
+	}
+	if g, err := admin.GetLimits(as(reader), &quotadv1.GetLimitsRequest{}); err != nil || !strings.Contains(g.Yaml, "domain: provider") {
+		t.Fatalf("reader reads the limits: %v %v", g, err)
+	}
 
 	// The Go client sends its Config.Token.
 	cfg := client.DefaultConfig(c.Addrs()...)

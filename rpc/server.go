@@ -502,7 +502,8 @@ func (s *Server) applyLimits(ctx context.Context, limits *quota.Limits) (uint64,
 	return r.Other.LimitsVersion, nil
 }
 
-// GetLimits returns the limits in force, linearizably, as YAML that ApplyLimits accepts.
+// GetLimits returns the limits in force, linearizably, as YAML that ApplyLimits accepts (to a
+// worker, only the domains it may use).
 func (s *Server) GetLimits(ctx context.Context, req *quotadv1.GetLimitsRequest) (*quotadv1.GetLimitsResponse, error) {
 	conn, err := s.route(ctx)
 	if err != nil || conn != nil {
@@ -514,7 +515,7 @@ func (s *Server) GetLimits(ctx context.Context, req *quotadv1.GetLimitsRequest) 
 	if err := s.node.VerifyRead(ctx); err != nil {
 		return nil, s.applyError(err)
 	}
-	l := s.fsm.Limits()
+	l := visibleLimits(IdentityFrom(ctx), s.fsm.Limits()) // region.go
 	return &quotadv1.GetLimitsResponse{Version: l.Version, Yaml: string(config.Format(l))}, nil
 }
 

@@ -25,7 +25,7 @@ type regionFlags struct {
 func (r *regionFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&r.name, "region", "", "run as regional cluster NAME under the global cluster at --global-addrs: the leader holds shares of the scope: global levels (docs/regions.md)")
 	f.StringVar(&r.addrs, "global-addrs", "", "comma-separated gRPC addresses of the global cluster's nodes (with --region)")
-	f.StringVar(&r.tokenFile, "global-token-file", "", "file holding a worker token of the global cluster scoped to the global levels' domains (quotad token create --role worker)")
+	f.StringVar(&r.tokenFile, "global-token-file", "", "file holding a worker token of the global cluster for the domains the region serves (quotad token create --role worker --domain '*'): the region follows their limits and holds shares of their global levels")
 	f.StringVar(&r.caFile, "global-cacert", "", "PEM CA that signed the global cluster's node certificates")
 	f.StringVar(&r.cert, "global-cert", "", "PEM client certificate for the global cluster (a worker role; instead of --global-token-file)")
 	f.StringVar(&r.key, "global-key", "", "PEM key for --global-cert")
@@ -52,7 +52,7 @@ func (r *regionFlags) apply(cfg *rpc.AgentConfig) error {
 	case !r.insecure && r.caFile == "":
 		return fmt.Errorf("--region %s needs --global-cacert (the CA of the global cluster's nodes) and a credential (--global-token-file, or --global-cert and --global-key); --global-insecure for a global cluster run with --insecure", r.name)
 	case !r.insecure && r.tokenFile == "" && r.cert == "":
-		return fmt.Errorf("--region %s needs a credential for the global cluster: --global-token-file FILE (a worker token scoped to the global levels' domains) or --global-cert and --global-key", r.name)
+		return fmt.Errorf("--region %s needs a credential for the global cluster: --global-token-file FILE (a worker token for the domains the region serves) or --global-cert and --global-key", r.name)
 	}
 	if !r.insecure {
 		g.TLSFiles.ServerName = auth.ServerName(r.clusterName)
