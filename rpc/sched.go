@@ -986,7 +986,11 @@ func (f *fair) loop() {
 // call, and returns how long to sleep: until the next waiter comes within the horizon.
 func (f *fair) pass() time.Duration {
 	if f.nwait.Load() == 0 {
+		// Under f.mu: waiters' goroutines run passes too (newcomers), and their passes set the
+		// gauges idle clears (f.metrics.queue, also under f.mu).
+		f.mu.Lock()
 		f.metrics.idle()
+		f.mu.Unlock()
 		return time.Second
 	}
 	now, err := f.s.node.Now()
