@@ -135,8 +135,8 @@ clean:
 # bench-regions (issue 13): a global cluster and two regional ones in one process (real Raft,
 # BoltDB, gRPC over loopback): the global bound and utilization with demand split 80/20 then
 # flipped, the flip's convergence, regional p99 with and without 50–150 ms on the global
-# links, the global cluster down for 3 lease terms; writes bench/results/regions.json
-# (BENCH_REGIONS_SECONDS=120 by default: about 3 minutes).
+# links, the global cluster down for 60 s (QUOTAD_BENCH_REGIONS_OUTAGE_SECONDS); writes bench/results/regions.json
+# (BENCH_REGIONS_SECONDS=120 by default: about 4 minutes).
 BENCH_REGIONS_SECONDS ?= 120
 bench-regions:
 	QUOTAD_BENCH_REGIONS_OUT=$(CURDIR)/bench/results/regions.json QUOTAD_BENCH_REGIONS_SECONDS=$(BENCH_REGIONS_SECONDS) \

@@ -186,6 +186,9 @@ func TestReplaceNodesWithWAL(t *testing.T) {
 	t.Parallel()
 	store := []string{cluster.LogStoreBoltDB, cluster.LogStoreBoltDB, cluster.LogStoreBoltDB}
 	dirs := map[int]string{}
+	// The replacements' data dirs, made before the cluster: t.Cleanup runs last-in first-out,
+	// so a dir made later would be removed while its node still runs ("directory not empty").
+	spare := [3]string{t.TempDir(), t.TempDir(), t.TempDir()}
 	c := clustertest.Start(t, 3, newCounterFSM, clustertest.WithConfig(func(i int, cfg *cluster.Config) {
 		cfg.LogStore = store[i]
 		if d, ok := dirs[i]; ok {
@@ -229,7 +232,7 @@ func TestReplaceNodesWithWAL(t *testing.T) {
 		if i == 1 {
 			store[i] = cluster.LogStoreWAL
 		}
-		dirs[i] = t.TempDir()
+		dirs[i] = spare[i]
 		c.Restart(i)
 		if got := c.Node(i).LogStore(); got != cluster.LogStoreWAL {
 			t.Fatalf("node%d replaced with an empty data dir and LogStore %q opened %q, want wal", i, store[i], got)

@@ -122,6 +122,11 @@ func TestBenchRegions(t *testing.T) {
 	if s, err := strconv.Atoi(os.Getenv("QUOTAD_BENCH_REGIONS_SECONDS")); err == nil && s > 0 {
 		T = time.Duration(s) * time.Second
 	}
+	// The global outage of step 3: 60 s as issue 13 asks (10 lease terms), at least 3 terms.
+	outage := 60 * time.Second
+	if s, err := strconv.Atoi(os.Getenv("QUOTAD_BENCH_REGIONS_OUTAGE_SECONDS")); err == nil && s > 0 {
+		outage = max(time.Duration(s)*time.Second, 3*benchLease)
+	}
 	global := rpctest.Start(t, 1, benchLimits)
 	var (
 		regions []*rpctest.Cluster
@@ -238,7 +243,7 @@ func TestBenchRegions(t *testing.T) {
 	res["regional_no_hop_ok"] = maxDelayed < 50
 	t.Logf("regional p99: region 0 %.2f ms with 50–150 ms on its global links, region 1 %.2f ms without (calibration, neither delayed: %.2f / %.2f ms)", delayed, base, c0, c1)
 
-	// 3. Global cluster down for 3 terms: the regions decide until their grants end, then at
+	// 3. Global cluster down for the outage (60 s): the regions decide until their grants end, then at
 	// the fallback slices (20/s in total); after a restart, shares are local again within 2
 	// terms.
 	ctx, cancel = context.WithCancel(context.Background())
@@ -250,7 +255,7 @@ func TestBenchRegions(t *testing.T) {
 	time.Sleep(benchLease)
 	global.Kill(0)
 	killed := time.Now()
-	time.Sleep(3 * benchLease)
+	time.Sleep(outage)
 	global.Restart(0)
 	restarted := time.Now()
 	var recovered float64 = -1
