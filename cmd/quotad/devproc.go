@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -38,6 +39,23 @@ type devExit struct {
 	err   error
 	ran   time.Duration
 	first bool // the node's first run
+}
+
+// failedToStart tells whether the exit looks like a node that never came up: its first run,
+// ended by the process itself (a non-zero exit code: a port in use, a bad flag) within
+// quickExit. A node killed by a signal (kill -9 of a running node, as the README shows) was
+// stopped from outside, however soon: dev then waits for a restart instead of giving up.
+func (x devExit) failedToStart() bool {
+	if !x.first || x.ran >= quickExit {
+		return false
+	}
+	var ee *exec.ExitError
+	if errors.As(x.err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return false
+		}
+	}
+	return x.err != nil
 }
 
 // quickExit: a node whose first run ends sooner than this did not start at all (a port in
@@ -141,7 +159,7 @@ func (dc *devCluster) run() error {
 			dc.restartExited()
 		case x := <-dc.exits:
 			alive := dc.running()
-			quick[x.i] = x.first && x.ran < quickExit
+			quick[x.i] = x.failedToStart()
 			fmt.Fprintf(os.Stderr, "%s exited (%v) after %v; %d of %d nodes running. Press Enter (or kill -HUP %d) to restart it.\n",
 				dc.nodes[x.i].id, x.err, x.ran.Round(time.Millisecond), alive, len(dc.nodes), os.Getpid())
 			if alive == 0 {
