@@ -470,3 +470,36 @@ descriptors: &b [{key: k, descriptors: *a}, {key: k, descriptors: *a}]
 		})
 	}
 }
+
+// TestParseNodeBudgetFollowsFileSize: an alias bomb is refused, naming the budget, after a walk
+// proportional to its size; a large file without aliases, with more YAML nodes than the fixed
+// part of the budget, still parses.
+func TestParseNodeBudgetFollowsFileSize(t *testing.T) {
+	bomb := "domain: x\ndescriptors:\n  - &d0 {key: k0}\n"
+	for i := 1; i < 25; i++ {
+		bomb += fmt.Sprintf("  - &d%d {key: k%d, descriptors: [*d%d, {key: z, descriptors: [*d%d]}]}\n", i, i, i-1, i-1)
+	}
+	_, err := Parse("bomb.yaml", []byte(bomb))
+	want := fmt.Sprintf("expands to more than %d YAML nodes", nodeBudget(len(bomb)))
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("alias bomb: err = %v, want one containing %q", err, want)
+	}
+
+	var b strings.Builder
+	b.WriteString("domain: big\ndescriptors:\n  - key: tenant\n    descriptors: [")
+	const n = 20000 // 4 YAML nodes per descriptor plus the mapping: 100k nodes > minNodes
+	for i := range n {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		fmt.Fprintf(&b, "{key: user, value: u%d}", i)
+	}
+	b.WriteString("]\n")
+	l, err := Parse("big.yaml", []byte(b.String()))
+	if err != nil {
+		t.Fatalf("a %d-byte file without aliases: %v", b.Len(), err)
+	}
+	if got := len(l.Domains[0].Descriptors[0].Children); got != n {
+		t.Fatalf("parsed %d user descriptors, want %d", got, n)
+	}
+}

@@ -13,16 +13,27 @@ import (
 
 // Limits on what one parse will walk. Aliases can make a small file expand into a huge tree
 // ("billion laughs"); nested descriptors deeper than maxDepth are a mistake, not a design.
+//
+// The node budget grows with the file: a document without aliases has fewer YAML nodes than
+// bytes, so minNodes + expandFactor·len(file) never refuses one, while a small file that
+// aliases its way to millions of nodes is stopped after a walk proportional to its size
+// (CI: a 2.5 KB alias bomb under a fixed 2^20 budget took 0.6 s alone and > 10 s on a busy
+// machine, most of it building the refused tree).
 const (
-	maxNodes = 1 << 20
-	maxDepth = 32
+	minNodes     = 1 << 16
+	expandFactor = 4
+	maxDepth     = 32
 )
+
+// nodeBudget is how many YAML nodes the parse of a file of size bytes may walk.
+func nodeBudget(size int) int { return minNodes + expandFactor*size }
 
 // parser walks yaml.Node trees and collects every problem it finds instead of stopping at the
 // first one.
 type parser struct {
 	file      string
 	errs      []*Error
+	budget    int // nodeBudget of the file
 	nodesLeft int
 	exhausted bool
 	// typos remembers, per mapping, the allowed keys that an unknown key was taken to be a
@@ -55,7 +66,7 @@ func (p *parser) visit(n *yaml.Node) bool {
 	p.nodesLeft--
 	if p.nodesLeft < 0 {
 		p.exhausted = true
-		p.errorf(n, "", "the document expands to more than %d YAML nodes (through anchors and aliases?); write it out or split it", maxNodes)
+		p.errorf(n, "", "the document expands to more than %d YAML nodes (%d + %d per byte of the file) through anchors and aliases; write the repeated parts out or split the file", p.budget, minNodes, expandFactor)
 		return false
 	}
 	return true
