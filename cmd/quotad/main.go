@@ -37,7 +37,7 @@ func main() {
 	pf.StringVar(&cliTLS.KeyFile, "client-key", "", "client commands: PEM key for --client-cert (or $QUOTAD_CLIENT_KEY)")
 	pf.StringVar(&cliTokenFile, "token-file", "", "client commands: file holding a bearer token (or the token in $QUOTAD_TOKEN)")
 	root.AddCommand(agentCmd(), devCmd(), acquireCmd(), releaseCmd(), limitsCmd(), statusCmd(), topCmd(), tlsCmd(), keygenCmd(), tokenCmd(), pauseCmd(),
-		versionCmd(), bucketCmd(), feedbackCmd(), operatorCmd(), membersCmd(), snapshotCmd(), sharesCmd())
+		versionCmd(), bucketCmd(), feedbackCmd(), operatorCmd(), membersCmd(), snapshotCmd(), sharesCmd(), recoverCmd())
 	refuseStrayArgs(root)
 	if err := root.Execute(); err != nil {
 		var ee exitError
