@@ -20,12 +20,12 @@ import (
 //
 // Raft cannot elect a leader while a majority of its voters is gone for good (disks lost,
 // machines replaced): the survivors keep voting for a configuration whose majority no longer
-// exists. Recovery rewrites a stopped survivor's data dir so that its Raft configuration is
-// the voters the operator names: the FSM is rebuilt from the newest snapshot and every entry
+// exists. Recovery rewrites one stopped survivor's data dir so that it is the only voter: the FSM is rebuilt from the newest snapshot and every entry
 // in the node's log (hashicorp/raft's RecoverCluster), saved as a new snapshot carrying the
-// new configuration, and the log is compacted. Started again, the survivor elects itself (or
-// the named survivors elect one of them); replacement nodes join with empty data dirs and
-// catch up from its snapshot.
+// new configuration, and the log is compacted. Started again, the survivor elects itself;
+// the other survivors and replacement nodes join with empty data dirs and catch up from its
+// snapshot. Only one: each named voter would be rebuilt from its own log, and a less complete
+// one could then win an election and make the most complete drop entries only it held.
 //
 // What it can lose, and why it is an operator's decision: an entry a majority acknowledged
 // may live only on the lost nodes; the survivor with the highest last index (InspectDataDir,
@@ -161,13 +161,22 @@ func InspectDataDir(dir string, log *slog.Logger) (DataDirState, error) {
 	return s.state, nil
 }
 
-// RecoverDataDir makes voters the Raft configuration of the stopped node whose data dir is
-// dir, rebuilding f (a new, empty FSM of the kind the agent runs) from its snapshot and log
-// (see the comment at the top of this file). voters must include the node itself. It returns
-// the state after recovery.
+// RecoverDataDir makes the stopped node whose data dir is dir the only voter of its Raft
+// configuration (voters: that node alone, with its Raft address), rebuilding f (a new, empty
+// FSM of the kind the agent runs) from its snapshot and log (see the comment at the top of
+// this file). It returns the state after recovery.
 func RecoverDataDir(dir string, voters []raft.Server, f raft.FSM, log *slog.Logger) (DataDirState, error) {
-	if len(voters) == 0 {
-		return DataDirState{}, errors.New("cluster: no voters given; name at least this node (ID=RAFT_ADDR)")
+	if len(voters) != 1 {
+		// Each survivor would be rebuilt from its own log; with two or more named, a less
+		// complete one can win the first election with another's vote (a voter only checks that
+		// the candidate's log is as up to date as its own) and the most complete one would then
+		// drop the entries only it had. One voter, the most complete survivor, leads alone; the
+		// others rejoin with empty data dirs and catch up from it.
+		return DataDirState{}, fmt.Errorf("cluster: %d voters given; recover exactly one, this node (ID=RAFT_ADDR): the survivor with the most log leads alone, and the other survivors rejoin with empty data dirs (docs/operations.md, \"Lost majority\")", len(voters))
+	}
+	v := voters[0]
+	if v.ID == "" || v.Address == "" || v.Suffrage != raft.Voter {
+		return DataDirState{}, fmt.Errorf("cluster: voter %q=%q needs an ID and a Raft address (ID=HOST:PORT)", v.ID, v.Address)
 	}
 	s, err := openOffline(dir, log)
 	if err != nil {
@@ -178,22 +187,8 @@ func RecoverDataDir(dir string, voters []raft.Server, f raft.FSM, log *slog.Logg
 	if st.Recovering {
 		return st, fmt.Errorf("cluster: node %q in %q was recovering (it started without Raft state and had not caught up with a leader), so its log may lack committed entries; recover another survivor and let this one catch up from it", st.NodeID, dir)
 	}
-	seen := map[raft.ServerID]bool{}
-	self := false
-	for i, v := range voters {
-		switch {
-		case v.ID == "" || v.Address == "":
-			return st, fmt.Errorf("cluster: voter %d (%q=%q) needs an ID and a Raft address (ID=HOST:PORT)", i+1, v.ID, v.Address)
-		case seen[v.ID]:
-			return st, fmt.Errorf("cluster: voter %q is named twice; name each voter once", v.ID)
-		case v.Suffrage != raft.Voter:
-			return st, fmt.Errorf("cluster: server %q is not a voter; recovery names voters only (others join later)", v.ID)
-		}
-		seen[v.ID] = true
-		self = self || string(v.ID) == st.NodeID
-	}
-	if !self {
-		return st, fmt.Errorf("cluster: the voters do not include this data dir's node %q; name it with its Raft address (%s=HOST:PORT)", st.NodeID, st.NodeID)
+	if string(v.ID) != st.NodeID {
+		return st, fmt.Errorf("cluster: the voter %q is not this data dir's node %q; name it with its Raft address (%s=HOST:PORT)", v.ID, st.NodeID, st.NodeID)
 	}
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(st.NodeID)

@@ -62,6 +62,10 @@ func TestRecoverAfterLosingTheMajority(t *testing.T) {
 			if _, err := cluster.RecoverDataDir(dir, []raft.Server{{ID: "node9", Address: "127.0.0.1:1", Suffrage: raft.Voter}}, newCounterFSM(), log); err == nil || !strings.Contains(err.Error(), id) {
 				t.Fatalf("recover without the node itself: err = %v, want one naming %s", err, id)
 			}
+			two := []raft.Server{{ID: raft.ServerID(id), Address: raft.ServerAddress(addr), Suffrage: raft.Voter}, {ID: "node9", Address: "127.0.0.1:1", Suffrage: raft.Voter}}
+			if _, err := cluster.RecoverDataDir(dir, two, newCounterFSM(), log); err == nil || !strings.Contains(err.Error(), "exactly one") {
+				t.Fatalf("recover with two voters: err = %v, want a refusal asking for exactly one", err)
+			}
 			if again, err := cluster.InspectDataDir(dir, log); err != nil || len(again.Servers) != 3 || again.LastIndex != st.LastIndex {
 				t.Fatalf("a refused recovery changed the data dir: %+v, %v", again, err)
 			}

@@ -196,8 +196,10 @@ func joinErrors(errs []*Error) error {
 // parseFile parses every document of one file. Documents with errors are left out of the
 // result; their errors are returned.
 func parseFile(name string, data []byte) ([]parsedDomain, []*Error) {
-	p := &parser{file: name, budget: nodeBudget(len(data)), nodesLeft: nodeBudget(len(data))}
 	docs, synErr := decodeAll(name, data)
+	p := &parser{file: name, written: writtenNodes(docs)}
+	p.budget = nodeBudget(p.written)
+	p.nodesLeft = p.budget
 	var domains []parsedDomain
 	for _, doc := range docs {
 		before := len(p.errs)

@@ -14,26 +14,47 @@ import (
 // Limits on what one parse will walk. Aliases can make a small file expand into a huge tree
 // ("billion laughs"); nested descriptors deeper than maxDepth are a mistake, not a design.
 //
-// The node budget grows with the file: a document without aliases has fewer YAML nodes than
-// bytes, so minNodes + expandFactor·len(file) never refuses one, while a small file that
-// aliases its way to millions of nodes is stopped after a walk proportional to its size
-// (CI: a 2.5 KB alias bomb under a fixed 2^20 budget took 0.6 s alone and > 10 s on a busy
-// machine, most of it building the refused tree).
+// The node budget follows what the file itself holds: its YAML nodes counted without
+// following aliases (written), plus expandFactor times that for what aliases may add, at least
+// minNodes, at most maxNodes — but never below written, so a file without aliases is never
+// refused. Bytes do not count (a comment does not raise the budget), and a small file that
+// aliases its way to millions of nodes stops after a walk proportional to what it wrote (CI:
+// a 2.5 KB bomb took 0.6 s alone and > 10 s on a busy machine under a fixed 2^20 budget).
 const (
 	minNodes     = 1 << 16
+	maxNodes     = 1 << 20
 	expandFactor = 4
 	maxDepth     = 32
 )
 
-// nodeBudget is how many YAML nodes the parse of a file of size bytes may walk.
-func nodeBudget(size int) int { return minNodes + expandFactor*size }
+// nodeBudget is how many YAML nodes the parse of documents holding written nodes may walk.
+func nodeBudget(written int) int {
+	return max(written, min(maxNodes, minNodes+expandFactor*written))
+}
+
+// writtenNodes counts the nodes of the decoded documents without following aliases.
+func writtenNodes(docs []*yaml.Node) int {
+	n := 0
+	var walk func(*yaml.Node)
+	walk = func(x *yaml.Node) {
+		n++
+		for _, c := range x.Content {
+			walk(c)
+		}
+	}
+	for _, d := range docs {
+		walk(d)
+	}
+	return n
+}
 
 // parser walks yaml.Node trees and collects every problem it finds instead of stopping at the
 // first one.
 type parser struct {
 	file      string
 	errs      []*Error
-	budget    int // nodeBudget of the file
+	written   int // the file's YAML nodes without following aliases
+	budget    int // nodeBudget(written)
 	nodesLeft int
 	exhausted bool
 	// typos remembers, per mapping, the allowed keys that an unknown key was taken to be a
@@ -66,7 +87,7 @@ func (p *parser) visit(n *yaml.Node) bool {
 	p.nodesLeft--
 	if p.nodesLeft < 0 {
 		p.exhausted = true
-		p.errorf(n, "", "the document expands to more than %d YAML nodes (%d + %d per byte of the file) through anchors and aliases; write the repeated parts out or split the file", p.budget, minNodes, expandFactor)
+		p.errorf(n, "", "the document expands to more than %d YAML nodes through anchors and aliases (it writes %d; the walk allows %d + %d per written node, at most %d); write the repeated parts out or split the file", p.budget, p.written, minNodes, expandFactor, maxNodes)
 		return false
 	}
 	return true

@@ -17,13 +17,14 @@ func recoverCmd() *cobra.Command {
 	var voters []string
 	var dryRun, asJSON bool
 	cmd := &cobra.Command{
-		Use:   "recover --data-dir DIR --voter ID=RAFT_ADDR...",
+		Use:   "recover --data-dir DIR --voter ID=RAFT_ADDR",
 		Short: "Offline: make a stopped survivor of a cluster that lost its majority lead again (docs/operations.md)",
-		Long: `recover rewrites the Raft configuration in a stopped node's data dir to the voters you name,
-keeping every entry the node holds: use it only when a majority of the voters is lost for good
-and the cluster has no leader. Stop the agent first. Run it with --dry-run on every survivor and
-recover the one with the highest last term, then last index; start it again with its usual
-flags, then start replacement nodes with empty data dirs (docs/operations.md, "Lost majority").`,
+		Long: `recover makes a stopped node the only voter of its data dir's Raft configuration, keeping every
+entry the node holds: use it only when a majority of the voters is lost for good and the cluster
+has no leader. Stop the agent first. Run it with --dry-run on every survivor and recover the one
+with the highest last term, then last index, naming itself (--voter ITS_ID=ITS_RAFT_ADDR); start
+it again with its usual flags, then start the other survivors with emptied data dirs and any
+replacement nodes with empty ones (docs/operations.md, "Lost majority").`,
 		Args: cobra.NoArgs,
 		RunE: func(_ *cobra.Command, _ []string) error {
 			if dataDir == "" {
@@ -53,7 +54,7 @@ flags, then start replacement nodes with empty data dirs (docs/operations.md, "L
 		},
 	}
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "the stopped node's --data-dir")
-	cmd.Flags().StringArrayVar(&voters, "voter", nil, "a voter of the recovered cluster, ID=RAFT_ADDR (repeat; include this node)")
+	cmd.Flags().StringArrayVar(&voters, "voter", nil, "this node as the recovered cluster's only voter: its --id=its --raft-addr")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "only print what the data dir holds (compare survivors)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
