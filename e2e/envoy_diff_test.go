@@ -87,7 +87,9 @@ func TestEnvoyDifferential(t *testing.T) {
 		t.Skip("set QUOTAD_ENVOY_DIFF=1 (make test-envoy): builds envoyproxy/ratelimit from the module proxy")
 	}
 	tools := buildEnvoyTools(t)
-	c := startClusterWith(t, 3, diffLimits)
+	// Overrides on: envoyproxy/ratelimit honours every descriptor's limit (quotad refuses them
+	// unless told to trust its RLS callers, TestRLSLimitOverrideOffByDefault).
+	c := startClusterWith(t, 3, diffLimits, "--rls-limit-overrides")
 	opts, err := c.DialOptions()
 	if err != nil {
 		t.Fatal(err)

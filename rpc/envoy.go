@@ -46,6 +46,12 @@ type RLSOptions struct {
 	Headers string
 	// NearLimitRatio is the share of a limit above which hits count as near_limit (0: 0.8).
 	NearLimitRatio float64
+	// AllowLimitOverride accepts a descriptor's own `limit` (Envoy's per-descriptor override,
+	// envoyproxy/ratelimit's meaning). Off (the default) such a request is refused: the
+	// override replaces the configured limit, so any caller allowed to call RLS — a worker
+	// bound to one tenant included — could raise its own limit, or fill max_keys with buckets
+	// that refill once a year. Turn it on only when the RLS callers are trusted gateways.
+	AllowLimitOverride bool
 }
 
 // Validate reports an option that cannot work.
@@ -92,6 +98,9 @@ func (r *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 	if err != nil {
 		return nil, err
 	}
+	if err := r.overrideProblem(op); err != nil {
+		return nil, err
+	}
 	if err := s.regionRLSProblem(req.Domain); err != nil {
 		return nil, err
 	}
@@ -116,6 +125,19 @@ func (r *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 	resp := r.response(&d)
 	s.metrics.observeRLS(res.Other.Matcher, req, &d, resp.OverallCode, r.opts.NearLimitRatio, time.Since(start))
 	return resp, nil
+}
+
+// overrideProblem refuses a descriptor's own limit unless RLSOptions.AllowLimitOverride.
+func (r *rlsServer) overrideProblem(op *fsmv1.RateLimit) error {
+	if r.opts.AllowLimitOverride {
+		return nil
+	}
+	for i, d := range op.Descriptors {
+		if d.HasLimit {
+			return permissionDenied("descriptors[%d].limit: per-descriptor limit overrides are off on this cluster (an override replaces the configured limit, so any RLS caller could set its own); remove the limit from Envoy's rate_limits action, or start every agent with --rls-limit-overrides if only trusted gateways call the rate limit service (docs/envoy.md)", i)
+		}
+	}
+	return nil
 }
 
 // rlsOp validates an Envoy request and turns it into its log op. Errors are InvalidArgument

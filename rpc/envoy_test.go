@@ -84,7 +84,7 @@ func wantRLS(t *testing.T, r *rlsv3.RateLimitResponse, err error, want ...rlsv3.
 // forwards), with Envoy's meaning; per-rule statistics on the leader's /metrics.
 func TestRLSSecureCluster(t *testing.T) {
 	c, p := authCluster(t, rlsLimits, func(_ int, cfg *rpc.AgentConfig) {
-		cfg.RLS = rpc.RLSOptions{Headers: rpc.RLSHeadersXRateLimit}
+		cfg.RLS = rpc.RLSOptions{Headers: rpc.RLSHeadersXRateLimit, AllowLimitOverride: true}
 	})
 	p.client(auth.Identity{Name: "envoy", Role: auth.RoleWorker, Domains: []string{"platform"}})
 	p.client(auth.Identity{Name: "reader", Role: auth.RoleReader})
@@ -217,6 +217,33 @@ func TestRLSUnknownDomain(t *testing.T) {
 		r, err := rlsv3.NewRateLimitServiceClient(p.dialAs(c.Addrs()[c.Leader()], "gw")).ShouldRateLimit(context.Background(), rlsReq("nope", []string{"a", "b"}))
 		want := rlsv3.RateLimitResponse_OK
 		if deny {
+			want = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		wantRLS(t, r, err, want, want)
+	}
+}
+
+// TestRLSLimitOverrideOffByDefault: without --rls-limit-overrides a descriptor's own limit is
+// refused (review: a worker bound to one tenant raised its 5/min limit to a million/s with it),
+// on the leader and through a follower, and the refused request charged nothing.
+func TestRLSLimitOverrideOffByDefault(t *testing.T) {
+	c, p := authCluster(t, rlsLimits)
+	p.client(auth.Identity{Name: "envoy", Role: auth.RoleWorker, Domains: []string{"platform"}, Tenant: "acme"})
+	leader := c.Leader()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	ovr := rlsReq("platform", []string{"tenant", "acme"})
+	ovr.Descriptors[0].Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1000000, Unit: typev3.RateLimitUnit_SECOND}
+	for _, i := range []int{leader, (leader + 1) % 3} {
+		_, err := rlsv3.NewRateLimitServiceClient(p.dialAs(c.Addrs()[i], "envoy")).ShouldRateLimit(ctx, ovr)
+		wantCode(t, err, codes.PermissionDenied, "--rls-limit-overrides")
+	}
+	// tenant: 5/min, untouched by the refused calls.
+	cl := rlsv3.NewRateLimitServiceClient(p.dialAs(c.Addrs()[leader], "envoy"))
+	for i := range 6 {
+		r, err := cl.ShouldRateLimit(ctx, rlsReq("platform", []string{"tenant", "acme"}))
+		want := rlsv3.RateLimitResponse_OK
+		if i == 5 {
 			want = rlsv3.RateLimitResponse_OVER_LIMIT
 		}
 		wantRLS(t, r, err, want, want)
