@@ -45,7 +45,12 @@ import (
 // holder's need (its demand without the 1.25 headroom) is filled before anyone's headroom, so
 // a holder's unspent headroom no longer sits idle while another holder's need goes unmet.
 // Version 1–3 Share entries are allocated in one filling, as their leaders did.
-const CommandVersion = 4
+//
+// Version 5: a RateLimit (Envoy RLS) at a level that lends shares is decided against the
+// central part left after the lends, and its hits count as central demand
+// (quota.RLSRequest.LentRate), as an Acquire is; version 1–4 RateLimit entries are decided at
+// the level's full rate, as their leaders decided them.
+const CommandVersion = 5
 
 // MaxScheduleAhead bounds how far after its entry's time a scheduled grant may take effect.
 // It is part of the replicated semantics of version 2 commands: never change it without a
@@ -326,7 +331,8 @@ func (f *FSM) applyOp(now quota.Time, op *fsmv1.Op) OpResult {
 		return other(OtherResult{Err: f.applyRevokeToken(o.RevokeToken)})
 	case *fsmv1.Op_RateLimit:
 		rl := o.RateLimit
-		req := quota.RLSRequest{Domain: rl.Domain, Hits: rl.Hits, Descriptors: make([]quota.RLSDescriptor, len(rl.Descriptors))}
+		req := quota.RLSRequest{Domain: rl.Domain, Hits: rl.Hits, Descriptors: make([]quota.RLSDescriptor, len(rl.Descriptors)),
+			LentRate: f.scratch.version >= 5}
 		for i, d := range rl.Descriptors {
 			req.Descriptors[i] = quota.RLSDescriptor{Entries: entries(d.GetEntries()), HasHits: d.GetHasHits(), Hits: d.GetHits()}
 			if d.GetHasLimit() {

@@ -61,6 +61,8 @@ type Engine struct {
 	steps  []step
 	// scratch for RateLimit; valid until the next call.
 	rlsRules []rlsRule
+	// rlsLentRate is RLSRequest.LentRate during RateLimit.
+	rlsLentRate bool
 	// scratch for Tick.
 	later   []heapEntry
 	dropped []uint32

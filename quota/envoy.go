@@ -62,6 +62,12 @@ type RLSRequest struct {
 	Descriptors []RLSDescriptor
 	// Hits is the request's hits_addend; 0 means 1.
 	Hits uint64
+	// LentRate decides a level whose bucket lends shares against its central part (the rate
+	// and burst left after what holders were lent), as Acquire does, and counts the hits as
+	// central demand for the next allocation (command version 5). Without it (entries of
+	// older leaders) RLS decided such a level at its full rate: holders plus RLS could admit
+	// up to twice the level's rate.
+	LentRate bool
 }
 
 // RLSDescriptor is one descriptor of an RLSRequest.
@@ -168,6 +174,8 @@ type rlsRule struct {
 // answered RLSUnknown with a Message and changes nothing but the clock.
 func (e *Engine) RateLimit(now Time, req RLSRequest) RLSDecision {
 	now = e.advance(now)
+	e.rlsLentRate = req.LentRate
+	defer func() { e.rlsLentRate = false }()
 	if msg := rlsProblem(&req); msg != "" {
 		return RLSDecision{Code: RLSUnknown, Message: msg}
 	}
@@ -406,7 +414,8 @@ func (e *Engine) rlsCheck(lv *level, key []byte, hits uint64, now Time) RLSStatu
 	return st
 }
 
-// rlsBucket returns the effective rate of lv's bucket key and its stored state (full if absent).
+// rlsBucket returns the effective rate of lv's bucket key and its stored state (full if absent):
+// with RLSRequest.LentRate, the central part of a bucket that lends shares.
 func (e *Engine) rlsBucket(lv *level, key []byte, now Time) (*rateParams, uint64, Time) {
 	slot, _ := find(&e.buckets, key, e.buckets.hash(key))
 	r := lv.rate
@@ -414,10 +423,16 @@ func (e *Engine) rlsBucket(lv *level, key []byte, now Time) (*rateParams, uint64
 		if lv.adaptive != nil {
 			r = e.rateOf(string(key), lv, now)
 		}
+		if e.rlsLentRate {
+			r = e.lentRate(key, r)
+		}
 		return r, r.capMicro, now
 	}
-	if lv.adaptive != nil {
-		r = e.slotRate(slot)
+	switch {
+	case lv.adaptive != nil:
+		r = e.slotRate(slot) // lends included, in every version
+	case e.rlsLentRate:
+		r = e.lentRate(key, r)
 	}
 	b := e.buckets.peek(slot)
 	return r, b.tokens.get(), Time(b.last.get())
@@ -445,6 +460,11 @@ func (e *Engine) rlsDebit(root, lv *level, key []byte, hits uint64, now Time, se
 	b.debit.set(seq)
 	if added {
 		st.push(slot, st.due(r.fullAt(tokens, last)))
+	}
+	if e.rlsLentRate && lv.shares != nil && len(e.sh.lends) > 0 {
+		if ls := e.sh.lends[string(key)]; ls != nil {
+			ls.observe(now, hits) // central demand, as observeCentral counts Acquire's
+		}
 	}
 	return true
 }

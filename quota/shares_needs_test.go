@@ -133,3 +133,55 @@ func TestNeedsFirstFillProperties(t *testing.T) {
 		}
 	})
 }
+
+// TestRLSDecidesLentBucketsOnTheCentralPart: a level lends most of its rate to a share holder;
+// Envoy RLS requests (command version 5, LentRate) are decided against the central part that
+// is left, as Acquire is — before, they were decided at the full rate, so holder + RLS admitted
+// about twice the level's rate (review finding). Entries of older leaders keep the old answer.
+func TestRLSDecidesLentBucketsOnTheCentralPart(t *testing.T) {
+	admitted := func(lentRate, viaRLS bool) (n int, lent uint64) {
+		w := newSimWorld(t, sharedDomain(100, 100, &Shares{ReservePercent: 1}))
+		w.needsFirst = true
+		busy := w.holder("busy", SharePath{Domain: "d", Demand: 150 * microPerUnit, MaxCost: 1})
+		for range 3 {
+			busy.renew(false)
+			w.advance(2 * time.Second)
+		}
+		lent = busy.grant.Paths[0].Levels[0].Rate
+		// Drain what the central part holds, then count what one more second admits.
+		for range 2 {
+			n = 0
+			for range 1000 {
+				var ok bool
+				if viaRLS {
+					d := w.e.RateLimit(w.fsmNow(), RLSRequest{Domain: "d", Hits: 1, LentRate: lentRate,
+						Descriptors: []RLSDescriptor{{Entries: []Entry{{Key: "k", Value: "v"}}}}})
+					ok = d.Code == RLSOK
+				} else {
+					ok = w.central("d", []Entry{{Key: "k", Value: "v"}}, 1)
+				}
+				if !ok {
+					break
+				}
+				n++
+			}
+			w.advance(time.Second)
+			busy.renew(false)
+		}
+		return n, lent
+	}
+	acq, lent := admitted(true, false)
+	rls, _ := admitted(true, true)
+	old, _ := admitted(false, true)
+	if lent < 50*microPerUnit {
+		t.Fatalf("the holder was lent %d µ/s; the test needs most of the 100/s lent", lent)
+	}
+	central := 100 - int(lent/microPerUnit)
+	t.Logf("lent %d/s: Acquire %d, RLS %d, RLS without LentRate %d", lent/microPerUnit, acq, rls, old)
+	if rls > central+2 || rls > acq+2 {
+		t.Fatalf("RLS admitted %d in a second with %d/s lent of 100/s: want at most the central part %d (+2), as Acquire (%d)", rls, lent/microPerUnit, central, acq)
+	}
+	if old < 90 {
+		t.Fatalf("an entry without LentRate (an older leader's) admitted %d, want the full rate's ~100 as it was decided then", old)
+	}
+}
