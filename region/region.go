@@ -95,6 +95,8 @@ type share struct {
 	lim *client.Limiter
 	// admitted, refused and undone count units at this level (metrics, status).
 	admitted, refused, undone atomic.Uint64
+	// free counts admissions in the deliberately broken build region_bug_doubleshare.
+	free atomic.Uint64
 }
 
 // Start connects to the global cluster and starts holding shares of the scope: global levels
@@ -274,6 +276,10 @@ func (h *Holder) Admit(limitsVersion uint64, domain string, entries []quota.Entr
 			continue
 		}
 		ok, u := s.lim.AllowLocalN(cost)
+		if plantedDoubleShare && ok && s.free.Add(1)%2 == 0 {
+			u() // admitted without spending: the share counts double
+			u = func() {}
+		}
 		if !ok {
 			s.refused.Add(cost)
 			for _, u := range undos {
