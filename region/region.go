@@ -258,6 +258,25 @@ type Refusal struct {
 // level refuses the same admission), or a Refusal. Paths without a global level are admitted
 // with a nil undo.
 func (h *Holder) Admit(limitsVersion uint64, domain string, entries []quota.Entry, cost uint64) (ok bool, undo func(), scope, message string) {
+	return h.admit(limitsVersion, domain, entries, cost, false)
+}
+
+// AdmitExact is Admit at one level only: the scope: global level whose path is exactly
+// (domain, entries) — an Envoy descriptor's rule, whose ancestors do not apply to it. cost 0
+// checks without spending: ok when one unit could be spent now. A path that is no global level
+// is admitted with a nil undo.
+func (h *Holder) AdmitExact(limitsVersion uint64, domain string, entries []quota.Entry, cost uint64) (ok bool, undo func(), scope, message string) {
+	if cost == 0 {
+		ok, undo, scope, message = h.admit(limitsVersion, domain, entries, 1, true)
+		if undo != nil {
+			undo()
+		}
+		return ok, nil, scope, message
+	}
+	return h.admit(limitsVersion, domain, entries, cost, true)
+}
+
+func (h *Holder) admit(limitsVersion uint64, domain string, entries []quota.Entry, cost uint64, exact bool) (ok bool, undo func(), scope, message string) {
 	h.mu.RLock()
 	if h.version != limitsVersion || h.shares == nil {
 		// The limits changed (or the holder started before they arrived): follow them
@@ -269,7 +288,7 @@ func (h *Holder) Admit(limitsVersion uint64, domain string, entries []quota.Entr
 	defer h.mu.RUnlock()
 	var undos []func()
 	for _, s := range h.shares {
-		if s.gp.Domain != domain || !prefix(s.gp.Entries, entries) {
+		if s.gp.Domain != domain || !prefix(s.gp.Entries, entries) || exact && len(s.gp.Entries) != len(entries) {
 			continue
 		}
 		if cost == 0 {
