@@ -331,6 +331,8 @@ func (h *Holder) refusal(s *share) Refusal {
 		msg = "no share of the global limit yet (the regional leader's first renewal with the global cluster has not returned)"
 	case info.Status != "lent":
 		msg = fmt.Sprintf("the global cluster does not lend this level to the region (%s: %s)", info.Status, info.Message)
+	case !info.Local && s.gp.FallbackRate > 0:
+		msg = "the region's share of the global limit has ended without a renewal (global cluster unreachable) and its slice of shares.fallback_rate is spent"
 	case !info.Local:
 		msg = "the region's share of the global limit has ended without a renewal (global cluster unreachable) and the level has no shares.fallback_rate (fail closed)"
 	default:
