@@ -14,6 +14,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/quotad/quotad/region"
 )
 
 // Envoy's rate limit service on regional clusters: "edge" has a global rule (route=orders,
@@ -229,5 +231,48 @@ func TestRegionsRLSPerDescriptor(t *testing.T) {
 	t.Logf("hits 0 right after a refused hit: OVER_LIMIT %d of 20", zeroOver)
 	if zeroOver == 0 {
 		t.Fatal("hits_addend 0 at a spent global rule was never OVER_LIMIT (the next hit would be refused)")
+	}
+}
+
+// The global ceiling is charged only when the request is OK: a request a descriptor makes
+// OVER_LIMIT (here its own blocking limit) gives the ceiling's units back to the share.
+func TestRegionsRLSCeilingGivenBack(t *testing.T) {
+	w := startWorldWith(t, rlsLimits)
+	rc := w.regions[0]
+	c := rlsClient(t, rc.Addrs()[0])
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	gate := func() (admitted, undone uint64) {
+		h, _ := rc.Agent(rc.Leader()).Region().(*region.Holder)
+		for _, s := range h.Shares() {
+			if s.Domain == "gate" {
+				return s.Admitted, s.Undone
+			}
+		}
+		t.Fatal("no share of gate's ceiling")
+		return 0, 0
+	}
+	a0, u0 := gate()
+	blocked := &rlsv3.RateLimitRequest{Domain: "gate", Descriptors: []*ratelimitv3.RateLimitDescriptor{rlsDesc("user", "u1"), {
+		Entries: rlsDesc("user", "u2").Entries, Limit: &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 0, Unit: 1}}}}
+	for range 10 {
+		resp, err := c.ShouldRateLimit(ctx, blocked)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || resp.Statuses[0].Code != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("a request with a blocking descriptor: %v, want OVER_LIMIT with the other descriptor OK", resp)
+		}
+	}
+	ok := &rlsv3.RateLimitRequest{Domain: "gate", Descriptors: []*ratelimitv3.RateLimitDescriptor{rlsDesc("user", "u1")}}
+	for range 5 {
+		if resp, err := c.ShouldRateLimit(ctx, ok); err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("an OK request: %v, %v", resp, err)
+		}
+	}
+	a1, u1 := gate()
+	t.Logf("gate's share: admitted %d → %d, given back %d → %d", a0, a1, u0, u1)
+	if a1-a0 != 15 || u1-u0 != 10 {
+		t.Fatalf("gate's share: %d admitted and %d given back over 10 OVER_LIMIT and 5 OK requests; want 15 and 10", a1-a0, u1-u0)
 	}
 }
