@@ -2,7 +2,7 @@ GO ?= go
 BIN := bin/quotad
 PROTOC ?= protoc
 
-.PHONY: all build image test-compose test-upgrade run test test-short test-envoy race vet lint proto bench bench-fair bench-soak bench-shares bench-regions test-regions chaos chaos-long chaos-bugs chaos-docker clean
+.PHONY: all build image test-compose test-upgrade run test test-short test-envoy race vet lint proto bench bench-fair bench-soak bench-shares bench-regions test-regions test-regions-bugs chaos chaos-long chaos-bugs chaos-docker clean
 
 all: build
 
@@ -57,9 +57,26 @@ test-envoy:
 # clusters (their own CAs) under load: the global leader killed (regions keep deciding on their
 # shares, the bound across regions holds), every global node killed for 3 terms (shares, then
 # fallback_rate; a level without one refused naming the global scope), restart (every region
-# on a share within 2 terms, bound again). About 2 minutes; .ci/run calls it.
+# on a share within 2 terms, bound again); then region.TestRegionsFaults: in-process, a global
+# cluster of 3 and two regions, region A partitioned from the global cluster (stall, then
+# reset) while global leaders are killed and restarted, healed; checked on the admission
+# history (docs/regions.md). About 3.5 minutes; .ci/run calls it.
 test-regions:
 	QUOTAD_REGIONS_E2E=1 $(GO) test -count=1 -timeout 10m -run 'TestRegionsProcesses' -v ./e2e/
+	QUOTAD_REGIONS_FAULTS=1 $(GO) test -count=1 -timeout 5m -run 'TestRegionsFaults' -v ./region/
+
+# test-regions-bugs: deliberately broken builds that TestRegionsFaults must fail, each with the
+# check that catches it (about 70 s each): a doubled share (the global bound), a grant used past
+# its end (a fail-closed level admits), the fallback at the share's rate (the fallback slice).
+REGION_BUGS := region_bug_doubleshare:the-global-bound-is-broken region_bug_noend:strict-admitted region_bug_fallbackshare:more-than-its-slice-of-fallback_rate
+test-regions-bugs:
+	@for b in $(REGION_BUGS); do \
+		tag=$${b%%:*}; want=$$(echo "$${b#*:}" | tr '-' ' '); \
+		out=$$(QUOTAD_REGIONS_FAULTS=1 $(GO) test -tags $$tag -count=1 -timeout 5m -run 'TestRegionsFaults' -v ./region/ 2>&1); \
+		if echo "$$out" | grep -q '^--- PASS'; then echo "$$out" | tail -20; echo "$$tag: TestRegionsFaults PASSED a broken build"; exit 1; fi; \
+		if ! echo "$$out" | grep -q "$$want"; then echo "$$out" | tail -30; echo "$$tag: failed, but not with \"$$want\""; exit 1; fi; \
+		echo "$$tag: caught ($$want)"; \
+	done
 
 # chaos: the CI-sized chaos suite against real processes (every fault kind, ~5 min).
 CHAOS_DURATION ?= 4m

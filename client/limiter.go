@@ -589,7 +589,11 @@ func (h *shareHolder) apply(resp *shareResponse, paths []*sharePath, sentFast in
 			}
 			if pr.fallback > 0 {
 				burst := max(uint64(1e6), p.maxCost.Load()*1e6)
-				st.fallback = newGCRA(pr.fallback, burst, 0, slow, math.MaxInt64/(2*timeScale))
+				fb := pr.fallback
+				if plantedFallbackAtShareRate {
+					fb = uint64(rate * 1e6)
+				}
+				st.fallback = newGCRA(fb, burst, 0, slow, math.MaxInt64/(2*timeScale))
 			}
 			st.info.Rate, st.info.Capacity, st.info.Expiry, st.info.Local = rate, capacity, expiry, true
 			if p.observed && rate < 0.9*p.ewma {

