@@ -100,7 +100,10 @@ func startWorldWith(t *testing.T, limits string) *world {
 		on := &atomic.Bool{}
 		name := fmt.Sprintf("r%d", i)
 		g := client.Config{Addrs: w.global.Addrs(), Insecure: true, DialOptions: []grpc.DialOption{wanDialer(on)}}
-		rc := rpctest.Start(t, 1, limits, func(_ int, c *rpc.AgentConfig) { c.Region = region.Agent(name, g) })
+		rc := rpctest.Start(t, 1, limits, func(_ int, c *rpc.AgentConfig) {
+			c.Region = region.Agent(name, g)
+			c.RLS.AllowLimitOverride = true // the RLS tests send Envoy's per-descriptor overrides
+		})
 		c, err := client.New(client.Config{Addrs: rc.Addrs(), Insecure: true})
 		if err != nil {
 			t.Fatal(err)
