@@ -1,6 +1,7 @@
 package client
 
 import (
+	"context"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -66,13 +67,22 @@ func TestLenderConservesAndHoldsTheAck(t *testing.T) {
 	if s := l.LendSlice(SliceRequest{Holder: "z", Seq: 1, Demand: 10e6, MaxCost: 1}); s.OK {
 		t.Fatalf("lent %+v while the slices exceed the grant", s)
 	}
+	// No release while slices are charged (the cluster would stop charging the grant that
+	// covers them): the local buckets are sealed and nothing is sent (h.c is nil here).
+	seq := h.seq
+	h.release(context.Background())
+	if h.seq != seq || h.levels["k"] != nil {
+		t.Fatalf("released with slices charged (seq %d → %d)", seq, h.seq)
+	}
+	_, sent = h.clock.now()
+	h.apply(lentGrant(3, 30e6, 30e6, false), []*sharePath{p}, sent)
 	// Once the slices have ended (they end with the grant they were cut from), the next
 	// grant is acknowledged and the local bucket has it all.
 	clk.ns.Add(int64(3 * time.Second))
 	_, sent = h.clock.now()
-	h.apply(lentGrant(3, 30e6, 30e6, false), []*sharePath{p}, sent)
-	if h.applied != 3 || h.levels["k"].rate != 30e6 {
-		t.Fatalf("after the slices ended: applied %d, local %d/s; want 3 and 30/s", h.applied, h.levels["k"].rate)
+	h.apply(lentGrant(4, 30e6, 30e6, false), []*sharePath{p}, sent)
+	if h.applied != 4 || h.levels["k"].rate != 30e6 {
+		t.Fatalf("after the slices ended: applied %d, local %d/s; want 4 and 30/s", h.applied, h.levels["k"].rate)
 	}
 	if r, b := l.Lent(); r != 0 || b != 0 {
 		t.Fatalf("lent %d/s, burst %d after the slices ended", r, b)

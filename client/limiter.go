@@ -629,6 +629,11 @@ func (h *shareHolder) apply(resp *shareResponse, paths []*sharePath, sentFast in
 			p.setState(st)
 		}
 	}
+	if gated {
+		// Renew at the regular pace: each renewal is a grant the cluster holds unacknowledged
+		// (at most quota.MaxUnackedGrants) until the slices end.
+		starved = false
+	}
 	return decreased, starved
 }
 
