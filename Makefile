@@ -67,7 +67,9 @@ test-regions:
 
 # test-regions-bugs: deliberately broken builds that TestRegionsFaults must fail, each with the
 # check that catches it (about 70 s each): a doubled share (the global bound), a grant used past
-# its end (a fail-closed level admits), the fallback at the share's rate (the fallback slice).
+# its end (a fail-closed level admits), the fallback at the share's rate (the fallback slice);
+# then a slice re-lent downstream not charged against the regional leader's local bucket, which
+# TestRegionsRelend must fail on the global bound (about 20 s).
 REGION_BUGS := region_bug_doubleshare:the-global-bound-is-broken region_bug_noend:strict-admitted region_bug_fallbackshare:more-than-its-slice-of-fallback_rate
 test-regions-bugs:
 	@for b in $(REGION_BUGS); do \
@@ -77,6 +79,10 @@ test-regions-bugs:
 		if ! echo "$$out" | grep -q "$$want"; then echo "$$out" | tail -30; echo "$$tag: failed, but not with \"$$want\""; exit 1; fi; \
 		echo "$$tag: caught ($$want)"; \
 	done
+	@out=$$($(GO) test -tags region_bug_doubleslice -count=1 -timeout 3m -run 'TestRegionsRelend' -v ./region/ 2>&1); \
+	if echo "$$out" | grep -q '^--- PASS'; then echo "$$out" | tail -20; echo "region_bug_doubleslice: TestRegionsRelend PASSED a broken build"; exit 1; fi; \
+	if ! echo "$$out" | grep -q "the global bound is broken"; then echo "$$out" | tail -30; echo "region_bug_doubleslice: failed, but not with \"the global bound is broken\""; exit 1; fi; \
+	echo "region_bug_doubleslice: caught (the global bound is broken)"
 
 # chaos: the CI-sized chaos suite against real processes (every fault kind, ~5 min).
 CHAOS_DURATION ?= 4m

@@ -247,8 +247,9 @@ type pathState struct {
 	levels      []*gcra
 	maxLocal    uint64 // largest cost the local buckets can hold (units)
 	endFast     int64
-	pausedUntil int64 // slow ns
-	fallback    *gcra // after endFast; nil: fail closed
+	pausedUntil int64    // slow ns
+	fallback    *gcra    // after endFast; nil: fail closed
+	keys        []string // the levels' bucket keys (re-lending, lender.go)
 	info        ShareInfo
 	changed     chan struct{} // closed when the next state replaces this one
 }
@@ -284,6 +285,7 @@ type sharePath struct {
 	lastAt        int64 // slow ns
 	initialDemand float64
 	minDemand     float64
+	lentDemand    float64 // units per second re-lent downstream (lender.go; with its headroom)
 }
 
 func (p *sharePath) raiseMaxCost(n uint64) {
@@ -322,11 +324,15 @@ type shareHolder struct {
 	clock       *timeSource
 	incarnation uint64
 
-	mu       sync.Mutex
-	paths    map[string]*sharePath
-	seq      uint64 // last seq sent
-	applied  uint64 // last grant applied (acknowledged by the next request)
-	levels   map[string]*gcra
+	mu      sync.Mutex
+	paths   map[string]*sharePath
+	seq     uint64 // last seq sent
+	applied uint64 // last grant applied (acknowledged by the next request)
+	levels  map[string]*gcra
+	// granted is the newest grant's rate and burst per bucket key; lends the slices of them
+	// re-lent downstream (lender.go): the local buckets hold granted − the slices charged.
+	granted  map[string][2]uint64
+	lends    map[string]*levelLends
 	endFast  int64
 	term     time.Duration
 	held     bool // holds (or may hold) shares: a release is due when the paths are gone
@@ -515,7 +521,7 @@ func (p *sharePath) demand(slowNow int64) uint64 {
 		}
 		d = p.initialDemand
 	}
-	d = max(d, p.minDemand/1.25)
+	d = max(d, p.minDemand/1.25) + p.lentDemand/1.25
 	v := d * 1.25 * 1e6
 	if v >= math.MaxUint64/2 {
 		return math.MaxUint64
@@ -538,6 +544,7 @@ func (h *shareHolder) apply(resp *shareResponse, paths []*sharePath, sentFast in
 	termNs := int64(resp.term)
 	endFast := sentFast + termNs - int64(resp.margin)
 	next := map[string]*gcra{}
+	granted := map[string][2]uint64{}
 	for i, pr := range resp.paths {
 		if i >= len(paths) || pr.status != "lent" {
 			continue
@@ -548,7 +555,8 @@ func (h *shareHolder) apply(resp *shareResponse, paths []*sharePath, sentFast in
 			}
 			var carried uint64
 			if old := h.levels[lv.key]; old != nil {
-				decreased = decreased || lv.rate < old.rate || lv.burst < old.burst
+				prev := h.granted[lv.key]
+				decreased = decreased || lv.rate < prev[0] || lv.burst < prev[1]
 				carried = old.seal(slow)
 				delete(h.levels, lv.key)
 			}
@@ -559,14 +567,27 @@ func (h *shareHolder) apply(resp *shareResponse, paths []*sharePath, sentFast in
 			case live:
 				tokens = carried
 			}
-			next[lv.key] = newGCRA(lv.rate, lv.burst, min(tokens, lv.burst), slow, termNs)
+			// Slices re-lent downstream (lender.go) are charged against the grant: the local
+			// bucket holds the rest.
+			cr, cb := h.lentCharged(lv.key, fast, "")
+			lr, lb := sub0(lv.rate, cr), sub0(lv.burst, cb)
+			next[lv.key] = newGCRA(lr, lb, min(tokens, lb), slow, termNs)
+			granted[lv.key] = [2]uint64{lv.rate, lv.burst}
 		}
 	}
 	for _, old := range h.levels {
 		old.seal(slow)
 		decreased = true // a share given up entirely
 	}
-	h.levels, h.endFast, h.applied, h.term = next, endFast, resp.seq, resp.term
+	// A grant smaller than the slices still lent downstream is not acknowledged: the global
+	// cluster keeps charging the last acknowledged one (which covers them) until they end.
+	gated := h.lendsExceed(granted, fast)
+	h.levels, h.endFast, h.term, h.granted = next, endFast, resp.term, granted
+	if !gated {
+		h.applied = resp.seq
+	} else {
+		decreased = false // nothing to acknowledge early
+	}
 	expiry := time.Now().Add(time.Duration(endFast - fast))
 	for i, p := range paths {
 		if i >= len(resp.paths) {
@@ -583,7 +604,7 @@ func (h *shareHolder) apply(resp *shareResponse, paths []*sharePath, sentFast in
 			rate, capacity := math.Inf(1), math.Inf(1)
 			for _, lv := range pr.levels {
 				g := next[lv.key]
-				st.levels = append(st.levels, g)
+				st.levels, st.keys = append(st.levels, g), append(st.keys, lv.key)
 				st.maxLocal = min(st.maxLocal, lv.burst/1e6)
 				rate, capacity = min(rate, float64(lv.rate)/1e6), min(capacity, float64(lv.burst)/1e6)
 			}
@@ -608,6 +629,11 @@ func (h *shareHolder) apply(resp *shareResponse, paths []*sharePath, sentFast in
 			p.setState(st)
 		}
 	}
+	if gated {
+		// Renew at the regular pace: each renewal is a grant the cluster holds unacknowledged
+		// (at most quota.MaxUnackedGrants) until the slices end.
+		starved = false
+	}
 	return decreased, starved
 }
 
@@ -617,6 +643,17 @@ func (h *shareHolder) release(ctx context.Context) {
 	h.mu.Lock()
 	slow, fast := h.clock.now()
 	live := fast < h.endFast
+	if h.lendsLive(fast) {
+		// Slices of the grant are still lent downstream: a release would let the cluster stop
+		// charging them. Seal the local buckets and let the grant end by itself.
+		for _, g := range h.levels {
+			g.seal(slow)
+		}
+		h.levels = map[string]*gcra{}
+		h.held = false
+		h.mu.Unlock()
+		return
+	}
 	var toks []levelTokens
 	for k, g := range h.levels {
 		if b := g.seal(slow); live && b > 0 {

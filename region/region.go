@@ -88,6 +88,10 @@ type Holder struct {
 	// follow them (logged once per change).
 	followed, localVersion uint64
 	followErr              string
+
+	// relendMu guards answers: the last answer to each downstream share holder (relend.go).
+	relendMu sync.Mutex
+	answers  map[string]*relendAnswer
 }
 
 type share struct {
@@ -142,6 +146,7 @@ func (h *Holder) run() {
 		case <-t.C:
 			h.follow()
 			h.sync()
+			h.reclaim()
 		}
 	}
 }

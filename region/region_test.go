@@ -319,31 +319,6 @@ func TestRegionsGlobalDown(t *testing.T) {
 	}
 }
 
-// A Limiter in a region on a path through a global level is not lent the regional bucket
-// (which the regional FSM keeps at the full configured rate): it decides through Acquire,
-// which the regional leader checks against its share.
-func TestRegionsDoNotLendGlobalLevelsDownstream(t *testing.T) {
-	w := startWorld(t)
-	lim := w.clients[0].Limiter(client.Request{Domain: "strict", Cost: 1}, client.LimiterOptions{})
-	defer lim.Close()
-	admitted := 0
-	deadline := time.Now().Add(2 * time.Second)
-	for time.Now().Before(deadline) {
-		if lim.Allow() {
-			admitted++
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	info := lim.Share()
-	t.Logf("downstream limiter: %+v, admitted %d in 2 s", info, admitted)
-	if info.Local {
-		t.Fatalf("a regional Limiter decides a global level locally from the regional bucket: %+v", info)
-	}
-	if admitted == 0 || float64(admitted) > burst+rate*2 {
-		t.Fatalf("admitted %d in 2 s through the regional leader; want > 0 and ≤ B + 2 s × R", admitted)
-	}
-}
-
 // A new regional leader uses no upstream share until its own renewal returns: after the
 // regional leader is killed, the new one holds its own share (a new holder) and the global
 // bound holds across the change.

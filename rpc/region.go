@@ -45,6 +45,15 @@ type RegionHolder interface {
 	// AdmitExact is Admit at the one global level whose path is exactly (domain, entries) (an
 	// Envoy descriptor's rule; its ancestors do not apply); cost 0 checks without spending.
 	AdmitExact(limitsVersion uint64, domain string, entries []quota.Entry, cost uint64) (ok bool, undo func(), scope, message string)
+	// Relend replaces, in resp (the regional FSM's answer to a downstream share holder's
+	// req), the scope: global levels by slices of the leader's upstream shares (or answers
+	// the path central); holder names the downstream holder.
+	Relend(limitsVersion uint64, holder string, req *quotadv1.ShareRequest, resp *quotadv1.ShareResponse) *quotadv1.ShareResponse
+	// CapDemand lowers the demand of req's paths to the upstream share rate of the global
+	// levels they cross (the regional FSM then lends its own bucket of them no more).
+	CapDemand(req *quotadv1.ShareRequest) *quotadv1.ShareRequest
+	// EndRelends ends a downstream holder's slices (it released its shares).
+	EndRelends(holder string)
 	// Shares describes the share of every global level (quotad status, metrics).
 	Shares() []RegionShare
 	// Close releases the shares; later Admits at global levels refuse.
@@ -245,39 +254,49 @@ func (s *Server) RunRegion(stop <-chan struct{}, nodeID string, log *slog.Logger
 // otherwise).
 func (a *Agent) Region() RegionHolder { return a.server.Region() }
 
-// regionShareProblem refuses, in a regional cluster, a share of a path that crosses a scope:
-// global level: the regional FSM holds such a level at its full configured rate, so lending
-// it downstream would bypass the region's share of the global bucket. Re-lending a slice of
-// the upstream share (its grants ending by the upstream end − m_H) is not built yet; the
-// holder's paths stay undecided locally and its Limiters decide through Acquire, which the
-// regional leader checks against its share.
-func (s *Server) regionShareProblem(req *quotadv1.ShareRequest) error {
+// relendHolderName names a downstream share holder in the regional leader's slices (as
+// region.HolderName).
+func relendHolderName(owner, id string, incarnation uint64) string {
+	return fmt.Sprintf("%s\x00%s\x00%d", owner, id, incarnation)
+}
+
+// regionRelend answers, on a regional leader, the scope: global levels of a share request
+// from the leader's upstream shares (RegionHolder.Relend): the regional FSM holds such a
+// level at its full configured rate, so its own answer for them must never reach the holder.
+// Without a holder (a leader whose holder has not started) such paths are answered central.
+func (s *Server) regionRelend(owner string, req *quotadv1.ShareRequest, resp *quotadv1.ShareResponse) *quotadv1.ShareResponse {
 	if s.region == nil {
-		return nil
+		return resp
 	}
-	var gps []quota.GlobalPath
+	lim := s.fsm.Limits()
+	gps := lim.GlobalPaths()
+	if len(gps) == 0 {
+		return resp
+	}
+	if h := s.Region(); h != nil {
+		return h.Relend(lim.Version, relendHolderName(owner, req.HolderId, req.Incarnation), req, resp)
+	}
 	for i, p := range req.Paths {
-		if gps == nil {
-			gps = s.fsm.Limits().GlobalPaths()
-			if len(gps) == 0 {
-				return nil
-			}
+		if i >= len(resp.Paths) {
+			break
 		}
-		for _, gp := range gps {
-			if gp.Domain != p.GetDomain() || len(gp.Entries) > len(p.GetDescriptors()) {
-				continue
-			}
-			match := true
-			for j, e := range gp.Entries {
-				d := p.GetDescriptors()[j]
-				match = match && e.Key == d.GetKey() && e.Value == d.GetValue()
-			}
-			if match {
-				return status.Errorf(codes.FailedPrecondition, "paths[%d]: level %s of domain %q has rate_limit.scope global and this is regional cluster %q: it is not lent downstream (decide through Acquire, which the regional leader checks against its share of the global limit), docs/regions.md", i, gp.Scope, gp.Domain, s.region.cfg.Name)
-			}
+		entries := make([]quota.Entry, len(p.GetDescriptors()))
+		for j, e := range p.GetDescriptors() {
+			entries[j] = quota.Entry{Key: e.GetKey(), Value: e.GetValue()}
+		}
+		if ok, _, why := noHolder(s.region.cfg.Name, lim, p.GetDomain(), entries); !ok {
+			ps := resp.Paths[i]
+			ps.Status, ps.Message, ps.Levels, ps.Fallback = string(quota.ShareCentral), why, nil, 0
 		}
 	}
-	return nil
+	return resp
+}
+
+// regionReleased ends a released downstream holder's slices on the regional leader.
+func (s *Server) regionReleased(owner string, req *quotadv1.ReleaseShareRequest) {
+	if h := s.Region(); h != nil {
+		h.EndRelends(relendHolderName(owner, req.HolderId, req.Incarnation))
+	}
 }
 
 // regionCollector exports the regional leader's shares per global level (on the leader; the

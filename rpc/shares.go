@@ -30,9 +30,6 @@ func (s *Server) Share(ctx context.Context, req *quotadv1.ShareRequest) (*quotad
 			return nil, permissionDenied("paths[%d]: %s", i, msg)
 		}
 	}
-	if err := s.regionShareProblem(req); err != nil {
-		return nil, err // region.go
-	}
 	conn, err := s.route(ctx)
 	if err != nil || conn != nil {
 		if err != nil {
@@ -40,7 +37,11 @@ func (s *Server) Share(ctx context.Context, req *quotadv1.ShareRequest) (*quotad
 		}
 		return quotadv1.NewQuotaClient(conn).Share(forwardCtx(ctx), req)
 	}
-	r, err := s.prop.propose(ctx, &fsmv1.Op{Op: &fsmv1.Op_Share{Share: &fsmv1.Share{Owner: id.Name, Request: req}}})
+	fsmReq := req
+	if h := s.Region(); h != nil {
+		fsmReq = h.CapDemand(req) // region.go
+	}
+	r, err := s.prop.propose(ctx, &fsmv1.Op{Op: &fsmv1.Op_Share{Share: &fsmv1.Share{Owner: id.Name, Request: fsmReq}}})
 	if err != nil {
 		return nil, s.applyError(err)
 	}
@@ -48,7 +49,7 @@ func (s *Server) Share(ctx context.Context, req *quotadv1.ShareRequest) (*quotad
 		return nil, err
 	}
 	s.metrics.observeShare(r.Other.Share)
-	return fsm.ShareResponse(r.Other.Share), nil
+	return s.regionRelend(id.Name, req, fsm.ShareResponse(r.Other.Share)), nil // region.go
 }
 
 // ReleaseShare ends the caller's holder's shares and returns its unused tokens.
@@ -80,6 +81,7 @@ func (s *Server) ReleaseShare(ctx context.Context, req *quotadv1.ReleaseShareReq
 	if err := shareError(r.Other.Err); err != nil {
 		return nil, err
 	}
+	s.regionReleased(IdentityFrom(ctx).Name, req) // region.go
 	return &quotadv1.ReleaseShareResponse{Returned: r.Other.Returned}, nil
 }
 
