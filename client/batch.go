@@ -103,12 +103,6 @@ func (b *batcher) run() {
 }
 
 // submit queues adm and waits for its decision or for ctx to end.
-//
-// When no batch is in flight and nothing is queued, the caller sends its admission as a batch
-// of one from its own goroutine: run would have sent it at once too (it holds a batch only
-// while another is in flight), so the RPC is the same, but the caller skips the hand-off to
-// run, run's new send goroutine and the hand-off of the decision back. Callers that arrive
-// meanwhile see a batch in flight and queue as before.
 func (b *batcher) submit(ctx context.Context, adm *quotadv1.Admission) (*quotadv1.Decision, time.Time, error) {
 	p := &pending{ctx: ctx, adm: adm, done: make(chan result, 1)}
 	select {
@@ -116,17 +110,12 @@ func (b *batcher) submit(ctx context.Context, adm *quotadv1.Admission) (*quotadv
 		return nil, time.Time{}, ErrClosed
 	default:
 	}
-	if len(b.in) == 0 && b.inflight.CompareAndSwap(0, 1) {
-		b.c.metrics.direct.Add(1)
-		b.send([]*pending{p}) // answers p.done before it returns
-	} else {
-		select {
-		case b.in <- p:
-		case <-ctx.Done():
-			return nil, time.Time{}, b.c.unavailable("Acquire", 0, nil, ctx.Err())
-		case <-b.c.closing:
-			return nil, time.Time{}, ErrClosed
-		}
+	select {
+	case b.in <- p:
+	case <-ctx.Done():
+		return nil, time.Time{}, b.c.unavailable("Acquire", 0, nil, ctx.Err())
+	case <-b.c.closing:
+		return nil, time.Time{}, ErrClosed
 	}
 	select {
 	case r := <-p.done:

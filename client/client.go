@@ -38,7 +38,7 @@ type Client struct {
 	shares     *shareHolder // Limiters' share holder, started by the first Limiter
 
 	metrics struct {
-		admissions, batches, held, direct, rpcs, retries atomic.Uint64
+		admissions, batches, held, rpcs, retries atomic.Uint64
 	}
 }
 
@@ -136,10 +136,6 @@ type Stats struct {
 	// BatchesHeld counts batches held open for the batch window (Config.Batch.Window)
 	// because another batch was in flight. A serial caller sees none.
 	BatchesHeld uint64
-	// BatchesDirect counts batches of one that a caller sent from its own goroutine because
-	// no batch was in flight or queued (included in Batches). A serial caller's are all
-	// direct.
-	BatchesDirect uint64
 	// RPCs counts Acquire RPC attempts, retries included.
 	RPCs uint64
 	// Retries counts failed RPC attempts of any method that were retried.
@@ -149,12 +145,11 @@ type Stats struct {
 // Stats returns the client's counters.
 func (c *Client) Stats() Stats {
 	return Stats{
-		Admissions:    c.metrics.admissions.Load(),
-		Batches:       c.metrics.batches.Load(),
-		BatchesHeld:   c.metrics.held.Load(),
-		BatchesDirect: c.metrics.direct.Load(),
-		RPCs:          c.metrics.rpcs.Load(),
-		Retries:       c.metrics.retries.Load(),
+		Admissions:  c.metrics.admissions.Load(),
+		Batches:     c.metrics.batches.Load(),
+		BatchesHeld: c.metrics.held.Load(),
+		RPCs:        c.metrics.rpcs.Load(),
+		Retries:     c.metrics.retries.Load(),
 	}
 }
 

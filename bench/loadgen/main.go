@@ -53,8 +53,6 @@ type Result struct {
 	// because another was in flight (warmup included).
 	Batches     uint64 `json:"batches"`
 	BatchesHeld uint64 `json:"batches_held"`
-	// Batches a caller sent from its own goroutine (nothing in flight or queued).
-	BatchesDirect uint64 `json:"batches_direct"`
 	// rls mode: descriptors decided per second (3 per request).
 	DescriptorsPerSec float64 `json:"descriptors_per_sec,omitempty"`
 }
@@ -129,7 +127,7 @@ func main() {
 		fail(fmt.Errorf("unknown -mode %q", *mode))
 	}
 	st := c.Stats()
-	res.RPCs, res.ClientRetrys, res.Batches, res.BatchesHeld, res.BatchesDirect = st.RPCs, st.Retries, st.Batches, st.BatchesHeld, st.BatchesDirect
+	res.RPCs, res.ClientRetrys, res.Batches, res.BatchesHeld = st.RPCs, st.Retries, st.Batches, st.BatchesHeld
 	if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
 		fail(err)
 	}
