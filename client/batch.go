@@ -41,17 +41,7 @@ type batcher struct {
 	inflight atomic.Int64
 	stop     chan struct{}
 	stopped  chan struct{}
-	// sendq hands a batch to an idle sender goroutine (unbuffered: only to one waiting for
-	// it). idle counts those waiting; spawned counts the senders ever started.
-	sendq   chan []*pending
-	idle    atomic.Int64
-	spawned atomic.Uint64
 }
-
-// maxIdleSenders is how many sender goroutines wait for the next batch rather than exit. A
-// sender keeps its stack between batches: a new goroutine per batch grew its stack (by copying
-// it) several times on the way through gRPC on every RPC, the serial caller's included.
-const maxIdleSenders = 4
 
 func newBatcher(c *Client, cfg BatchConfig) *batcher {
 	b := &batcher{
@@ -61,7 +51,6 @@ func newBatcher(c *Client, cfg BatchConfig) *batcher {
 		maxSize: cfg.MaxSize,
 		stop:    make(chan struct{}),
 		stopped: make(chan struct{}),
-		sendq:   make(chan []*pending),
 	}
 	go b.run()
 	return b
@@ -109,30 +98,7 @@ func (b *batcher) run() {
 			timer.Stop()
 		}
 		b.inflight.Add(1)
-		select {
-		case b.sendq <- batch:
-		default:
-			b.spawned.Add(1)
-			go b.sender(batch)
-		}
-	}
-}
-
-// sender sends batch, then waits for more while fewer than maxIdleSenders others wait.
-func (b *batcher) sender(batch []*pending) {
-	for {
-		b.send(batch)
-		if b.idle.Add(1) > maxIdleSenders {
-			b.idle.Add(-1)
-			return
-		}
-		select {
-		case batch = <-b.sendq:
-			b.idle.Add(-1)
-		case <-b.stop:
-			b.idle.Add(-1)
-			return
-		}
+		go b.send(batch)
 	}
 }
 
