@@ -129,7 +129,7 @@ func main() {
 		keep        = flag.Bool("keep", false, "keep the cluster running at the end (for profiling) until interrupted")
 		agentArgs   = flag.String("agent-args", "", "extra agent flags, space-separated")
 		snapProf    = flag.String("snapshot-cpuprofile", "", "write a CPU profile of the snapshot step's timed part to this file")
-		profDir     = flag.String("profile-dir", "bench/results/serial-profile", "serial_profile: where the execution traces go")
+		profDir     = flag.String("profile-dir", "", "serial_profile: where the traces and profiles go (default: a new directory under the system's temp dir, logged)")
 		profBackend = flag.String("profile-backend", "wal", "serial_profile: the --raft-log-store backend to trace")
 		abBase      = flag.String("ab-base", "", "ab: the source tree of the base to compare this tree against (e.g. git archive of the commit before a change)")
 	)
@@ -259,6 +259,10 @@ func main() {
 		rep.AB = abCompare(bin, loadgen, *abBase, limits, dir, strings.Fields(*agentArgs), *cmpRounds, *duration)
 	}
 	if want("serial_profile") {
+		if *profDir == "" {
+			*profDir, err = os.MkdirTemp("", "quotad-serial-profile-")
+			check(err)
+		}
 		serialProfile(bin, loadgen, limits, dir, *profBackend, *profDir, strings.Fields(*agentArgs), *duration)
 	}
 	if want("memory") {
