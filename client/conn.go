@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"github.com/quotad/quotad/internal/grpcflow"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
@@ -37,7 +39,8 @@ type nodes struct {
 }
 
 func newNodes(addrs []string, cfg Config, creds []grpc.DialOption) *nodes {
-	opts := append(creds,
+	opts := append(slices.Clone(creds), grpcflow.DialOptions()...) // no BDP pings (package grpcflow)
+	opts = append(opts,
 		// gRPC's default reconnect backoff grows to 120s; a restarted node should be usable
 		// within about a second.
 		grpc.WithConnectParams(grpc.ConnectParams{

@@ -25,8 +25,14 @@ import (
 	"github.com/quotad/quotad/cluster"
 	"github.com/quotad/quotad/config"
 	"github.com/quotad/quotad/fsm"
+	"github.com/quotad/quotad/internal/grpcflow"
 	"github.com/quotad/quotad/quota"
 )
+
+// streamWorkers is the number of gRPC stream workers (grpc.NumStreamWorkers). A worker is
+// busy for a whole call, commit wait included (~1-2 ms), so this covers the calls in flight
+// on a node at c=64 with client batching; past it calls get goroutines of their own.
+const streamWorkers = 64
 
 // AgentConfig configures a whole quotad server process: a cluster node, its gRPC API and its
 // HTTP endpoints.
@@ -155,7 +161,13 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 	if maxRequest <= 0 {
 		maxRequest = DefaultMaxRequestBytes
 	}
-	grpcOpts := []grpc.ServerOption{grpc.MaxRecvMsgSize(maxRequest)}
+	grpcOpts := append([]grpc.ServerOption{grpc.MaxRecvMsgSize(maxRequest),
+		// Calls run on long-lived workers instead of a new goroutine each: a new goroutine
+		// starts with a small stack and grows it (copying it) several times on the way
+		// through gRPC, the interceptors and the handler, on every call. When every worker
+		// is busy grpc-go starts a goroutine as before.
+		grpc.NumStreamWorkers(streamWorkers),
+	}, grpcflow.ServerOptions()...)
 	var forwardCreds credentials.TransportCredentials
 	var httpTLS *tls.Config
 	if cfg.TLS.Enabled() {

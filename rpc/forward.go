@@ -6,6 +6,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/quotad/quotad/internal/grpcflow"
 )
 
 // forwarder keeps one client connection per leader address for forwarding calls.
@@ -29,7 +31,7 @@ func (f *forwarder) conn(addr string) (*grpc.ClientConn, error) {
 	if c, ok := f.conns[addr]; ok {
 		return c, nil
 	}
-	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(f.creds))
+	c, err := grpc.NewClient(addr, append(grpcflow.DialOptions(), grpc.WithTransportCredentials(f.creds))...)
 	if err != nil {
 		return nil, err
 	}

@@ -67,6 +67,8 @@ type proposer struct {
 	stopped sync.WaitGroup
 	// observe, if set, is told the size and commit latency of each entry (metrics).
 	observe func(ops int, took time.Duration, err error)
+	// directs counts calls that committed from their own goroutine (do).
+	directs atomic.Uint64
 }
 
 // queuedOp is one encoded op of a call, waiting for an entry.
@@ -130,11 +132,8 @@ func (p *proposer) propose(ctx context.Context, op *fsmv1.Op) (fsm.OpResult, err
 	if err != nil {
 		return fsm.OpResult{}, fmt.Errorf("rpc: encoding an op: %w", err)
 	}
-	c, err := p.submit(ctx, [][]byte{data})
+	c, err := p.do(ctx, [][]byte{data})
 	if err != nil {
-		return fsm.OpResult{}, err
-	}
-	if err := p.wait(ctx, c); err != nil {
 		return fsm.OpResult{}, err
 	}
 	r := c.results[0]
@@ -142,6 +141,60 @@ func (p *proposer) propose(ctx context.Context, op *fsmv1.Op) (fsm.OpResult, err
 		return fsm.OpResult{}, r.err
 	}
 	return *r.res, nil
+}
+
+// do commits a call's encoded ops and waits for their results (submit, then wait). When the
+// proposer is idle — nothing queued and a commit slot free — the caller's goroutine commits
+// the ops itself, as the loop would have at once: the entry and its timing are the same, but a
+// lone call (the serial path) skips two goroutine hand-offs and a new goroutine (the loop's
+// wake-up, its commit goroutine, the answer back). Under load the queue is not empty and
+// calls go through the loop and batch as before.
+func (p *proposer) do(ctx context.Context, ops [][]byte) (*call, error) {
+	if c, ok := p.direct(ctx, ops); ok {
+		return c, nil
+	}
+	c, err := p.submit(ctx, ops)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.wait(ctx, c); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// direct commits ops from the caller's goroutine if the proposer is idle (see do); ok is false
+// (and nothing happened) otherwise. The commit's wait ends early if ctx ends, like wait's.
+func (p *proposer) direct(ctx context.Context, ops [][]byte) (*call, bool) {
+	if len(ops) == 0 || len(ops) > p.cfg.MaxBatch {
+		return nil, false
+	}
+	select {
+	case <-p.stop:
+		return nil, false // submit reports it
+	default:
+	}
+	p.mu.Lock()
+	if len(p.queue) > 0 {
+		p.mu.Unlock()
+		return nil, false
+	}
+	select {
+	case p.slots <- struct{}{}:
+	default:
+		p.mu.Unlock()
+		return nil, false
+	}
+	p.mu.Unlock()
+	p.directs.Add(1)
+	c := &call{results: make([]proposalResult, len(ops)), done: make(chan struct{})}
+	c.left.Store(int32(len(ops)))
+	batch := make([]queuedOp, len(ops))
+	for i, op := range ops {
+		batch[i] = queuedOp{data: op, c: c, i: i}
+	}
+	p.commitCtx(ctx, batch)
+	return c, true
 }
 
 // submit queues a call's encoded ops, in order, for the next log entries.
@@ -236,10 +289,14 @@ func (p *proposer) loop() {
 	}
 }
 
-func (p *proposer) commit(batch []queuedOp) {
+func (p *proposer) commit(batch []queuedOp) { p.commitCtx(context.Background(), batch) }
+
+// commitCtx commits batch as one entry and answers its ops, then frees the commit slot the
+// caller took. ctx (with ApplyTimeout) bounds the wait.
+func (p *proposer) commitCtx(ctx context.Context, batch []queuedOp) {
 	defer func() { <-p.slots }()
 	start := time.Now()
-	res, ts, err := p.apply(batch)
+	res, ts, err := p.apply(ctx, batch)
 	if p.observe != nil {
 		p.observe(len(batch), time.Since(start), err)
 	}
@@ -252,7 +309,7 @@ func (p *proposer) commit(batch []queuedOp) {
 	}
 }
 
-func (p *proposer) apply(batch []queuedOp) (*fsm.Result, int64, error) {
+func (p *proposer) apply(ctx context.Context, batch []queuedOp) (*fsm.Result, int64, error) {
 	ts, err := p.node.Now()
 	if err != nil {
 		return nil, 0, err
@@ -262,7 +319,7 @@ func (p *proposer) apply(batch []queuedOp) (*fsm.Result, int64, error) {
 		ops[i] = q.data
 	}
 	data := fsm.EncodeEntry(ts, ops)
-	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.ApplyTimeout)
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.ApplyTimeout)
 	defer cancel()
 	out, err := p.node.Apply(ctx, data)
 	if err != nil {

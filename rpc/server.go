@@ -211,10 +211,7 @@ func (s *Server) acquireLeader(ctx context.Context, req *quotadv1.AcquireRequest
 			ops[j] = buf[off : off+len(op) : off+len(op)]
 			off += len(op)
 		}
-		c, err := s.prop.submit(ctx, ops)
-		if err == nil {
-			err = s.prop.wait(ctx, c)
-		}
+		c, err := s.prop.do(ctx, ops)
 		if err != nil {
 			return nil, s.applyError(err)
 		}

@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strings"
 	"sync"
@@ -71,6 +72,7 @@ func main() {
 		maxBatch    = flag.Int("batch-max", 0, "client batch size cap (0: the client's default)")
 		noBatch     = flag.Bool("no-batch", false, "disable client batching")
 		cpuProfile  = flag.String("cpuprofile", "", "write the load generator's CPU profile to this file")
+		traceFile   = flag.String("trace", "", "write the load generator's execution trace to this file")
 	)
 	flag.Parse()
 	if *cpuProfile != "" {
@@ -82,6 +84,16 @@ func main() {
 			fail(err)
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if *traceFile != "" {
+		f, err := os.Create(*traceFile)
+		if err != nil {
+			fail(err)
+		}
+		if err := trace.Start(f); err != nil {
+			fail(err)
+		}
+		defer trace.Stop()
 	}
 	cfg := client.DefaultConfig(strings.Split(*addrs, ",")...)
 	cfg.LoadEnv() // credentials: QUOTAD_TOKEN, QUOTAD_CACERT, QUOTAD_CLIENT_CERT, QUOTAD_CLIENT_KEY

@@ -82,6 +82,8 @@ type Report struct {
 	LogStoreCompareDisk *DiskProbe                `json:"log_store_compare_disk_fsync,omitempty"`
 	// rls (issue 14): Envoy's ShouldRateLimit at -rls-concurrency, see RLSPoint.
 	RLS []RLSPoint `json:"rls,omitempty"`
+	// ab (-only ab -ab-base DIR): a base build against this tree's, see abCompare.
+	AB map[string]*ABPoint `json:"ab,omitempty"`
 }
 
 // SweepPoint is the median over runs at one concurrency.
@@ -117,7 +119,7 @@ func main() {
 		concs       = flag.String("concurrency", "1,64,256,512,1024", "concurrency sweep")
 		kills       = flag.Int("kills", 5, "leader kill -9 trials")
 		buckets     = flag.Int("buckets", 1_000_000, "active buckets for the memory step")
-		only        = flag.String("only", "", "comma-separated steps to run (sweep,rls,failover,log_store_compare,memory,snapshot,soak); empty: all but soak")
+		only        = flag.String("only", "", "comma-separated steps to run (sweep,rls,failover,log_store_compare,memory,snapshot,soak,serial_profile,ab); empty: all but soak, serial_profile and ab")
 		rlsConcs    = flag.String("rls-concurrency", "64,256", "rls step: concurrent ShouldRateLimit callers")
 		cmpRounds   = flag.Int("compare-rounds", 4, "log_store_compare: rounds (each runs both backends, the order alternating)")
 		soak        = flag.Duration("soak", 10*time.Minute, "length of the soak step (alternating 30 s of load and 30 s of idle)")
@@ -127,6 +129,9 @@ func main() {
 		keep        = flag.Bool("keep", false, "keep the cluster running at the end (for profiling) until interrupted")
 		agentArgs   = flag.String("agent-args", "", "extra agent flags, space-separated")
 		snapProf    = flag.String("snapshot-cpuprofile", "", "write a CPU profile of the snapshot step's timed part to this file")
+		profDir     = flag.String("profile-dir", "", "serial_profile: where the traces and profiles go (default: a new directory under the system's temp dir, logged)")
+		profBackend = flag.String("profile-backend", "wal", "serial_profile: the --raft-log-store backend to trace")
+		abBase      = flag.String("ab-base", "", "ab: the source tree of the base to compare this tree against (e.g. git archive of the commit before a change)")
 	)
 	flag.Parse()
 	steps := map[string]bool{}
@@ -135,7 +140,9 @@ func main() {
 			steps[s] = true
 		}
 	}
-	want := func(s string) bool { return steps[s] || len(steps) == 0 && s != "soak" }
+	want := func(s string) bool {
+		return steps[s] || len(steps) == 0 && s != "soak" && s != "serial_profile" && s != "ab"
+	}
 
 	dir, err := os.MkdirTemp("", "quotad-bench-")
 	check(err)
@@ -244,6 +251,19 @@ func main() {
 		close(stop)
 		p := <-probed
 		rep.LogStoreCompareDisk = &p
+	}
+	if want("ab") {
+		if *abBase == "" {
+			check(fmt.Errorf("-only ab needs -ab-base DIR"))
+		}
+		rep.AB = abCompare(bin, loadgen, *abBase, limits, dir, strings.Fields(*agentArgs), *cmpRounds, *duration)
+	}
+	if want("serial_profile") {
+		if *profDir == "" {
+			*profDir, err = os.MkdirTemp("", "quotad-serial-profile-")
+			check(err)
+		}
+		serialProfile(bin, loadgen, limits, dir, *profBackend, *profDir, strings.Fields(*agentArgs), *duration)
 	}
 	if want("memory") {
 		// A fresh cluster, so the dedup records of the load above (a 2-minute window of

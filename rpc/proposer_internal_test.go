@@ -1,0 +1,187 @@
+package rpc
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	fsmv1 "github.com/quotad/quotad/api/quotad/fsm/v1"
+	"github.com/quotad/quotad/fsm"
+)
+
+// gatedApplier is an Applier whose commits wait for the test: each Apply records its entry's
+// ops (their owners, from Release ops) and blocks until gate lets it through. It stands in
+// for the cluster node only where the test must hold a commit in flight; the real path is
+// covered by the server tests on real clusters.
+type gatedApplier struct {
+	mu      sync.Mutex
+	entries [][]string
+	started chan struct{} // one send per Apply, before it waits
+	gate    chan struct{} // one receive per Apply
+}
+
+func newGatedApplier() *gatedApplier {
+	return &gatedApplier{started: make(chan struct{}, 16), gate: make(chan struct{}, 16)}
+}
+
+func (g *gatedApplier) Now() (int64, error) { return time.Now().UnixNano(), nil }
+
+func (g *gatedApplier) Apply(ctx context.Context, data []byte) (any, error) {
+	var cmd fsmv1.Command
+	if err := proto.Unmarshal(data, &cmd); err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, op := range cmd.Ops {
+		ids = append(ids, op.GetRelease().GetOwner())
+	}
+	g.mu.Lock()
+	g.entries = append(g.entries, ids)
+	g.mu.Unlock()
+	g.started <- struct{}{}
+	select {
+	case <-g.gate:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return &fsm.Result{Ops: make([]fsm.OpResult, len(cmd.Ops))}, nil
+}
+
+func (g *gatedApplier) got() [][]string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([][]string(nil), g.entries...)
+}
+
+func releaseOp(t *testing.T, id string) []byte {
+	t.Helper()
+	b, err := fsm.EncodeOp(&fsmv1.Op{Op: &fsmv1.Op_Release{Release: &fsmv1.Release{LeaseId: 1, Owner: id}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func waitStarted(t *testing.T, g *gatedApplier) {
+	t.Helper()
+	select {
+	case <-g.started:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no commit started")
+	}
+}
+
+// An idle proposer commits a lone call from the caller's goroutine; a call that finds a
+// commit in flight with no slot free, or ops already queued, goes through the loop behind
+// them, so ops keep their order.
+func TestProposerDirectOnlyWhenIdle(t *testing.T) {
+	g := newGatedApplier()
+	p := newProposer(g, ProposerConfig{MaxBatch: 16, MaxInflight: 1, ApplyTimeout: 5 * time.Second})
+	defer p.close()
+	ctx := context.Background()
+
+	// Idle: direct. The commit runs in this goroutine, so let it through before the call.
+	g.gate <- struct{}{}
+	c, err := p.do(ctx, [][]byte{releaseOp(t, "a")})
+	if err != nil || c.results[0].err != nil {
+		t.Fatalf("idle call: %v %v", err, c.results[0].err)
+	}
+	<-g.started
+	if n := p.directs.Load(); n != 1 {
+		t.Fatalf("idle call: %d direct commits, want 1", n)
+	}
+
+	// Busy: "b" holds the only slot (direct, blocked in Apply); "c" then finds no slot and
+	// queues; "d" finds "c" queued and queues behind it.
+	type res struct {
+		id  string
+		err error
+	}
+	done := make(chan res, 3)
+	call := func(id string) {
+		c, err := p.do(ctx, [][]byte{releaseOp(t, id)})
+		if err == nil {
+			err = c.results[0].err
+		}
+		done <- res{id, err}
+	}
+	go call("b")
+	waitStarted(t, g)
+	go call("c")
+	waitQueued(t, p, 1)
+	go call("d")
+	waitQueued(t, p, 2)
+	if n := p.directs.Load(); n != 2 {
+		t.Fatalf("%d direct commits after b, c and d, want 2 (a and b; c and d found the proposer busy)", n)
+	}
+	for range 2 {
+		g.gate <- struct{}{}
+	}
+	for range 3 {
+		r := <-done
+		if r.err != nil {
+			t.Fatalf("call %s: %v", r.id, r.err)
+		}
+	}
+	want := [][]string{{"a"}, {"b"}, {"c", "d"}}
+	if got := g.got(); len(got) != len(want) || len(got[2]) != 2 || got[1][0] != "b" || got[2][0] != "c" || got[2][1] != "d" {
+		t.Fatalf("entries %v, want %v", got, want)
+	}
+
+	// Idle again: direct again.
+	g.gate <- struct{}{}
+	if _, err := p.do(ctx, [][]byte{releaseOp(t, "e")}); err != nil {
+		t.Fatal(err)
+	}
+	if n := p.directs.Load(); n != 3 {
+		t.Fatalf("%d direct commits, want 3", n)
+	}
+}
+
+// A direct call whose context ends while its entry commits returns with the context's error
+// (the outcome is unknown, as on the queued path) and frees its slot for the next call.
+func TestProposerDirectHonorsContext(t *testing.T) {
+	g := newGatedApplier()
+	p := newProposer(g, ProposerConfig{MaxBatch: 16, MaxInflight: 1, ApplyTimeout: 5 * time.Second})
+	defer p.close()
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	c, err := p.do(ctx, [][]byte{releaseOp(t, "x")})
+	if err == nil {
+		err = c.results[0].err
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err %v, want the context's deadline", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("returned after %v, want about the context's 50 ms", d)
+	}
+	<-g.started
+	g.gate <- struct{}{}
+	if _, err := p.do(context.Background(), [][]byte{releaseOp(t, "y")}); err != nil {
+		t.Fatalf("next call: %v", err)
+	}
+	if n := p.directs.Load(); n != 2 {
+		t.Fatalf("%d direct commits, want 2 (the slot was freed)", n)
+	}
+}
+
+func waitQueued(t *testing.T, p *proposer, n int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		p.mu.Lock()
+		q := len(p.queue)
+		p.mu.Unlock()
+		if q == n {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatalf("queue never held %d ops", n)
+}
