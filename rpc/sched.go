@@ -115,7 +115,7 @@ type fairQueue struct {
 	q                  *sched.Queue
 	cost               uint64 // sum of waiting costs
 	ratePerUnit        float64
-	spare              bool // last pass: waiters present, none eligible, bucket could pay
+	spare              bool // last pass: waiters present, all held back by limits of their own, bucket could pay
 	created            time.Time
 	prefix             []quota.Entry // the path down to the contended level
 }
@@ -147,12 +147,13 @@ type waiter struct {
 	releasedAt int64
 }
 
-// pathView is the FSM's state along one descriptor path at FSM time clock, and the limits
-// nodes matched at each level (nil for the domain itself).
+// pathView is the FSM's state along one descriptor path at FSM time clock (the last applied
+// entry's), the leader's time now when it was read (≥ clock: the log may have been idle), and
+// the limits nodes matched at each level (nil for the domain itself).
 type pathView struct {
-	clock  int64
-	levels []quota.BucketStatus
-	nodes  []*quota.Node
+	clock, now int64
+	levels     []quota.BucketStatus
+	nodes      []*quota.Node
 }
 
 func newFair(s *Server) *fair {
@@ -298,7 +299,10 @@ func (f *fair) readPath(domain string, entries []quota.Entry) (*pathView, error)
 			break
 		}
 	}
-	v := &pathView{clock: c0, levels: st, nodes: make([]*quota.Node, len(st))}
+	v := &pathView{clock: c0, now: c0, levels: st, nodes: make([]*quota.Node, len(st))}
+	if now, err := f.s.node.Now(); err == nil {
+		v.now = max(now, c0)
+	}
 	// The nodes of the path by the engine's own matcher (st[0] is the domain, st[i] entry i-1).
 	nodes, _ := f.s.fsm.Matcher().Path(domain, entries)
 	for i := 1; i < len(st) && i-1 < len(nodes); i++ {
@@ -334,7 +338,15 @@ func (f *fair) domainConfig(domain string) sched.Config {
 // math.MaxInt64 when that cannot be predicted (permits all held). A paused level counts its
 // end plus the release horizon, so that no waiter is released before the pause is over (the
 // FSM refuses paused admissions). Shadow and unlimited levels never hold a request back.
-func (f *fair) levelAt(v *pathView, i int, cost uint64) int64 {
+//
+// Pending grants are taken to pay from the FSM's clock on (the last applied entry's time):
+// those stamped since took their units as of their stamps, which may be before now — the
+// release of the next grants must not wait for them (at 1000/s, counting them from now cost
+// 0.1-0.15 of the bucket under -race). With asOfNow they pay from now: what is pending may
+// not be stamped yet, and from a stale clock (an idle log) a full bucket looked as if it
+// had paid them long ago — the test of "can it pay now" for going straight to the FSM uses
+// that (TestSchedWaitingLaneIsItsOwn).
+func (f *fair) levelAt(v *pathView, i int, cost uint64, asOfNow bool) int64 {
 	b := &v.levels[i]
 	if n := v.nodes[i]; n != nil && (n.ShadowMode || n.Unlimited) {
 		return v.clock
@@ -347,17 +359,22 @@ func (f *fair) levelAt(v *pathView, i int, cost uint64) int64 {
 		return math.MaxInt64
 	}
 	if b.Limit > 0 && b.Window > 0 {
-		bk := sched.Bucket{Limit: b.Limit, Window: b.Window, Burst: b.Burst, ResetAfter: b.ResetAfter}
-		at = max(at, v.clock+int64(bk.ReadyAfter(cost+f.pending[b.Key])))
+		from, left := v.clock, b.ResetAfter
+		if asOfNow {
+			from, left = v.now, max(0, b.ResetAfter-time.Duration(v.now-v.clock))
+		}
+		bk := sched.Bucket{Limit: b.Limit, Window: b.Window, Burst: b.Burst, ResetAfter: left}
+		at = max(at, from+int64(bk.ReadyAfter(cost+f.pending[b.Key])))
 	}
 	return at
 }
 
-// admitAt is the time every level of v can pay cost, and the outermost level that is last.
-func (f *fair) admitAt(v *pathView, cost uint64) (int64, int) {
+// admitAt is the time every level of v can pay cost, and the outermost level that is last
+// (asOfNow: see levelAt).
+func (f *fair) admitAt(v *pathView, cost uint64, asOfNow bool) (int64, int) {
 	at, which := v.clock, -1
 	for i := range v.levels {
-		if t := f.levelAt(v, i, cost); t > at {
+		if t := f.levelAt(v, i, cost, asOfNow); t > at {
 			at, which = t, i
 		}
 	}
@@ -521,13 +538,18 @@ func (f *fair) wait(ctx context.Context, owner, clientID string, adm *quotadv1.A
 			}
 		}
 		q := f.queueOn(v)
-		at, blocking := f.admitAt(v, w.cost)
-		if q == nil && !requeue && at <= now {
-			// Nobody waits on this path and every bucket can pay now: go straight to the
-			// FSM, through the shared group commit. Not "within the release horizon": at
-			// 10,000/s with a 100 ms horizon a thousand grants at a time went this way,
-			// first come first served, one entry each (A:B 3:1 instead of 1:1); queued,
-			// a newcomer releases itself at once anyway (below).
+		at, blocking := f.admitAt(v, w.cost, false)
+		direct := q == nil && !requeue && at <= now
+		if direct {
+			atNow, _ := f.admitAt(v, w.cost, true)
+			direct = atNow <= now
+		}
+		if direct {
+			// Nobody waits on this path and every bucket can pay now, grants pending
+			// included: go straight to the FSM, through the shared group commit. Not
+			// "within the release horizon": at 10,000/s with a 100 ms horizon a thousand
+			// grants at a time went this way, first come first served, one entry each (A:B
+			// 3:1 instead of 1:1); queued, a newcomer releases itself at once anyway (below).
 			f.reserve(w)
 			f.mu.Unlock()
 			d, final, err := f.decide(ctx, w)
@@ -611,7 +633,7 @@ func (f *fair) wait(ctx context.Context, owner, clientID string, adm *quotadv1.A
 				return nil, status.Error(codes.NotFound, err.Error())
 			}
 			retry := q.backlog()
-			if at, _ := f.admitAt(v, w.cost); at != math.MaxInt64 {
+			if at, _ := f.admitAt(v, w.cost, false); at != math.MaxInt64 {
 				retry = max(retry, time.Duration(at-now))
 			}
 			return f.denial(adm.Domain, v, q.level, retry), nil
@@ -1023,17 +1045,26 @@ func (f *fair) pass() time.Duration {
 	var batches [][]*waiter
 	for _, k := range keys {
 		q := f.queues[k]
+		until := wall.Add(horizon)
+		// owed: a waiter left in the queue waits for this bucket (not for a limit of its own).
+		// Then the bucket's units are the waiters' even if it holds some now (a cost-5 head
+		// while 3 have accrued), so it is not spare for non-waiting callers.
+		owed := false
 		slot := func(it sched.Item) sched.Slot {
 			w := f.waiters[it.ID]
 			v := view(w)
 			if v == nil {
 				return sched.Slot{At: wall} // the FSM will say what is wrong
 			}
-			at, which := f.admitAt(v, w.cost)
-			return sched.Slot{At: toWall(at), Own: which >= 0 && which != q.level}
+			at, which := f.admitAt(v, w.cost, false)
+			s := sched.Slot{At: toWall(at), Own: which >= 0 && which != q.level}
+			if !s.Own && s.At.After(until) {
+				owed = true
+			}
+			return s
 		}
 		var batch []*waiter
-		_, next := q.q.Batch(wall, wall.Add(horizon), slot, func(it sched.Item) {
+		_, next := q.q.Batch(wall, until, slot, func(it sched.Item) {
 			w := f.waiters[it.ID]
 			delete(f.waiters, it.ID)
 			f.nwait.Add(-1)
@@ -1050,7 +1081,7 @@ func (f *fair) pass() time.Duration {
 		}
 		q.spare = false
 		if q.q.Len() > 0 {
-			if v, err := f.readPath(q.domain, q.prefix); err == nil && q.level < len(v.levels) && f.levelAt(v, q.level, 1) <= now {
+			if v, err := f.readPath(q.domain, q.prefix); err == nil && !owed && q.level < len(v.levels) && f.levelAt(v, q.level, 1, true) <= now {
 				q.spare = true
 				f.metrics.spareTokens(q, v.levels[q.level].Remaining)
 			}
