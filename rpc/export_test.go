@@ -19,3 +19,10 @@ func HoldLane(a *Agent, waiting bool) (release func()) {
 		}
 	}
 }
+
+// FairTrace is where one admitted waiter's time went on the leader.
+type FairTrace = fairTrace
+
+// SetFairTrace makes the scheduler report every admission of the waiting path to fn (nil:
+// stop). Set it before the cluster starts and clear it after the test.
+func SetFairTrace(fn func(FairTrace)) { fairTraceHook = fn }

@@ -247,3 +247,73 @@ descriptors:
 		})
 	}
 }
+
+// A newcomer (its tenant has nothing waiting) goes into the very next entry: its own pass
+// releases it even when the grants already released to heavy tenants reach past the release
+// horizon (its moment comes after them anyway), under the lock it was queued with (no other
+// pass takes it first), instead of leaving it for the pump's next pass — a timer's lateness
+// (45 % of small newcomers at 1000/s went that way; arrival → release p99 20-54 ms, loaded).
+func TestSchedNewcomerGoesIntoTheNextEntry(t *testing.T) {
+	var mu sync.Mutex
+	var self, other int
+	rpc.SetFairTrace(func(tr rpc.FairTrace) {
+		if v := tr.Adm.Descriptors[0].Value; v[0] != 's' {
+			return
+		}
+		mu.Lock()
+		if tr.SelfPass {
+			self++
+		} else {
+			other++
+			t.Logf("by the pump: %s, newcomer %v, arrival → release %v, stamp → moment %v", tr.Adm.Descriptors[0].Value, tr.Newcomer, tr.Released.Sub(tr.Arrived), tr.Moment.Sub(tr.Stamp))
+		}
+		mu.Unlock()
+	})
+	t.Cleanup(func() { rpc.SetFairTrace(nil) }) // runs after the cluster's cleanup
+	c := rpctest.Start(t, 3, laneLimits)
+	leader := c.Leader()
+	q := quotadv1.NewQuotaClient(dial(t, c.Addrs()[leader]))
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	var id atomic.Uint64
+	id.Store(1000)
+	for k, tenant := range []string{"A", "B"} {
+		for range 150 / (1 + k) {
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					adm := &quotadv1.Admission{RequestId: id.Add(1), Domain: "lane", Cost: 1, MaxWaitMs: 20000,
+						Descriptors: []*quotadv1.Entry{{Key: "tenant", Value: tenant}}}
+					acquireOne(ctx, q, tenant, adm)
+				}
+			})
+		}
+	}
+	clustertest.Eventually(t, 10*time.Second, func() error {
+		if n := c.Agent(leader).FairView().Waiting; n < 100 {
+			return fmt.Errorf("%d waiting", n)
+		}
+		return nil
+	})
+	// One newcomer first, not counted: the first after 300 waiters arrived at once found
+	// ~100 ms of grants released (the start-up rush), beyond what a newcomer is released for.
+	if d, err := acquireOne(ctx, q, "small", &quotadv1.Admission{RequestId: 999, Domain: "lane", Cost: 1, MaxWaitMs: 5000,
+		Descriptors: []*quotadv1.Entry{{Key: "tenant", Value: "warmup"}}}); err != nil || !d.Admitted {
+		t.Fatalf("warm-up admission: %v %+v", err, d)
+	}
+	const n = 40
+	for i := range n {
+		adm := &quotadv1.Admission{RequestId: uint64(i + 1), Domain: "lane", Cost: 1, MaxWaitMs: 5000,
+			Descriptors: []*quotadv1.Entry{{Key: "tenant", Value: fmt.Sprint("s", i)}}}
+		if d, err := acquireOne(ctx, q, "small", adm); err != nil || !d.Admitted {
+			t.Fatalf("small %d: %v %+v", i, err, d)
+		}
+		time.Sleep(time.Duration(1+i%3) * time.Millisecond) // arrive at unrelated moments
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if self+other != n || self < n-2 {
+		t.Fatalf("%d of %d small newcomers were released by their own pass, %d by the pump's: want ≥ %d by their own", self, n, other, n-2)
+	}
+}
