@@ -94,6 +94,13 @@ type fair struct {
 	waiters     map[uint64]*waiter    // by sched ID
 	pending     map[string]uint64     // bucket key → cost released to the proposer, not yet answered
 	pendingConc map[string]uint64     // concurrency key → permits released, not yet answered
+	// Released batches not yet answered, and what of pending the FSM has already applied
+	// (see refreshApplied): the FSM's state counts those, so predictions must not again.
+	inflight map[*relBatch]struct{}
+	// relFlows counts released, unanswered grants by queue and flow (flowKey).
+	relFlows    map[string]int
+	applied     map[string]uint64
+	appliedConc map[string]uint64
 	seq         uint64
 	limits      *quota.Limits
 	limitsAt    time.Time
@@ -115,7 +122,7 @@ type fairQueue struct {
 	q                  *sched.Queue
 	cost               uint64 // sum of waiting costs
 	ratePerUnit        float64
-	spare              bool // last pass: waiters present, none eligible, bucket could pay
+	spare              bool // last pass: waiters present, all held back by limits of their own, bucket could pay
 	created            time.Time
 	prefix             []quota.Entry // the path down to the contended level
 }
@@ -145,14 +152,44 @@ type waiter struct {
 	idx        int
 	submitErr  error
 	releasedAt int64
+	// For fairTraceHook: its flow had nothing waiting (it went ahead of backlogged flows);
+	// released by its own pass (not the pump's); the wall time of its release.
+	newcomer, selfPass bool
+	releasedWall       time.Time
 }
 
-// pathView is the FSM's state along one descriptor path at FSM time clock, and the limits
-// nodes matched at each level (nil for the domain itself).
+// fairTrace is where one admitted waiter's time went, on the leader (fairTraceHook). FSM
+// times (the entry's stamp, the grant's moment) are given as wall times via the release.
+type fairTrace struct {
+	Adm                        *quotadv1.Admission
+	Newcomer, SelfPass, Direct bool
+	Arrived, Released          time.Time
+	Stamp, Moment              time.Time // the entry's timestamp; when the grant takes effect
+	Applied                    time.Time // the waiter saw its entry applied
+	Answered                   time.Time // after the hold
+}
+
+// fairTraceHook, if set (diagnostic tests only; set before the cluster starts), is called
+// for every admission the scheduler made through the waiting path.
+var fairTraceHook func(fairTrace)
+
+// relBatch is one released batch (one proposer call) until its answer: the request its last
+// op decides (the FSM remembers it once the entry is applied, if admitted) and its cost by
+// key.
+type relBatch struct {
+	owner, clientID string
+	requestID       uint64
+	rate, conc      map[string]uint64
+	applied         bool
+}
+
+// pathView is the FSM's state along one descriptor path at FSM time clock (the last applied
+// entry's), the leader's time now when it was read (≥ clock: the log may have been idle), and
+// the limits nodes matched at each level (nil for the domain itself).
 type pathView struct {
-	clock  int64
-	levels []quota.BucketStatus
-	nodes  []*quota.Node
+	clock, now int64
+	levels     []quota.BucketStatus
+	nodes      []*quota.Node
 }
 
 func newFair(s *Server) *fair {
@@ -163,6 +200,10 @@ func newFair(s *Server) *fair {
 		waiters:     make(map[uint64]*waiter),
 		pending:     make(map[string]uint64),
 		pendingConc: make(map[string]uint64),
+		inflight:    make(map[*relBatch]struct{}),
+		relFlows:    make(map[string]int),
+		applied:     make(map[string]uint64),
+		appliedConc: make(map[string]uint64),
 		usage:       make(map[string]*shareWindow),
 		prop:        newProposer(s.node, ProposerConfig{MaxBatch: s.prop.cfg.MaxBatch, MaxInflight: fairLaneInflight, ApplyTimeout: s.prop.cfg.ApplyTimeout}),
 		horizon:     fairHorizonInitial,
@@ -298,7 +339,10 @@ func (f *fair) readPath(domain string, entries []quota.Entry) (*pathView, error)
 			break
 		}
 	}
-	v := &pathView{clock: c0, levels: st, nodes: make([]*quota.Node, len(st))}
+	v := &pathView{clock: c0, now: c0, levels: st, nodes: make([]*quota.Node, len(st))}
+	if now, err := f.s.node.Now(); err == nil {
+		v.now = max(now, c0)
+	}
 	// The nodes of the path by the engine's own matcher (st[0] is the domain, st[i] entry i-1).
 	nodes, _ := f.s.fsm.Matcher().Path(domain, entries)
 	for i := 1; i < len(st) && i-1 < len(nodes); i++ {
@@ -334,7 +378,15 @@ func (f *fair) domainConfig(domain string) sched.Config {
 // math.MaxInt64 when that cannot be predicted (permits all held). A paused level counts its
 // end plus the release horizon, so that no waiter is released before the pause is over (the
 // FSM refuses paused admissions). Shadow and unlimited levels never hold a request back.
-func (f *fair) levelAt(v *pathView, i int, cost uint64) int64 {
+//
+// Pending grants are taken to pay from the FSM's clock on (the last applied entry's time):
+// those stamped since took their units as of their stamps, which may be before now — the
+// release of the next grants must not wait for them (at 1000/s, counting them from now cost
+// 0.1-0.15 of the bucket under -race). With asOfNow they pay from now: what is pending may
+// not be stamped yet, and from a stale clock (an idle log) a full bucket looked as if it
+// had paid them long ago — the test of "can it pay now" for going straight to the FSM uses
+// that (TestSchedWaitingLaneIsItsOwn).
+func (f *fair) levelAt(v *pathView, i int, cost uint64, asOfNow bool) int64 {
 	b := &v.levels[i]
 	if n := v.nodes[i]; n != nil && (n.ShadowMode || n.Unlimited) {
 		return v.clock
@@ -343,21 +395,26 @@ func (f *fair) levelAt(v *pathView, i int, cost uint64) int64 {
 	if b.PausedFor > 0 {
 		at = v.clock + int64(b.PausedFor) + int64(f.horizon)
 	}
-	if b.MaxInFlight > 0 && b.InFlight+f.pendingConc[b.Key] >= b.MaxInFlight {
+	if b.MaxInFlight > 0 && b.InFlight+unapplied(f.pendingConc[b.Key], f.appliedConc[b.Key]) >= b.MaxInFlight {
 		return math.MaxInt64
 	}
 	if b.Limit > 0 && b.Window > 0 {
-		bk := sched.Bucket{Limit: b.Limit, Window: b.Window, Burst: b.Burst, ResetAfter: b.ResetAfter}
-		at = max(at, v.clock+int64(bk.ReadyAfter(cost+f.pending[b.Key])))
+		from, left := v.clock, b.ResetAfter
+		if asOfNow {
+			from, left = v.now, max(0, b.ResetAfter-time.Duration(v.now-v.clock))
+		}
+		bk := sched.Bucket{Limit: b.Limit, Window: b.Window, Burst: b.Burst, ResetAfter: left}
+		at = max(at, from+int64(bk.ReadyAfter(cost+unapplied(f.pending[b.Key], f.applied[b.Key]))))
 	}
 	return at
 }
 
-// admitAt is the time every level of v can pay cost, and the outermost level that is last.
-func (f *fair) admitAt(v *pathView, cost uint64) (int64, int) {
+// admitAt is the time every level of v can pay cost, and the outermost level that is last
+// (asOfNow: see levelAt).
+func (f *fair) admitAt(v *pathView, cost uint64, asOfNow bool) (int64, int) {
 	at, which := v.clock, -1
 	for i := range v.levels {
-		if t := f.levelAt(v, i, cost); t > at {
+		if t := f.levelAt(v, i, cost, asOfNow); t > at {
 			at, which = t, i
 		}
 	}
@@ -384,6 +441,7 @@ func (f *fair) gate(adm *quotadv1.Admission) *quotadv1.Decision {
 	if len(f.queues) == 0 {
 		return nil
 	}
+	f.refreshApplied()
 	v, err := f.readPath(adm.Domain, entries(adm.Descriptors))
 	if err != nil {
 		return nil // the FSM will say what is wrong
@@ -495,6 +553,7 @@ func (f *fair) wait(ctx context.Context, owner, clientID string, adm *quotadv1.A
 			return nil, f.s.applyError(err)
 		}
 		f.mu.Lock()
+		f.refreshApplied()
 		v, err := f.readPath(adm.Domain, es)
 		if err != nil {
 			f.mu.Unlock()
@@ -521,13 +580,18 @@ func (f *fair) wait(ctx context.Context, owner, clientID string, adm *quotadv1.A
 			}
 		}
 		q := f.queueOn(v)
-		at, blocking := f.admitAt(v, w.cost)
-		if q == nil && !requeue && at <= now {
-			// Nobody waits on this path and every bucket can pay now: go straight to the
-			// FSM, through the shared group commit. Not "within the release horizon": at
-			// 10,000/s with a 100 ms horizon a thousand grants at a time went this way,
-			// first come first served, one entry each (A:B 3:1 instead of 1:1); queued,
-			// a newcomer releases itself at once anyway (below).
+		at, blocking := f.admitAt(v, w.cost, false)
+		direct := q == nil && !requeue && at <= now
+		if direct {
+			atNow, _ := f.admitAt(v, w.cost, true)
+			direct = atNow <= now
+		}
+		if direct {
+			// Nobody waits on this path and every bucket can pay now, grants pending
+			// included: go straight to the FSM, through the shared group commit. Not
+			// "within the release horizon": at 10,000/s with a 100 ms horizon a thousand
+			// grants at a time went this way, first come first served, one entry each (A:B
+			// 3:1 instead of 1:1); queued, a newcomer releases itself at once anyway (below).
 			f.reserve(w)
 			f.mu.Unlock()
 			d, final, err := f.decide(ctx, w)
@@ -549,17 +613,23 @@ func (f *fair) wait(ctx context.Context, owner, clientID string, adm *quotadv1.A
 			q = f.newQueue(adm.Domain, v, es, blocking, time.Now())
 		}
 		urgent := f.push(q, w, v, es, requeue)
-		f.mu.Unlock()
-		switch {
-		case urgent && !requeue:
+		var batches [][]*waiter
+		if urgent && !requeue {
 			// A newcomer goes ahead of backlogged flows, so it is usually due at once:
-			// release it from here instead of handing off to the pump goroutine (that
-			// hand-off took 0.7 ms median, 5 ms p99 at 1000/s on a loaded machine).
-			// Passes may run concurrently; each releases under f.mu. The pump still looks
-			// (it sets its timer for whatever this pass left waiting).
-			f.pass()
-			f.wake()
-		case urgent:
+			// release it from here, before letting go of f.mu (so no other pass takes it
+			// first), instead of handing off to the pump goroutine (that hand-off took 0.7
+			// ms median, 5 ms p99 at 1000/s on a loaded machine). The pump still looks (it
+			// sets its timer for whatever this pass left waiting).
+			w.newcomer = true
+			if now, err := f.s.node.Now(); err == nil {
+				batches, _ = f.passLocked(now, time.Now(), w)
+			}
+		}
+		f.mu.Unlock()
+		for _, b := range batches {
+			f.submit(b)
+		}
+		if urgent {
 			f.wake()
 		}
 
@@ -611,7 +681,7 @@ func (f *fair) wait(ctx context.Context, owner, clientID string, adm *quotadv1.A
 				return nil, status.Error(codes.NotFound, err.Error())
 			}
 			retry := q.backlog()
-			if at, _ := f.admitAt(v, w.cost); at != math.MaxInt64 {
+			if at, _ := f.admitAt(v, w.cost, false); at != math.MaxInt64 {
 				retry = max(retry, time.Duration(at-now))
 			}
 			return f.denial(adm.Domain, v, q.level, retry), nil
@@ -635,12 +705,18 @@ func (f *fair) released(ctx context.Context, w *waiter) (*quotadv1.Decision, boo
 	if err := f.prop.wait(ctx, w.call); err != nil {
 		return nil, true, f.s.applyError(err)
 	}
+	applied := time.Now()
 	r := w.call.results[w.idx]
 	if r.err != nil {
 		return nil, true, f.s.applyError(r.err)
 	}
 	if err := f.hold(ctx, r); err != nil {
 		return nil, true, err
+	}
+	if fairTraceHook != nil && r.res.Decision.Admitted {
+		toWall := func(t int64) time.Time { return w.releasedWall.Add(time.Duration(t - w.releasedAt)) }
+		fairTraceHook(fairTrace{Adm: w.adm, Newcomer: w.newcomer, SelfPass: w.selfPass, Arrived: w.arrived, Released: w.releasedWall,
+			Stamp: toWall(r.ts), Moment: toWall(r.ts + int64(r.res.Decision.RetryAfter)), Applied: applied, Answered: time.Now()})
 	}
 	return f.outcome(w, answer(r.res.Decision), r.res.Duplicate)
 }
@@ -713,8 +789,12 @@ func (f *fair) decide(ctx context.Context, w *waiter) (*quotadv1.Decision, bool,
 	if err != nil {
 		return nil, true, err
 	}
+	applied := time.Now()
 	if err := f.hold(ctx, r); err != nil {
 		return nil, true, err
+	}
+	if fairTraceHook != nil && r.res.Decision.Admitted {
+		fairTraceHook(fairTrace{Adm: w.adm, Direct: true, Arrived: w.arrived, Released: w.arrived, Applied: applied, Answered: time.Now()})
 	}
 	return f.outcome(w, answer(r.res.Decision), r.res.Duplicate)
 }
@@ -773,12 +853,27 @@ func (f *fair) submit(ws []*waiter) {
 	type held struct {
 		rateKeys, concKeys []string
 		cost               uint64
+		flow               string
 	}
 	res := make([]held, len(ws))
 	for i, w := range ws {
-		res[i] = held{w.rateKeys, w.concKeys, w.cost}
+		res[i] = held{w.rateKeys, w.concKeys, w.cost, flowKey(w.queue, w.item.Flow)}
 	}
 	releasedAt := ws[0].releasedAt
+	last := ws[len(ws)-1]
+	rb := &relBatch{owner: last.owner, clientID: last.clientID, requestID: last.adm.RequestId,
+		rate: map[string]uint64{}, conc: map[string]uint64{}}
+	for _, h := range res {
+		for _, k := range h.rateKeys {
+			rb.rate[k] += h.cost
+		}
+		for _, k := range h.concKeys {
+			rb.conc[k]++
+		}
+	}
+	f.mu.Lock()
+	f.inflight[rb] = struct{}{}
+	f.mu.Unlock()
 	c, err := f.prop.submit(context.Background(), ops)
 	for i, w := range ws {
 		w.call, w.idx, w.submitErr = c, i, err
@@ -789,8 +884,14 @@ func (f *fair) submit(ws []*waiter) {
 	done := func(answered bool) {
 		f.mu.Lock()
 		now := time.Now()
+		f.forget(rb)
 		for i, w := range ws {
 			f.release(res[i].rateKeys, res[i].concKeys, res[i].cost)
+			if n := f.relFlows[res[i].flow]; n <= 1 {
+				delete(f.relFlows, res[i].flow)
+			} else {
+				f.relFlows[res[i].flow] = n - 1
+			}
 			if err == nil && answered {
 				if r := c.results[i]; r.err == nil && r.res != nil && r.res.Decision.Admitted {
 					f.recordAdmission(w, now)
@@ -825,6 +926,55 @@ func (f *fair) observeStamp(d int64) {
 	f.stampMax = max(float64(max(d, 0)), f.stampMax*0.99)
 	h := time.Duration(1.5*f.stampMax) + 2*time.Millisecond + fairPassMin
 	f.horizon = min(max(h, fairHorizonMin), fairHorizonMax)
+}
+
+// unapplied is what of pending the FSM's state does not show yet.
+func unapplied(pending, applied uint64) uint64 { return pending - min(pending, applied) }
+
+// flowKey names a flow of a queue in f.relFlows.
+func flowKey(q *fairQueue, flow string) string { return q.key + "\x00" + flow }
+
+// refreshApplied marks the released batches whose entry the FSM has applied (it remembers
+// their last admission) and counts their cost in f.applied: until their answers are handled
+// (a goroutine per batch, woken after the FSM applied the entry and the proposer answered),
+// the FSM's state and f.pending both counted them, and the pump held back up to that many
+// grants too many (at 10,000/s, a millisecond of lateness is 10 grants). Call it before
+// reading the FSM's state (a batch applied after it is counted twice, as before). f.mu held.
+func (f *fair) refreshApplied() {
+	for rb := range f.inflight {
+		if rb.applied || !f.s.fsm.Remembers(rb.owner, rb.clientID, rb.requestID) {
+			continue
+		}
+		rb.applied = true
+		for k, c := range rb.rate {
+			f.applied[k] += c
+		}
+		for k, c := range rb.conc {
+			f.appliedConc[k] += c
+		}
+	}
+}
+
+// forget drops a batch whose answers are handled (its cost leaves f.pending now). f.mu held.
+func (f *fair) forget(rb *relBatch) {
+	delete(f.inflight, rb)
+	if !rb.applied {
+		return
+	}
+	for k, c := range rb.rate {
+		if f.applied[k] <= c {
+			delete(f.applied, k)
+		} else {
+			f.applied[k] -= c
+		}
+	}
+	for k, c := range rb.conc {
+		if f.appliedConc[k] <= c {
+			delete(f.appliedConc, k)
+		} else {
+			f.appliedConc[k] -= c
+		}
+	}
 }
 
 // reserve counts a released waiter's cost as pending on its buckets. f.mu held.
@@ -970,7 +1120,7 @@ func (f *fair) loop() {
 		case <-timer.C:
 		case <-lc:
 		}
-		next := f.pass()
+		next := f.pass(nil)
 		if !timer.Stop() {
 			select {
 			case <-timer.C:
@@ -984,7 +1134,7 @@ func (f *fair) loop() {
 // pass releases, queue by queue, every waiter the queue picks (in fair order) that the
 // buckets can pay within the release horizon, submits each queue's batch as one proposer
 // call, and returns how long to sleep: until the next waiter comes within the horizon.
-func (f *fair) pass() time.Duration {
+func (f *fair) pass(self *waiter) time.Duration {
 	if f.nwait.Load() == 0 {
 		// Under f.mu: waiters' goroutines run passes too (newcomers), and their passes set the
 		// gauges idle clears (f.metrics.queue, also under f.mu).
@@ -998,8 +1148,20 @@ func (f *fair) pass() time.Duration {
 		f.failAll()
 		return fairPoll
 	}
-	wall := time.Now()
 	f.mu.Lock()
+	batches, d := f.passLocked(now, time.Now(), self)
+	f.mu.Unlock()
+	for _, b := range batches {
+		f.submit(b)
+	}
+	return d
+}
+
+// passLocked is pass with f.mu held, at leader time now (wall: the same moment as wall time):
+// it releases and returns the batches, which the caller submits once it has let go of f.mu,
+// and says how long to sleep. self is the newcomer whose own pass it is (or nil).
+func (f *fair) passLocked(now int64, wall time.Time, self *waiter) ([][]*waiter, time.Duration) {
+	f.refreshApplied()
 	horizon := f.horizon
 	wake := now + int64(fairPoll)
 	views := map[string]*pathView{}
@@ -1023,25 +1185,53 @@ func (f *fair) pass() time.Duration {
 	var batches [][]*waiter
 	for _, k := range keys {
 		q := f.queues[k]
+		until := wall.Add(horizon)
+		// owed: a waiter left in the queue waits for this bucket (not for a limit of its own).
+		// Then the bucket's units are the waiters' even if it holds some now (a cost-5 head
+		// while 3 have accrued), so it is not spare for non-waiting callers.
+		owed := false
 		slot := func(it sched.Item) sched.Slot {
 			w := f.waiters[it.ID]
 			v := view(w)
 			if v == nil {
 				return sched.Slot{At: wall} // the FSM will say what is wrong
 			}
-			at, which := f.admitAt(v, w.cost)
-			return sched.Slot{At: toWall(at), Own: which >= 0 && which != q.level}
+			at, which := f.admitAt(v, w.cost, false)
+			s := sched.Slot{At: toWall(at), Own: which >= 0 && which != q.level}
+			if !s.Own && s.At.After(until) {
+				owed = true
+			}
+			return s
 		}
 		var batch []*waiter
-		_, next := q.q.Batch(wall, wall.Add(horizon), slot, func(it sched.Item) {
+		take := func(it sched.Item) {
 			w := f.waiters[it.ID]
 			delete(f.waiters, it.ID)
 			f.nwait.Add(-1)
 			q.cost -= min(q.cost, w.cost)
 			f.reserve(w)
-			w.releasedAt = now
+			w.releasedAt, w.releasedWall, w.selfPass = now, wall, w == self
+			f.relFlows[flowKey(q, it.Flow)]++
 			batch = append(batch, w)
-		})
+		}
+		_, next := q.q.Batch(wall, until, slot, take)
+		if self != nil && self.queue == q && f.waiters[self.id] == self && f.relFlows[flowKey(q, self.item.Flow)] == 0 {
+			// A newcomer the fair order serves next goes into this very entry even if the
+			// grants already released reach past the horizon (its moment comes after them
+			// anyway): waiting for the pump's next pass cost it a timer's lateness (traced at
+			// 1000/s: 45 % of small newcomers, arrival → release p99 20 ms on a loaded machine).
+			// Only a flow with no grant in flight: at 10,000/s a heavy tenant whose waiters
+			// were all released came back as a "newcomer" thousands of times a second, each
+			// then an entry of its own (commit p99 0.3 → 1.1 s, utilization 0.81 → 0.47).
+			eligible := func(it sched.Item) bool { s := slot(it); return !s.Own || !s.At.After(until) }
+			if it, ok := q.q.Peek(wall, eligible); ok && it.ID == self.id {
+				if s := slot(it); !s.Own && !s.At.After(wall.Add(fairHorizonMax)) {
+					if it, ok := q.q.Next(wall, eligible); ok && it.ID == self.id {
+						take(it)
+					}
+				}
+			}
+		}
 		if len(batch) > 0 {
 			batches = append(batches, batch)
 		}
@@ -1050,7 +1240,7 @@ func (f *fair) pass() time.Duration {
 		}
 		q.spare = false
 		if q.q.Len() > 0 {
-			if v, err := f.readPath(q.domain, q.prefix); err == nil && q.level < len(v.levels) && f.levelAt(v, q.level, 1) <= now {
+			if v, err := f.readPath(q.domain, q.prefix); err == nil && !owed && q.level < len(v.levels) && f.levelAt(v, q.level, 1, true) <= now {
 				q.spare = true
 				f.metrics.spareTokens(q, v.levels[q.level].Remaining)
 			}
@@ -1059,12 +1249,7 @@ func (f *fair) pass() time.Duration {
 		}
 		f.metrics.queue(q, wall, f.usage[k])
 	}
-	f.mu.Unlock()
-	for _, b := range batches {
-		f.submit(b)
-	}
-	d := time.Duration(wake - now)
-	return max(d, fairPassMin)
+	return batches, max(time.Duration(wake-now), fairPassMin)
 }
 
 // failAll fails every waiter: this node no longer leads (or is stopping).
@@ -1082,4 +1267,8 @@ func (f *fair) failAll() {
 	clear(f.queues)
 	clear(f.pending)
 	clear(f.pendingConc)
+	clear(f.inflight)
+	clear(f.relFlows)
+	clear(f.applied)
+	clear(f.appliedConc)
 }

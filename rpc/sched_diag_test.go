@@ -17,6 +17,7 @@ import (
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 	"github.com/quotad/quotad/cluster/clustertest"
+	"github.com/quotad/quotad/rpc"
 	"github.com/quotad/quotad/rpc/rpctest"
 )
 
@@ -55,6 +56,21 @@ func TestFairRateDiagnosis(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(fmt.Sprintf("rate%d_burst%d", tc.rate, tc.burst), func(t *testing.T) {
+			// Where each small tenant's admission spent its time on the leader.
+			var tmu sync.Mutex
+			var tracing bool
+			traces := map[uint64]rpc.FairTrace{}
+			rpc.SetFairTrace(func(tr rpc.FairTrace) {
+				if len(tr.Adm.Descriptors) == 0 || !strings.HasPrefix(tr.Adm.Descriptors[0].Value, "s") {
+					return
+				}
+				tmu.Lock()
+				if tracing {
+					traces[tr.Adm.RequestId] = tr
+				}
+				tmu.Unlock()
+			})
+			t.Cleanup(func() { rpc.SetFairTrace(nil) }) // after the cluster's cleanup (LIFO)
 			c := rpctest.Start(t, 3, fmt.Sprintf(`
 domain: fair
 rate_limit: {unit: second, requests_per_unit: %d, burst: %d}
@@ -91,20 +107,26 @@ descriptors:
 			m0 := scrape(t, c.Agent(leader).HTTPAddr(), names...)
 			var smallMu sync.Mutex
 			var smallWaits []time.Duration
+			smallBy := map[uint64]time.Duration{}
 			for i := range 6 {
 				wg.Go(func() {
 					for ctx.Err() == nil {
 						time.Sleep(time.Duration(50+rand.IntN(100)) * time.Second / time.Duration(tc.rate))
 						start := time.Now()
-						d, err := acquireOne(ctx, q, "small", waitingAdmission(id.Add(1), fmt.Sprint("s", i), 20*time.Second))
+						rid := id.Add(1)
+						d, err := acquireOne(ctx, q, "small", waitingAdmission(rid, fmt.Sprint("s", i), 20*time.Second))
 						if err == nil && d.Admitted {
 							smallMu.Lock()
 							smallWaits = append(smallWaits, time.Since(start))
+							smallBy[rid] = time.Since(start)
 							smallMu.Unlock()
 						}
 					}
 				})
 			}
+			tmu.Lock()
+			tracing = true
+			tmu.Unlock()
 			a0, t0 := admitted.Load(), time.Now()
 			var minWaiting, samples int
 			var horizon float64
@@ -124,8 +146,12 @@ descriptors:
 			t.Logf("waiting at least %d; release horizon mean %.1f ms; %d refused or failed", minWaiting, horizon/float64(samples), refused.Load())
 			a1, el := admitted.Load(), time.Since(t0)
 			m1 := scrape(t, c.Agent(leader).HTTPAddr(), names...)
+			tmu.Lock()
+			tracing = false
+			tmu.Unlock()
 			cancel()
 			wg.Wait()
+			logPhases(t, traces, smallBy)
 			slices.Sort(smallWaits)
 			if n := len(smallWaits); n > 0 {
 				t.Logf("small waits: n %d p50 %v p90 %v p99 %v max %v", n, smallWaits[n/2], smallWaits[n*9/10], smallWaits[n*99/100], smallWaits[n-1])
@@ -136,4 +162,58 @@ descriptors:
 				entries/el.Seconds(), (m1[names[2]]-m0[names[2]])/entries, 1000*(m1[names[0]]-m0[names[0]])/entries)
 		})
 	}
+}
+
+// logPhases logs the quantiles of each phase of the traced admissions (small tenants) and of
+// the rest of the client's wait (its RPC: client → leader → client).
+func logPhases(t *testing.T, traces map[uint64]rpc.FairTrace, client map[uint64]time.Duration) {
+	phases := []struct {
+		name string
+		of   func(rpc.FairTrace) time.Duration
+	}{
+		{"arrival → release", func(tr rpc.FairTrace) time.Duration { return tr.Released.Sub(tr.Arrived) }},
+		{"release → entry stamped", func(tr rpc.FairTrace) time.Duration { return tr.Stamp.Sub(tr.Released) }},
+		{"stamped → applied (seen by the waiter)", func(tr rpc.FairTrace) time.Duration { return tr.Applied.Sub(tr.Stamp) }},
+		{"grant's moment after the stamp", func(tr rpc.FairTrace) time.Duration { return tr.Moment.Sub(tr.Stamp) }},
+		{"hold (applied → answered)", func(tr rpc.FairTrace) time.Duration { return tr.Answered.Sub(tr.Applied) }},
+		{"on the leader (arrival → answered)", func(tr rpc.FairTrace) time.Duration { return tr.Answered.Sub(tr.Arrived) }},
+	}
+	var n, self, direct, newcomer int
+	var rest []time.Duration
+	for rid, tr := range traces {
+		cw, ok := client[rid]
+		if !ok {
+			continue
+		}
+		n++
+		if tr.SelfPass {
+			self++
+		}
+		if tr.Direct {
+			direct++
+		}
+		if tr.Newcomer {
+			newcomer++
+		}
+		rest = append(rest, cw-tr.Answered.Sub(tr.Arrived))
+	}
+	t.Logf("traced small admissions %d: newcomers %d, released by their own pass %d, straight to the FSM %d", n, newcomer, self, direct)
+	q := func(ds []time.Duration) string {
+		slices.Sort(ds)
+		if len(ds) == 0 {
+			return "-"
+		}
+		at := func(p float64) float64 { return float64(ds[min(len(ds)-1, int(p*float64(len(ds))))]) / 1e6 }
+		return fmt.Sprintf("p50 %.1f p90 %.1f p99 %.1f max %.1f ms", at(0.5), at(0.9), at(0.99), at(1))
+	}
+	for _, p := range phases {
+		var ds []time.Duration
+		for rid, tr := range traces {
+			if _, ok := client[rid]; ok && !tr.Direct {
+				ds = append(ds, p.of(tr))
+			}
+		}
+		t.Logf("  %-40s %s", p.name, q(ds))
+	}
+	t.Logf("  %-40s %s", "client's wait − leader's (RPCs)", q(rest))
 }

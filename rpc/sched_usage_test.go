@@ -18,6 +18,10 @@ func newTestFair() *fair {
 		waiters:     make(map[uint64]*waiter),
 		pending:     make(map[string]uint64),
 		pendingConc: make(map[string]uint64),
+		inflight:    make(map[*relBatch]struct{}),
+		applied:     make(map[string]uint64),
+		appliedConc: make(map[string]uint64),
+		relFlows:    make(map[string]int),
 		usage:       make(map[string]*shareWindow),
 	}
 }

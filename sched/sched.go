@@ -358,6 +358,16 @@ func (q *Queue) Next(now time.Time, eligible func(Item) bool) (Item, bool) {
 	return q.commit(best, reserve), true
 }
 
+// Peek returns the request Next would dispatch now among those eligible, without
+// dispatching it; ok is false when none is eligible.
+func (q *Queue) Peek(now time.Time, eligible func(Item) bool) (Item, bool) {
+	best, _ := q.pick(now, eligible)
+	if best.e == nil {
+		return Item{}, false
+	}
+	return best.e.Item, true
+}
+
 // pick returns the candidate Next would dispatch, and the reserve class it would be charged
 // to (-1: the shared lane), without changing the Queue.
 func (q *Queue) pick(now time.Time, eligible func(Item) bool) (candidate, int) {

@@ -378,3 +378,31 @@ func TestMaxMinVersusProportional(t *testing.T) {
 		t.Fatalf("under capacity = %v, want demands", s)
 	}
 }
+
+// Peek names what Next would dispatch, under the same eligibility, and changes nothing.
+func TestPeekIsNextWithoutDispatching(t *testing.T) {
+	q := mustNew(t, Config{})
+	p := &pusher{t: t, q: q}
+	for range 3 {
+		p.push("A", 1, "", at(0))
+	}
+	if _, ok := q.Next(at(1), nil); !ok {
+		t.Fatal("nothing dispatched")
+	}
+	b := p.push("B", 1, "", at(2)) // a newcomer goes ahead of A's backlog
+	notB := func(it Item) bool { return it.Flow != "B" }
+	for _, el := range []func(Item) bool{nil, notB} {
+		peek, ok := q.Peek(at(3), el)
+		n := q.Len()
+		next, ok2 := q.Next(at(3), el)
+		if !ok || !ok2 || peek.ID != next.ID || n != q.Len()+1 {
+			t.Fatalf("Peek %+v %v, then Next %+v %v (length %d → %d): Peek must name Next's pick and leave it queued", peek, ok, next, ok2, n, q.Len())
+		}
+		if el == nil && peek.ID != b {
+			t.Fatalf("Peek picked %+v, want the newcomer B (%d)", peek, b)
+		}
+	}
+	if _, ok := q.Peek(at(4), func(Item) bool { return false }); ok {
+		t.Fatal("Peek found an item none of which is eligible")
+	}
+}

@@ -1,0 +1,28 @@
+package rpc
+
+// HoldLane takes every commit slot of one of a leader's two group commits — the waiting
+// path's own (waiting true: fair.prop) or the shared one of everything else (Server.prop) —
+// once the entries it has in flight are committed, so nothing more of that lane reaches the
+// log until release is called: the other lane's traffic shows whether it queues behind it.
+func HoldLane(a *Agent, waiting bool) (release func()) {
+	p := a.server.prop
+	if waiting {
+		p = a.server.fair.prop
+	}
+	n := cap(p.slots)
+	for range n {
+		p.slots <- struct{}{}
+	}
+	return func() {
+		for range n {
+			<-p.slots
+		}
+	}
+}
+
+// FairTrace is where one admitted waiter's time went on the leader.
+type FairTrace = fairTrace
+
+// SetFairTrace makes the scheduler report every admission of the waiting path to fn (nil:
+// stop). Set it before the cluster starts and clear it after the test.
+func SetFairTrace(fn func(FairTrace)) { fairTraceHook = fn }
