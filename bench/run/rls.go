@@ -7,13 +7,190 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/quotad/quotad/internal/proccluster"
 )
 
-// RLSPoint is the Envoy RLS step at one concurrency: ShouldRateLimit calls from a separate
+// RLSRatePoint is the Envoy RLS result at one concurrency, in an open loop as Envoy's traffic
+// is: requests arrive at a set rate (Poisson) whatever the answers do, at most Concurrency
+// outstanding, every latency timed from the request's intended send time (bench/loadgen
+// openloop.go). The search tries rates (a ramp ×1.5 from -rls-start-rate, then bisection) and
+// reports the highest one whose step met p99 ≤ -rls-p99-target with no error and nothing
+// abandoned; Steps lists every step tried, in order.
+type RLSRatePoint struct {
+	Concurrency       int     `json:"concurrency"`
+	Met               bool    `json:"p99_target_met"`
+	RateTried         float64 `json:"rate_tried_requests_per_sec"`
+	RequestsPerSec    float64 `json:"rls_requests_per_sec"`
+	DescriptorsPerSec float64 `json:"rls_descriptors_per_sec"`
+	P50Ms             float64 `json:"rls_p50_ms"`
+	P99Ms             float64 `json:"rls_p99_ms"`
+	P999Ms            float64 `json:"rls_p999_ms"`
+	Errors            int64   `json:"errors"`
+	Late              int64   `json:"late"`
+	// AgentCPUus is the three agents' CPU time per request over the step (µs), LoadgenCPUus the
+	// load generator's: together what one request costs the 2-core machine.
+	AgentCPUus   float64   `json:"agent_cpu_us_per_request"`
+	LoadgenCPUus float64   `json:"loadgen_cpu_us_per_request"`
+	Steps        []RLSStep `json:"steps"`
+	LoadAvg      []float64 `json:"load_avg"`
+}
+
+// RLSStep is one open-loop run at one rate.
+type RLSStep struct {
+	Rate           float64 `json:"rate"`
+	RequestsPerSec float64 `json:"requests_per_sec"`
+	P50Ms          float64 `json:"p50_ms"`
+	P99Ms          float64 `json:"p99_ms"`
+	P999Ms         float64 `json:"p999_ms"`
+	Errors         int64   `json:"errors,omitempty"`
+	Late           int64   `json:"late,omitempty"`
+	Abandoned      int64   `json:"abandoned,omitempty"`
+	MaxQueued      int64   `json:"max_queued,omitempty"`
+	AgentCPUus     float64 `json:"agent_cpu_us_per_request"`
+	LoadgenCPUus   float64 `json:"loadgen_cpu_us_per_request"`
+	Pass           bool    `json:"pass"`
+	FirstError     string  `json:"first_error,omitempty"`
+}
+
+// rlsSearch is the open-loop search's settings.
+type rlsSearch struct {
+	start, maxRate float64       // first rate tried; the ramp stops there
+	target         time.Duration // p99 bound
+	step           time.Duration // measured time per step (after a 1 s warm-up)
+	maxSteps       int
+	profileDir     string // if set, every node's CPU profile of each step's measured part
+}
+
+// rlsOpenStep finds, at each concurrency, the highest rate that meets the p99 target.
+func rlsOpenStep(c *proccluster.Cluster, loadgen, addrs string, concs []int, s rlsSearch) ([]RLSRatePoint, float64) {
+	// What the idle agents use (heartbeats, metrics, gossip): part of every step's CPU.
+	cpu0 := agentsCPU(c)
+	time.Sleep(2 * time.Second)
+	idle := float64(agentsCPU(c)-cpu0) / float64(2*time.Second)
+	logf("rls: the idle agents use %.3f of a core", idle)
+	var pts []RLSRatePoint
+	for _, conc := range concs {
+		before := loadAvg()
+		var steps []RLSStep
+		try := func(rate float64) RLSStep {
+			st := rlsOpenRun(c, loadgen, addrs, conc, rate, s)
+			steps = append(steps, st)
+			return st
+		}
+		// Ramp ×1.5 while the target holds, then bisect between the last pass and the first
+		// failure until they are within 5 %.
+		lo, hi := 0.0, 0.0
+		for r := s.start; r <= s.maxRate && len(steps) < s.maxSteps; r *= 1.5 {
+			if try(r).Pass {
+				lo = r
+				continue
+			}
+			hi = r
+			break
+		}
+		if lo == 0 && hi > 0 { // the first rate failed: halve until one passes
+			for r := hi / 2; r >= 50 && len(steps) < s.maxSteps; r /= 2 {
+				if try(r).Pass {
+					lo = r
+					break
+				}
+				hi = r
+			}
+		}
+		for lo > 0 && hi > lo*1.05 && len(steps) < s.maxSteps {
+			mid := (lo + hi) / 2
+			if try(mid).Pass {
+				lo = mid
+			} else {
+				hi = mid
+			}
+		}
+		best := steps[0]
+		for _, st := range steps {
+			if st.Pass && (!best.Pass || st.Rate > best.Rate) || !best.Pass && !st.Pass && st.Rate < best.Rate {
+				best = st
+			}
+		}
+		pts = append(pts, RLSRatePoint{Concurrency: conc, Met: best.Pass, RateTried: best.Rate,
+			RequestsPerSec: best.RequestsPerSec, DescriptorsPerSec: best.RequestsPerSec * 3,
+			P50Ms: best.P50Ms, P99Ms: best.P99Ms, P999Ms: best.P999Ms, Errors: best.Errors, Late: best.Late,
+			AgentCPUus: best.AgentCPUus, LoadgenCPUus: best.LoadgenCPUus,
+			Steps: steps, LoadAvg: []float64{before, loadAvg()}})
+	}
+	return pts, idle
+}
+
+// rlsOpenRun runs one open-loop step at rate requests/s.
+func rlsOpenRun(c *proccluster.Cluster, loadgen, addrs string, conc int, rate float64, s rlsSearch) RLSStep {
+	var res struct {
+		loadResult
+		Rate      float64 `json:"rate"`
+		Late      int64   `json:"late"`
+		Abandoned int64   `json:"abandoned"`
+		MaxQueued int64   `json:"max_queued"`
+	}
+	var profiles sync.WaitGroup
+	if s.profileDir != "" {
+		for i := range c.Nodes {
+			name := filepath.Join(s.profileDir, fmt.Sprintf("node%d-c%d-rate%.0f.pprof", i, conc, rate))
+			profiles.Go(func() { cpuProfile(c, i, name, time.Second, s.step) })
+		}
+	}
+	cpu0 := agentsCPU(c)
+	lgCPU := runLoadgen(loadgen, &res, "-addrs", addrs, "-mode", "rls", "-domain", "rls", "-concurrency", strconv.Itoa(conc),
+		"-rate", strconv.FormatFloat(rate, 'f', 0, 64), "-duration", s.step.String(), "-warmup", "1s")
+	agents := agentsCPU(c) - cpu0
+	profiles.Wait()
+	// Every arrival of the warm-up and the measured window was sent (abandoned ones aside).
+	sent := rate*(s.step+time.Second).Seconds() - float64(res.Abandoned)
+	st := RLSStep{Rate: rate, RequestsPerSec: res.PerSec, P50Ms: res.P50Ms, P99Ms: res.P99Ms, P999Ms: res.P999Ms,
+		Errors: res.Errors, Late: res.Late, Abandoned: res.Abandoned, MaxQueued: res.MaxQueued,
+		AgentCPUus: float64(agents/time.Microsecond) / sent, LoadgenCPUus: float64(lgCPU/time.Microsecond) / sent,
+		FirstError: res.FirstError}
+	st.Pass = res.Errors == 0 && res.Abandoned == 0 && res.P99Ms <= float64(s.target)/1e6 && res.PerSec >= 0.95*rate
+	verdict := "miss"
+	if st.Pass {
+		verdict = "ok"
+	}
+	logf("rls open c=%-4d rate %7.0f/s: %7.0f req/s  p50 %6.2f  p99 %6.2f  p999 %7.2f ms  late %d abandoned %d errors %d  cpu/request agents %.0f µs loadgen %.0f µs  %s %s",
+		conc, rate, res.PerSec, res.P50Ms, res.P99Ms, res.P999Ms, res.Late, res.Abandoned, res.Errors, st.AgentCPUus, st.LoadgenCPUus, verdict, res.FirstError)
+	return st
+}
+
+// agentsCPU is the CPU time (user + system) the cluster's running agents have used so far.
+func agentsCPU(c *proccluster.Cluster) time.Duration {
+	var total time.Duration
+	for i := range c.Nodes {
+		if pid := c.Pid(i); pid > 0 {
+			total += processCPU(pid)
+		}
+	}
+	return total
+}
+
+// processCPU reads utime + stime from /proc/<pid>/stat (0 if unreadable). The kernel counts
+// them in clock ticks of 1/100 s (USER_HZ on Linux).
+func processCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The command name (field 2) may contain spaces; the fields after its ")" are fixed.
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * 10 * time.Millisecond
+}
+
+// RLSPoint is the Envoy RLS closed loop (saturation) at one concurrency: ShouldRateLimit calls from a separate
 // load generator process, one RPC per request spread over the three nodes (followers
 // forward), each request carrying examples/envoy/envoy.yaml's three descriptors. The median
 // run by throughput, with its latencies, and the 1-minute load average around the runs.
@@ -29,7 +206,9 @@ type RLSPoint struct {
 	LoadAvg              []float64 `json:"load_avg"`
 }
 
-// rlsStep runs the RLS load at each concurrency (runs times, median reported).
+// rlsStep runs the closed-loop RLS load at each concurrency (runs times, median reported):
+// c callers back to back, so it measures the throughput at saturation and the queueing there
+// (by Little's law the mean latency is c ÷ requests/s).
 //
 // With profileDir set, every node's CPU profile over the measured part of each run (after the
 // loadgen's 1 s warm-up) is written there.
