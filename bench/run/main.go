@@ -134,6 +134,7 @@ func main() {
 		rlsTarget   = flag.Duration("rls-p99-target", 20*time.Millisecond, "rls step: the p99 a rate must meet (Envoy's default timeout)")
 		rlsStepDur  = flag.Duration("rls-step", 3*time.Second, "rls step: measured time per open-loop rate (after a 1 s warm-up)")
 		rlsSteps    = flag.Int("rls-max-steps", 12, "rls step: open-loop rates tried per concurrency at most")
+		rlsRates    = flag.String("rls-rates", "", "rls step: open-loop rates to try instead of the search (requests/s, comma-separated; for A/B runs)")
 		rlsSat      = flag.Bool("rls-saturation", true, "rls step: also run the closed loop at saturation (-runs runs of -duration)")
 		keep        = flag.Bool("keep", false, "keep the cluster running at the end (for profiling) until interrupted")
 		agentArgs   = flag.String("agent-args", "", "extra agent flags, space-separated")
@@ -230,7 +231,8 @@ func main() {
 	}
 	if want("rls") {
 		rep.RLS, rep.RLSIdleCores = rlsOpenStep(c, loadgen, addrs, parseInts(*rlsConcs), rlsSearch{start: *rlsStart, maxRate: *rlsMaxRate,
-			target: *rlsTarget, step: *rlsStepDur, maxSteps: max(1, *rlsSteps), profileDir: *rlsProfile})
+			target: *rlsTarget, step: *rlsStepDur, maxSteps: max(1, *rlsSteps), profileDir: *rlsProfile,
+			rates: parseFloats(*rlsRates)})
 		if *rlsSat {
 			rep.RLSSaturation = rlsStep(c, *rlsProfile, loadgen, addrs, parseInts(*rlsConcs), *runs, *duration)
 		}
@@ -432,6 +434,21 @@ func printTable(r *Report) {
 	}
 	fmt.Println()
 	printLogStoreCompare(r)
+}
+
+func parseFloats(s string) []float64 {
+	var out []float64
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		x, err := strconv.ParseFloat(f, 64)
+		if err != nil || x <= 0 {
+			check(fmt.Errorf("rate %q: use positive numbers of requests per second, comma-separated", f))
+		}
+		out = append(out, x)
+	}
+	return out
 }
 
 func median(xs []float64) float64 {

@@ -62,6 +62,7 @@ type rlsSearch struct {
 	target         time.Duration // p99 bound
 	step           time.Duration // measured time per step (after a 1 s warm-up)
 	maxSteps       int
+	rates          []float64 // if set, exactly these rates, no search (A/B comparisons)
 	profileDir     string // if set, every node's CPU profile of each step's measured part
 }
 
@@ -84,7 +85,10 @@ func rlsOpenStep(c *proccluster.Cluster, loadgen, addrs string, concs []int, s r
 		// Ramp ×1.5 while the target holds, then bisect between the last pass and the first
 		// failure until they are within 5 %.
 		lo, hi := 0.0, 0.0
-		for r := s.start; r <= s.maxRate && len(steps) < s.maxSteps; r *= 1.5 {
+		for _, r := range s.rates {
+			try(r)
+		}
+		for r := s.start; len(s.rates) == 0 && r <= s.maxRate && len(steps) < s.maxSteps; r *= 1.5 {
 			if try(r).Pass {
 				lo = r
 				continue
@@ -101,7 +105,7 @@ func rlsOpenStep(c *proccluster.Cluster, loadgen, addrs string, concs []int, s r
 				hi = r
 			}
 		}
-		for lo > 0 && hi > lo*1.05 && len(steps) < s.maxSteps {
+		for len(s.rates) == 0 && lo > 0 && hi > lo*1.05 && len(steps) < s.maxSteps {
 			mid := (lo + hi) / 2
 			if try(mid).Pass {
 				lo = mid
