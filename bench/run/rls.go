@@ -63,7 +63,7 @@ type rlsSearch struct {
 	step           time.Duration // measured time per step (after a 1 s warm-up)
 	maxSteps       int
 	rates          []float64 // if set, exactly these rates, no search (A/B comparisons)
-	profileDir     string // if set, every node's CPU profile of each step's measured part
+	profileDir     string    // if set, every node's CPU profile of each step's measured part
 }
 
 // rlsOpenStep finds, at each concurrency, the highest rate that meets the p99 target.
