@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -42,6 +43,7 @@ const (
 
 // forwardedCall is one caller's call waiting for its batch.
 type forwardedCall struct {
+	req      *rlsv3.RateLimitRequest
 	call     *quotadv1.ForwardedCall
 	deadline time.Time // the caller's (zero: none)
 	done     chan struct{}
@@ -53,6 +55,11 @@ type forwardedCall struct {
 type forwardLane struct {
 	r    *rlsServer
 	peer quotadv1.PeerClient
+	rls  rlsv3.RateLimitServiceClient
+
+	// legacy: the leader does not serve ForwardRateLimit (an older version, during a rolling
+	// upgrade); calls go to it one by one as before. A new leader gets a new lane.
+	legacy atomic.Bool
 
 	mu       sync.Mutex
 	queue    []*forwardedCall
@@ -68,7 +75,7 @@ func (r *rlsServer) lane(conn *grpc.ClientConn) *forwardLane {
 		if r.lanes == nil {
 			r.lanes = make(map[*grpc.ClientConn]*forwardLane)
 		}
-		l = &forwardLane{r: r, peer: quotadv1.NewPeerClient(conn)}
+		l = &forwardLane{r: r, peer: quotadv1.NewPeerClient(conn), rls: rlsv3.NewRateLimitServiceClient(conn)}
 		r.lanes[conn] = l
 	}
 	return l
@@ -91,7 +98,12 @@ func (r *rlsServer) forward(ctx context.Context, conn *grpc.ClientConn, req *rls
 		fc.call.Principal = auth.EncodePrincipal(c.id)
 	}
 	fc.deadline, _ = ctx.Deadline()
-	r.lane(conn).add(fc)
+	l := r.lane(conn)
+	if l.legacy.Load() {
+		return rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(forwardCtx(ctx), req)
+	}
+	fc.req = req
+	l.add(fc)
 	select {
 	case <-fc.done:
 		return fc.resp, fc.err
@@ -173,6 +185,11 @@ func (l *forwardLane) send(batch []*forwardedCall) {
 	ctx = metadata.AppendToOutgoingContext(ctx, forwardedHeader, "1")
 	l.r.s.metrics.observeForward(len(sent))
 	resp, err := l.peer.ForwardRateLimit(ctx, req)
+	if status.Code(err) == codes.Unimplemented {
+		l.legacy.Store(true)
+		l.sendEach(sent, deadline)
+		return
+	}
 	if err == nil && len(resp.Results) != len(sent) {
 		err = status.Errorf(codes.Internal, "the leader answered %d of %d forwarded calls", len(resp.Results), len(sent))
 	}
@@ -193,6 +210,32 @@ func (l *forwardLane) send(batch []*forwardedCall) {
 		}
 		close(fc.done)
 	}
+}
+
+// sendEach forwards calls one RPC each, with their callers as forwardCtx passes them (to a
+// leader that does not serve ForwardRateLimit).
+func (l *forwardLane) sendEach(calls []*forwardedCall, limit time.Time) {
+	var wg sync.WaitGroup
+	for _, fc := range calls {
+		wg.Go(func() {
+			defer close(fc.done)
+			d := fc.deadline
+			if d.IsZero() {
+				d = limit
+			}
+			ctx, cancel := context.WithDeadline(context.Background(), d)
+			defer cancel()
+			kv := []string{forwardedHeader, "1"}
+			for _, v := range fc.call.Authorization {
+				kv = append(kv, authorizationHeader, v)
+			}
+			if len(fc.call.Authorization) == 0 && fc.call.Principal != "" {
+				kv = append(kv, auth.PrincipalHeader, fc.call.Principal)
+			}
+			fc.resp, fc.err = l.rls.ShouldRateLimit(metadata.AppendToOutgoingContext(ctx, kv...), fc.req)
+		})
+	}
+	wg.Wait()
 }
 
 // peerServer serves quotad.v1.Peer.
