@@ -84,11 +84,15 @@ func (r *rlsServer) lane(conn *grpc.ClientConn) *forwardLane {
 // forward sends req to the leader over conn in the next batch and waits for its answer (or
 // for ctx; the batch goes on without it).
 func (r *rlsServer) forward(ctx context.Context, conn *grpc.ClientConn, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	l := r.lane(conn)
+	if l.legacy.Load() {
+		return rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(forwardCtx(ctx), req)
+	}
 	data, err := proto.Marshal(req)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "encoding the request to forward: %v", err)
 	}
-	fc := &forwardedCall{call: &quotadv1.ForwardedCall{Request: data}, done: make(chan struct{})}
+	fc := &forwardedCall{req: req, call: &quotadv1.ForwardedCall{Request: data}, done: make(chan struct{})}
 	c := callerFrom(ctx)
 	switch {
 	case c.viaToken:
@@ -98,11 +102,6 @@ func (r *rlsServer) forward(ctx context.Context, conn *grpc.ClientConn, req *rls
 		fc.call.Principal = auth.EncodePrincipal(c.id)
 	}
 	fc.deadline, _ = ctx.Deadline()
-	l := r.lane(conn)
-	if l.legacy.Load() {
-		return rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(forwardCtx(ctx), req)
-	}
-	fc.req = req
 	l.add(fc)
 	select {
 	case <-fc.done:
