@@ -38,6 +38,7 @@ var (
 	workers    = Access{Roles: []Role{RoleWorker}}
 	readers    = Access{Roles: []Role{RoleReader}}
 	workOrRead = Access{Roles: []Role{RoleWorker, RoleReader}}
+	servers    = Access{Roles: []Role{RoleServer}}
 )
 
 // Methods is the method → access table. Keys are gRPC full method names.
@@ -76,7 +77,14 @@ var Methods = map[string]Access{
 	// Envoy's rate limit service (envoy.service.ratelimit.v3), when it is served: a gateway
 	// spends quota like a worker (usually with no tenant, so it may act for every tenant).
 	RateLimitMethod: workers,
+
+	// quotad.v1.Peer: node to node. A follower forwards a batch of Envoy calls, each with its
+	// own caller, which the leader authenticates and authorizes as for RateLimitMethod.
+	ForwardRateLimitMethod: servers,
 }
+
+// ForwardRateLimitMethod is a follower's batch of forwarded RateLimitMethod calls.
+const ForwardRateLimitMethod = "/quotad.v1.Peer/ForwardRateLimit"
 
 // RateLimitMethod is Envoy's global rate limit call (served by an RLS adapter).
 const RateLimitMethod = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"

@@ -5,17 +5,21 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"sync"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	fsmv1 "github.com/quotad/quotad/api/quotad/fsm/v1"
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"github.com/quotad/quotad/auth"
+	"github.com/quotad/quotad/fsm"
 	"github.com/quotad/quotad/quota"
 )
 
@@ -80,20 +84,51 @@ type rlsServer struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 	s    *Server
 	opts RLSOptions
+	// authn authenticates the token callers of forwarded calls (nil: the server runs without
+	// the agent's authentication, and a forwarded call acts as the forwarding caller).
+	authn *authenticator
+
+	lanesMu sync.Mutex
+	lanes   map[*grpc.ClientConn]*forwardLane // a follower's batching, per leader connection
 }
 
 // ShouldRateLimit decides one Envoy request.
 func (r *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	s := r.s
 	// A follower forwards at once: the leader validates and authorizes the request (as the
-	// caller, whose identity forwardCtx passes on); doing it here too only repeated the work.
+	// caller, whose identity rides along); doing it here too only repeated the work. Calls
+	// forwarded at the same time share one RPC (envoy_forward.go).
 	conn, err := s.route(ctx)
 	if err != nil {
 		return nil, err
 	}
 	if conn != nil {
-		return rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(forwardCtx(ctx), req)
+		return r.forward(ctx, conn, req)
 	}
+	start := time.Now()
+	op, err := r.authorize(IdentityFrom(ctx), req)
+	if err != nil {
+		return nil, err
+	}
+	if resp, handled, err := r.regional(ctx, req, op, start); handled {
+		return resp, err
+	}
+	data, err := encodeRLS(op)
+	if err != nil {
+		return nil, err
+	}
+	c, err := s.prop.submit(ctx, [][]byte{data})
+	if err == nil {
+		err = s.prop.wait(ctx, c)
+	}
+	if err != nil {
+		return nil, s.applyError(err)
+	}
+	return r.finish(req, c.results[0], start)
+}
+
+// authorize validates an Envoy request, authorizes id for it, and returns its log op.
+func (r *rlsServer) authorize(id auth.Identity, req *rlsv3.RateLimitRequest) (*fsmv1.RateLimit, error) {
 	op, err := rlsOp(req)
 	if err != nil {
 		return nil, err
@@ -101,32 +136,48 @@ func (r *rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 	if err := r.overrideProblem(op); err != nil {
 		return nil, err
 	}
-	id := IdentityFrom(ctx)
 	for i, d := range op.Descriptors {
 		if msg := scopeProblem(id, req.Domain, d.Entries, true); msg != "" {
 			return nil, permissionDenied("descriptors[%d]: %s", i, msg)
 		}
-		if msg := s.tenantPathProblem(id, req.Domain, d.Entries); msg != "" {
+		if msg := r.s.tenantPathProblem(id, req.Domain, d.Entries); msg != "" {
 			return nil, permissionDenied("descriptors[%d]: %s", i, msg)
 		}
 	}
-	start := time.Now()
-	if s.region != nil {
-		// A regional cluster decides scope: global rules from its leader's shares.
-		if resp, handled, err := r.regionShouldRateLimit(ctx, req, op, start); handled {
-			return resp, err
-		}
+	return op, nil
+}
+
+// regional decides a request on a regional cluster's leader whose scope: global rules come
+// from the leader's shares (region_rls.go); handled is false elsewhere, and for requests the
+// regional FSM alone decides.
+func (r *rlsServer) regional(ctx context.Context, req *rlsv3.RateLimitRequest, op *fsmv1.RateLimit, start time.Time) (*rlsv3.RateLimitResponse, bool, error) {
+	if r.s.region == nil {
+		return nil, false, nil
 	}
-	res, err := s.prop.propose(ctx, &fsmv1.Op{Op: &fsmv1.Op_RateLimit{RateLimit: op}})
+	return r.regionShouldRateLimit(ctx, req, op, start)
+}
+
+// encodeRLS encodes an authorized request's log op.
+func encodeRLS(op *fsmv1.RateLimit) ([]byte, error) {
+	data, err := fsm.EncodeOp(&fsmv1.Op{Op: &fsmv1.Op_RateLimit{RateLimit: op}})
 	if err != nil {
-		return nil, s.applyError(err)
+		return nil, status.Errorf(codes.Internal, "encoding the op: %v", err)
 	}
-	d := res.Other.RateLimit
+	return data, nil
+}
+
+// finish turns a committed request's result into Envoy's answer and counts it (start: when
+// the leader received the request).
+func (r *rlsServer) finish(req *rlsv3.RateLimitRequest, pr proposalResult, start time.Time) (*rlsv3.RateLimitResponse, error) {
+	if pr.err != nil {
+		return nil, r.s.applyError(pr.err)
+	}
+	d := pr.res.Other.RateLimit
 	if d.Code == quota.RLSUnknown { // the engine's own check; rlsOp should have caught it
 		return nil, status.Errorf(codes.InvalidArgument, "%s", d.Message)
 	}
 	resp := r.response(&d)
-	s.metrics.observeRLS(res.Other.Matcher, req, &d, resp.OverallCode, r.opts.NearLimitRatio, time.Since(start))
+	r.s.metrics.observeRLS(pr.res.Other.Matcher, req, &d, resp.OverallCode, r.opts.NearLimitRatio, time.Since(start))
 	return resp, nil
 }
 

@@ -36,6 +36,8 @@ type rlsMetrics struct {
 	okReqs, overReqs                                         prometheus.Counter // requests' two series
 	latency                                                  prometheus.Histogram
 	dropped                                                  *prometheus.CounterVec
+	// A follower's forwarding: calls and the ForwardRateLimit RPCs that carried them.
+	forwarded, forwardBatches prometheus.Counter
 
 	mu   sync.Mutex
 	keys map[string]map[string]*ruleCounters // domain → key → its series
@@ -61,9 +63,14 @@ func newRLSMetrics(reg *prometheus.Registry) *rlsMetrics {
 			Help: "Time from receiving a ShouldRateLimit call on the leader to its answer.", Buckets: prometheus.ExponentialBuckets(0.0002, 2, 16)}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "quotad_rate_limit_keys_dropped_total",
 			Help: "Envoy RLS rule keys counted under key \"_other\" because the domain already had MaxRLSStatKeys keys."}, []string{"domain"}),
+		forwarded: prometheus.NewCounter(prometheus.CounterOpts{Name: "quotad_rls_forwarded_total",
+			Help: "Envoy RLS ShouldRateLimit calls this node forwarded to the leader (as a follower)."}),
+		forwardBatches: prometheus.NewCounter(prometheus.CounterOpts{Name: "quotad_rls_forward_batches_total",
+			Help: "ForwardRateLimit RPCs that carried them (several calls each under load)."}),
 		keys: make(map[string]map[string]*ruleCounters),
 	}
-	reg.MustRegister(m.totalHits, m.overLimit, m.nearLimit, m.withinLimit, m.shadowMode, m.requests, m.latency, m.dropped)
+	reg.MustRegister(m.totalHits, m.overLimit, m.nearLimit, m.withinLimit, m.shadowMode, m.requests, m.latency, m.dropped,
+		m.forwarded, m.forwardBatches)
 	m.okReqs, m.overReqs = m.requests.WithLabelValues("ok"), m.requests.WithLabelValues("over_limit")
 	return m
 }
@@ -132,6 +139,15 @@ func countRLS(st *quota.RLSStatus, ratio float64) rlsCounts {
 // observeRLS records a decided request: per-rule counters (keys from the matcher of the
 // limits the decision was made under, which the FSM hands back with it), the overall code and
 // the latency.
+// observeForward counts a ForwardRateLimit RPC of calls calls.
+func (m *Metrics) observeForward(calls int) {
+	if m == nil || m.rls == nil {
+		return
+	}
+	m.rls.forwardBatches.Inc()
+	m.rls.forwarded.Add(float64(calls))
+}
+
 func (m *Metrics) observeRLS(match *quota.Matcher, req *rlsv3.RateLimitRequest, d *quota.RLSDecision,
 	code rlsv3.RateLimitResponse_Code, ratio float64, took time.Duration) {
 	if m == nil || m.rls == nil {

@@ -3,9 +3,14 @@ package rpc_test
 import (
 	"context"
 	"crypto/tls"
+	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,8 +18,12 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 	"github.com/quotad/quotad/auth"
 	"github.com/quotad/quotad/rpc"
 )
@@ -248,4 +257,156 @@ func TestRLSLimitOverrideOffByDefault(t *testing.T) {
 		}
 		wantRLS(t, r, err, want, want)
 	}
+}
+
+// rlsForwardLimits: every tenant 5 per minute, under a roomy domain ceiling.
+const rlsForwardLimits = `
+domain: platform
+rate_limit: {unit: minute, requests_per_unit: 1000000}
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 5}
+    descriptors:
+      - key: consumer
+        rate_limit: {unit: minute, requests_per_unit: 1000}
+---
+domain: other
+descriptors:
+  - key: k
+    rate_limit: {unit: second, requests_per_unit: 1}
+`
+
+// TestRLSForwardBatchesKeepCallers: concurrent Envoy calls through a follower go to the
+// leader in shared ForwardRateLimit RPCs (fewer RPCs than calls), and every call in a batch
+// keeps its own caller and its own answer: a certificate caller's domain scope, a
+// tenant-bound token's tenant, and each request's hits_addend are decided per call.
+func TestRLSForwardBatchesKeepCallers(t *testing.T) {
+	bootstrapFile := filepath.Join(t.TempDir(), "bootstrap")
+	bootstrap, _, err := auth.NewToken()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bootstrapFile, []byte(bootstrap+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, p := authCluster(t, rlsForwardLimits, func(_ int, cfg *rpc.AgentConfig) { cfg.BootstrapTokenFile = bootstrapFile })
+	p.client(auth.Identity{Name: "envoy", Role: auth.RoleWorker, Domains: []string{"platform"}})
+	p.client(auth.Identity{Name: "stranger", Role: auth.RoleWorker, Domains: []string{"other"}})
+	leader := c.Leader()
+	follower := c.Addrs()[(leader+1)%3]
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	tok, err := quotadv1.NewAdminClient(p.dialAs(c.Addrs()[leader], "")).CreateToken(
+		metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+bootstrap),
+		&quotadv1.CreateTokenRequest{Role: "worker", Domains: []string{"platform"}, Tenant: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The follower must know the token before the burst (it authenticates the call first).
+	tokCtx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tok.Token)
+	viaFollower := func(name string) rlsv3.RateLimitServiceClient {
+		return rlsv3.NewRateLimitServiceClient(p.dialAs(follower, name))
+	}
+	envoy, stranger, token := viaFollower("envoy"), viaFollower("stranger"), viaFollower("")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := token.ShouldRateLimit(tokCtx, rlsReq("platform", []string{"tenant", "acme", "consumer", "warm"}))
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the token never worked through the follower: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	const nEnvoy, nStranger, nToken = 150, 30, 30
+	start := make(chan struct{})
+	errs := make(chan string, nEnvoy+nStranger+nToken)
+	var wg sync.WaitGroup
+	for i := range nEnvoy {
+		wg.Go(func() {
+			<-start
+			// Tenant t<i> is fresh: 5 per minute, this call spends h of them.
+			h := uint32(i%5 + 1)
+			req := rlsReq("platform", []string{"tenant", fmt.Sprintf("t%d", i)})
+			req.HitsAddend = h
+			r, err := envoy.ShouldRateLimit(ctx, req)
+			switch {
+			case err != nil:
+				errs <- fmt.Sprintf("envoy call %d: %v", i, err)
+			case r.OverallCode != rlsv3.RateLimitResponse_OK || r.Statuses[0].LimitRemaining != 5-h ||
+				r.Statuses[0].CurrentLimit.GetRequestsPerUnit() != 5:
+				errs <- fmt.Sprintf("envoy call %d (hits %d): %v; want OK with %d of 5 remaining", i, h, r, 5-h)
+			}
+		})
+	}
+	for i := range nStranger {
+		wg.Go(func() {
+			<-start
+			_, err := stranger.ShouldRateLimit(ctx, rlsReq("platform", []string{"tenant", "x"}))
+			if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), `may not use domain "platform"`) {
+				errs <- fmt.Sprintf("stranger call %d: %v; want PermissionDenied (domain)", i, err)
+			}
+		})
+	}
+	for i := range nToken {
+		wg.Go(func() {
+			<-start
+			tenant := []string{"acme", "bob"}[i%2]
+			_, err := token.ShouldRateLimit(tokCtx, rlsReq("platform", []string{"tenant", tenant, "consumer", fmt.Sprint(i)}))
+			switch {
+			case tenant == "acme" && err != nil:
+				errs <- fmt.Sprintf("token call %d for its own tenant: %v", i, err)
+			case tenant == "bob" && (status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "may act only for tenant=acme")):
+				errs <- fmt.Sprintf("token call %d for another tenant: %v; want PermissionDenied (tenant)", i, err)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+
+	// The follower's counters: every call forwarded, in fewer RPCs.
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: p.pool}}}
+	resp, err := hc.Get("https://" + c.Agent((leader+1)%3).HTTPAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	metric := func(name string) float64 {
+		for _, l := range strings.Split(string(body), "\n") {
+			if v, ok := strings.CutPrefix(l, name+" "); ok {
+				f, _ := strconv.ParseFloat(v, 64)
+				return f
+			}
+		}
+		t.Fatalf("/metrics lacks %s", name)
+		return 0
+	}
+	calls, batches := metric("quotad_rls_forwarded_total"), metric("quotad_rls_forward_batches_total")
+	if total := float64(nEnvoy + nStranger + nToken); calls < total || batches >= total {
+		t.Errorf("follower forwarded %v calls in %v RPCs; want all %v calls (+ warm-up) in fewer RPCs than calls", calls, batches, total)
+	}
+	t.Logf("%v calls forwarded in %v RPCs", calls, batches)
+}
+
+// TestRLSForwardNeedsServerRole: a client cannot call the peers' ForwardRateLimit to act as
+// someone else: the method needs a server certificate, and the principal it names is believed
+// from nobody else.
+func TestRLSForwardNeedsServerRole(t *testing.T) {
+	c, p := authCluster(t, rlsLimits)
+	p.client(auth.Identity{Name: "envoy", Role: auth.RoleWorker, Domains: []string{"other"}})
+	data, err := proto.Marshal(rlsReq("platform", []string{"tenant", "a"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim := auth.EncodePrincipal(auth.Identity{Name: "gw", Role: auth.RoleAdmin})
+	_, err = quotadv1.NewPeerClient(p.dialAs(c.Addrs()[c.Leader()], "envoy")).ForwardRateLimit(context.Background(),
+		&quotadv1.ForwardRateLimitRequest{Calls: []*quotadv1.ForwardedCall{{Request: data, Principal: claim}}})
+	wantCode(t, err, codes.PermissionDenied, "server")
 }

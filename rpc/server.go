@@ -90,11 +90,13 @@ func NewServer(node Node, f *fsm.FSM, pc ProposerConfig, forwardCreds credential
 	return s
 }
 
-// Register registers the Quota and Admin services and Envoy's RateLimitService on g.
+// Register registers the Quota and Admin services, Envoy's RateLimitService and the
+// node-to-node Peer service on g.
 func (s *Server) Register(g *grpc.Server) {
 	quotadv1.RegisterQuotaServer(g, s)
 	quotadv1.RegisterAdminServer(g, s)
 	rlsv3.RegisterRateLimitServiceServer(g, s.rls)
+	quotadv1.RegisterPeerServer(g, &peerServer{r: s.rls})
 }
 
 // Close stops group commit and closes forwarding connections.

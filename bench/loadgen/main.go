@@ -12,7 +12,11 @@
 //	          fleet does (one RPC per request, no client batching, spread over every node):
 //	          each request carries envoy.yaml's three descriptors (route, tenant,
 //	          tenant+consumer); reports requests/s (decisions_per_sec), descriptors/s and
-//	          latency percentiles (rls.go).
+//	          latency percentiles (rls.go). With -rate N it is an open loop instead: N
+//	          requests/s arrive (Poisson, or evenly spaced with -arrivals uniform) whatever
+//	          the answers do, at most -concurrency outstanding; latency runs from each
+//	          request's intended send time (openloop.go), and late/abandoned count the
+//	          arrivals that found every sender busy / were never sent.
 package main
 
 import (
@@ -55,6 +59,14 @@ type Result struct {
 	BatchesHeld uint64 `json:"batches_held"`
 	// rls mode: descriptors decided per second (3 per request).
 	DescriptorsPerSec float64 `json:"descriptors_per_sec,omitempty"`
+	// rls open loop (-rate): the offered rate, the measured arrivals, those due while every
+	// sender was busy, those never sent (still queued 2 s after the window), and the most
+	// arrivals waiting for a sender at once.
+	Rate      float64 `json:"rate,omitempty"`
+	Intended  int64   `json:"intended,omitempty"`
+	Late      int64   `json:"late,omitempty"`
+	Abandoned int64   `json:"abandoned,omitempty"`
+	MaxQueued int64   `json:"max_queued,omitempty"`
 }
 
 func main() {
@@ -73,6 +85,8 @@ func main() {
 		noBatch     = flag.Bool("no-batch", false, "disable client batching")
 		cpuProfile  = flag.String("cpuprofile", "", "write the load generator's CPU profile to this file")
 		traceFile   = flag.String("trace", "", "write the load generator's execution trace to this file")
+		rate        = flag.Float64("rate", 0, "rls: open loop at this many requests/s (0: closed loop)")
+		arrivals    = flag.String("arrivals", "poisson", "rls -rate: poisson or uniform arrivals")
 	)
 	flag.Parse()
 	if *cpuProfile != "" {
@@ -112,7 +126,16 @@ func main() {
 
 	var res Result
 	if *mode == "rls" {
-		res = rlsLoad(cfg, *domain, *prefix, *keys, *concurrency, *warmup, *duration)
+		switch {
+		case *arrivals != "poisson" && *arrivals != "uniform":
+			fail(fmt.Errorf("-arrivals %q: use poisson or uniform", *arrivals))
+		case *rate > 0:
+			res = rlsOpenLoad(cfg, *domain, *prefix, *keys, *concurrency, *rate, *arrivals == "poisson", *warmup, *duration)
+		case *rate < 0:
+			fail(fmt.Errorf("-rate %v: use a positive number of requests per second, or 0 for the closed loop", *rate))
+		default:
+			res = rlsLoad(cfg, *domain, *prefix, *keys, *concurrency, *warmup, *duration)
+		}
 		if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
 			fail(err)
 		}

@@ -80,8 +80,13 @@ type Report struct {
 	LogStoreCompare     map[string]*LogStorePoint `json:"log_store_compare,omitempty"`
 	LogStoreCompareLoad []float64                 `json:"log_store_compare_load_avg,omitempty"`
 	LogStoreCompareDisk *DiskProbe                `json:"log_store_compare_disk_fsync,omitempty"`
-	// rls (issue 14): Envoy's ShouldRateLimit at -rls-concurrency, see RLSPoint.
-	RLS []RLSPoint `json:"rls,omitempty"`
+	// rls (issue 14): Envoy's ShouldRateLimit at -rls-concurrency: in an open loop, the
+	// highest rate meeting the p99 target (RLSRatePoint); and closed loops at saturation
+	// (RLSPoint), which measure throughput and the queueing it brings.
+	RLS           []RLSRatePoint `json:"rls,omitempty"`
+	RLSSaturation []RLSPoint     `json:"rls_saturation,omitempty"`
+	// RLSIdleCores is the CPU the three idle agents used before the rls step (cores).
+	RLSIdleCores float64 `json:"rls_idle_agents_cores,omitempty"`
 	// ab (-only ab -ab-base DIR): a base build against this tree's, see abCompare.
 	AB map[string]*ABPoint `json:"ab,omitempty"`
 }
@@ -125,7 +130,14 @@ func main() {
 		soak        = flag.Duration("soak", 10*time.Minute, "length of the soak step (alternating 30 s of load and 30 s of idle)")
 		soakBuckets = flag.Int("soak-buckets", 0, "stored buckets to create before the soak (e.g. 1000000: snapshots of a large state under load)")
 		out         = flag.String("out", "bench/results/latest.json", "JSON report path")
-		rlsProfile  = flag.String("rls-profile", "", "rls step: write every node's CPU profile of each run's measured part to this directory (node<i>-c<conc>-run<r>.pprof)")
+		rlsProfile  = flag.String("rls-profile", "", "rls step: write every node's CPU profile of each run's measured part to this directory (node<i>-c<conc>-rate<r>.pprof open loop, node<i>-c<conc>-run<r>.pprof saturation)")
+		rlsStart    = flag.Float64("rls-start-rate", 1000, "rls step: the open-loop search's first rate (requests/s)")
+		rlsMaxRate  = flag.Float64("rls-max-rate", 50000, "rls step: the open-loop search's highest rate (requests/s)")
+		rlsTarget   = flag.Duration("rls-p99-target", 20*time.Millisecond, "rls step: the p99 a rate must meet (Envoy's default timeout)")
+		rlsStepDur  = flag.Duration("rls-step", 3*time.Second, "rls step: measured time per open-loop rate (after a 1 s warm-up)")
+		rlsSteps    = flag.Int("rls-max-steps", 12, "rls step: open-loop rates tried per concurrency at most")
+		rlsRates    = flag.String("rls-rates", "", "rls step: open-loop rates to try instead of the search (requests/s, comma-separated; for A/B runs)")
+		rlsSat      = flag.Bool("rls-saturation", true, "rls step: also run the closed loop at saturation (-runs runs of -duration)")
 		keep        = flag.Bool("keep", false, "keep the cluster running at the end (for profiling) until interrupted")
 		agentArgs   = flag.String("agent-args", "", "extra agent flags, space-separated")
 		snapProf    = flag.String("snapshot-cpuprofile", "", "write a CPU profile of the snapshot step's timed part to this file")
@@ -225,7 +237,12 @@ func main() {
 		rep.DecisionsPerSec, rep.P99Ms = best.DecisionsPerSec, best.P99Ms
 	}
 	if want("rls") {
-		rep.RLS = rlsStep(c, *rlsProfile, loadgen, addrs, parseInts(*rlsConcs), *runs, *duration)
+		rep.RLS, rep.RLSIdleCores = rlsOpenStep(c, loadgen, addrs, parseInts(*rlsConcs), rlsSearch{start: *rlsStart, maxRate: *rlsMaxRate,
+			target: *rlsTarget, step: *rlsStepDur, maxSteps: max(1, *rlsSteps), profileDir: *rlsProfile,
+			rates: parseFloats(*rlsRates)})
+		if *rlsSat {
+			rep.RLSSaturation = rlsStep(c, *rlsProfile, loadgen, addrs, parseInts(*rlsConcs), *runs, *duration)
+		}
 	}
 	if want("failover") {
 		times := failover(c, *kills)
@@ -323,7 +340,9 @@ func medianPoint(conc int, rs []loadResult) SweepPoint {
 	return p
 }
 
-func runLoadgen(loadgen string, into any, args ...string) {
+// runLoadgen runs the load generator and parses its report into into; it returns the CPU
+// time the load generator used.
+func runLoadgen(loadgen string, into any, args ...string) time.Duration {
 	cmd := exec.Command(loadgen, args...)
 	var stdout bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, os.Stderr
@@ -331,6 +350,7 @@ func runLoadgen(loadgen string, into any, args ...string) {
 		check(fmt.Errorf("loadgen %v: %w", args, err))
 	}
 	check(json.Unmarshal(stdout.Bytes(), into))
+	return cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 }
 
 // memory creates n active buckets through the API (batched by the client library) and reads
@@ -417,8 +437,16 @@ func printTable(r *Report) {
 	fmt.Printf("rss_mb_1m_buckets      %10v   (target ≤ 300 per node)\n", r.RSSMB1MBuckets)
 	fmt.Printf("snapshot_restore_s_1m  %10.2f   (target ≤ 3)\n", r.SnapshotRestoreS)
 	for _, p := range r.RLS {
-		fmt.Printf("rls c=%-4d rls_descriptors_per_sec %9.0f  rls_p99_ms %6.2f (target ≤ 20, Envoy's default timeout)  load %v\n",
-			p.Concurrency, p.DescriptorsPerSec, p.P99Ms, p.LoadAvg)
+		met := "met"
+		if !p.Met {
+			met = "NOT met at any rate tried"
+		}
+		fmt.Printf("rls c=%-4d rls_descriptors_per_sec %9.0f  rls_p99_ms %6.2f (open loop at %.0f requests/s; target ≤ 20, Envoy's default timeout: %s)  p50 %.2f p999 %.2f  cpu/request agents %.0f µs loadgen %.0f µs  load %v\n",
+			p.Concurrency, p.DescriptorsPerSec, p.P99Ms, p.RateTried, met, p.P50Ms, p.P999Ms, p.AgentCPUus, p.LoadgenCPUus, p.LoadAvg)
+	}
+	for _, p := range r.RLSSaturation {
+		fmt.Printf("rls saturation (closed loop) c=%-4d descriptors/s %9.0f  p50 %6.2f  p99 %6.2f ms (queueing: mean ≈ c ÷ requests/s)  load %v\n",
+			p.Concurrency, p.DescriptorsPerSec, p.P50Ms, p.P99Ms, p.LoadAvg)
 	}
 	if r.SoakLeaderChanges != nil {
 		fmt.Printf("soak_leader_changes    %10d   (target 0 in %.0f s of mixed idle and load, %d decisions)\n",
@@ -426,6 +454,21 @@ func printTable(r *Report) {
 	}
 	fmt.Println()
 	printLogStoreCompare(r)
+}
+
+func parseFloats(s string) []float64 {
+	var out []float64
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		x, err := strconv.ParseFloat(f, 64)
+		if err != nil || x <= 0 {
+			check(fmt.Errorf("rate %q: use positive numbers of requests per second, comma-separated", f))
+		}
+		out = append(out, x)
+	}
+	return out
 }
 
 func median(xs []float64) float64 {

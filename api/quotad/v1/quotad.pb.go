@@ -30,6 +30,222 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// ForwardedCall is one caller's call inside a ForwardRateLimitRequest.
+type ForwardedCall struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// request is the envoy.service.ratelimit.v3.RateLimitRequest, serialized.
+	Request []byte `protobuf:"bytes,1,opt,name=request,proto3" json:"request,omitempty"`
+	// authorization is the caller's authorization metadata (a token call), else empty.
+	Authorization []string `protobuf:"bytes,2,rep,name=authorization,proto3" json:"authorization,omitempty"`
+	// principal is the caller's identity (auth.EncodePrincipal) when it did not call with a
+	// token; empty for an unauthenticated caller.
+	Principal     string `protobuf:"bytes,3,opt,name=principal,proto3" json:"principal,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardedCall) Reset() {
+	*x = ForwardedCall{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardedCall) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardedCall) ProtoMessage() {}
+
+func (x *ForwardedCall) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardedCall.ProtoReflect.Descriptor instead.
+func (*ForwardedCall) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ForwardedCall) GetRequest() []byte {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+func (x *ForwardedCall) GetAuthorization() []string {
+	if x != nil {
+		return x.Authorization
+	}
+	return nil
+}
+
+func (x *ForwardedCall) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
+	}
+	return ""
+}
+
+type ForwardRateLimitRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Calls         []*ForwardedCall       `protobuf:"bytes,1,rep,name=calls,proto3" json:"calls,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardRateLimitRequest) Reset() {
+	*x = ForwardRateLimitRequest{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardRateLimitRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardRateLimitRequest) ProtoMessage() {}
+
+func (x *ForwardRateLimitRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardRateLimitRequest.ProtoReflect.Descriptor instead.
+func (*ForwardRateLimitRequest) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ForwardRateLimitRequest) GetCalls() []*ForwardedCall {
+	if x != nil {
+		return x.Calls
+	}
+	return nil
+}
+
+// ForwardedResult answers one ForwardedCall: the serialized
+// envoy.service.ratelimit.v3.RateLimitResponse, or (code != 0) the gRPC status the leader
+// answered that call with.
+type ForwardedResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Response      []byte                 `protobuf:"bytes,1,opt,name=response,proto3" json:"response,omitempty"`
+	Code          uint32                 `protobuf:"varint,2,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardedResult) Reset() {
+	*x = ForwardedResult{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardedResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardedResult) ProtoMessage() {}
+
+func (x *ForwardedResult) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardedResult.ProtoReflect.Descriptor instead.
+func (*ForwardedResult) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ForwardedResult) GetResponse() []byte {
+	if x != nil {
+		return x.Response
+	}
+	return nil
+}
+
+func (x *ForwardedResult) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *ForwardedResult) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+type ForwardRateLimitResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Results       []*ForwardedResult     `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardRateLimitResponse) Reset() {
+	*x = ForwardRateLimitResponse{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardRateLimitResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardRateLimitResponse) ProtoMessage() {}
+
+func (x *ForwardRateLimitResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardRateLimitResponse.ProtoReflect.Descriptor instead.
+func (*ForwardRateLimitResponse) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ForwardRateLimitResponse) GetResults() []*ForwardedResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
 // Entry is one level of a descriptor path, e.g. {key: "tenant", value: "acme"}.
 type Entry struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -41,7 +257,7 @@ type Entry struct {
 
 func (x *Entry) Reset() {
 	*x = Entry{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[0]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -53,7 +269,7 @@ func (x *Entry) String() string {
 func (*Entry) ProtoMessage() {}
 
 func (x *Entry) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[0]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -66,7 +282,7 @@ func (x *Entry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Entry.ProtoReflect.Descriptor instead.
 func (*Entry) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{0}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Entry) GetKey() string {
@@ -109,7 +325,7 @@ type Admission struct {
 
 func (x *Admission) Reset() {
 	*x = Admission{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[1]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -121,7 +337,7 @@ func (x *Admission) String() string {
 func (*Admission) ProtoMessage() {}
 
 func (x *Admission) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[1]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -134,7 +350,7 @@ func (x *Admission) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Admission.ProtoReflect.Descriptor instead.
 func (*Admission) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{1}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Admission) GetRequestId() uint64 {
@@ -204,7 +420,7 @@ type AcquireRequest struct {
 
 func (x *AcquireRequest) Reset() {
 	*x = AcquireRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[2]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -216,7 +432,7 @@ func (x *AcquireRequest) String() string {
 func (*AcquireRequest) ProtoMessage() {}
 
 func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[2]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -229,7 +445,7 @@ func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireRequest.ProtoReflect.Descriptor instead.
 func (*AcquireRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{2}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *AcquireRequest) GetClientId() string {
@@ -279,7 +495,7 @@ type Decision struct {
 
 func (x *Decision) Reset() {
 	*x = Decision{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[3]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -291,7 +507,7 @@ func (x *Decision) String() string {
 func (*Decision) ProtoMessage() {}
 
 func (x *Decision) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[3]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -304,7 +520,7 @@ func (x *Decision) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Decision.ProtoReflect.Descriptor instead.
 func (*Decision) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{3}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Decision) GetAdmitted() bool {
@@ -393,7 +609,7 @@ type AcquireResponse struct {
 
 func (x *AcquireResponse) Reset() {
 	*x = AcquireResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[4]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -405,7 +621,7 @@ func (x *AcquireResponse) String() string {
 func (*AcquireResponse) ProtoMessage() {}
 
 func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[4]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -418,7 +634,7 @@ func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireResponse.ProtoReflect.Descriptor instead.
 func (*AcquireResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{4}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *AcquireResponse) GetDecisions() []*Decision {
@@ -437,7 +653,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[5]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -449,7 +665,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[5]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -462,7 +678,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{5}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ReleaseRequest) GetLeaseId() uint64 {
@@ -481,7 +697,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[6]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -493,7 +709,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[6]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -506,7 +722,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{6}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ReleaseResponse) GetReleased() bool {
@@ -528,7 +744,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[7]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -540,7 +756,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[7]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -553,7 +769,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{7}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RenewRequest) GetLeaseId() uint64 {
@@ -579,7 +795,7 @@ type RenewResponse struct {
 
 func (x *RenewResponse) Reset() {
 	*x = RenewResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[8]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -591,7 +807,7 @@ func (x *RenewResponse) String() string {
 func (*RenewResponse) ProtoMessage() {}
 
 func (x *RenewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[8]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -604,7 +820,7 @@ func (x *RenewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewResponse.ProtoReflect.Descriptor instead.
 func (*RenewResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{8}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RenewResponse) GetLeaseTtlMs() int64 {
@@ -624,7 +840,7 @@ type RefundRequest struct {
 
 func (x *RefundRequest) Reset() {
 	*x = RefundRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[9]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -636,7 +852,7 @@ func (x *RefundRequest) String() string {
 func (*RefundRequest) ProtoMessage() {}
 
 func (x *RefundRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[9]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -649,7 +865,7 @@ func (x *RefundRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RefundRequest.ProtoReflect.Descriptor instead.
 func (*RefundRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{9}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RefundRequest) GetClientId() string {
@@ -677,7 +893,7 @@ type RefundResponse struct {
 
 func (x *RefundResponse) Reset() {
 	*x = RefundResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[10]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -689,7 +905,7 @@ func (x *RefundResponse) String() string {
 func (*RefundResponse) ProtoMessage() {}
 
 func (x *RefundResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[10]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -702,7 +918,7 @@ func (x *RefundResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RefundResponse.ProtoReflect.Descriptor instead.
 func (*RefundResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{10}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RefundResponse) GetRefunded() uint64 {
@@ -722,7 +938,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[11]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -734,7 +950,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[11]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -747,7 +963,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{11}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *StatusRequest) GetDomain() string {
@@ -784,7 +1000,7 @@ type BucketStatus struct {
 
 func (x *BucketStatus) Reset() {
 	*x = BucketStatus{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[12]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -796,7 +1012,7 @@ func (x *BucketStatus) String() string {
 func (*BucketStatus) ProtoMessage() {}
 
 func (x *BucketStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[12]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -809,7 +1025,7 @@ func (x *BucketStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BucketStatus.ProtoReflect.Descriptor instead.
 func (*BucketStatus) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{12}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *BucketStatus) GetScope() string {
@@ -893,7 +1109,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[13]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -905,7 +1121,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[13]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -918,7 +1134,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{13}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *StatusResponse) GetBuckets() []*BucketStatus {
@@ -958,7 +1174,7 @@ type FeedbackRequest struct {
 
 func (x *FeedbackRequest) Reset() {
 	*x = FeedbackRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[14]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -970,7 +1186,7 @@ func (x *FeedbackRequest) String() string {
 func (*FeedbackRequest) ProtoMessage() {}
 
 func (x *FeedbackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[14]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -983,7 +1199,7 @@ func (x *FeedbackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FeedbackRequest.ProtoReflect.Descriptor instead.
 func (*FeedbackRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{14}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *FeedbackRequest) GetDomain() string {
@@ -1040,7 +1256,7 @@ type FeedbackResponse struct {
 
 func (x *FeedbackResponse) Reset() {
 	*x = FeedbackResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[15]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1052,7 +1268,7 @@ func (x *FeedbackResponse) String() string {
 func (*FeedbackResponse) ProtoMessage() {}
 
 func (x *FeedbackResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[15]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1065,7 +1281,7 @@ func (x *FeedbackResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FeedbackResponse.ProtoReflect.Descriptor instead.
 func (*FeedbackResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{15}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *FeedbackResponse) GetPausedForMs() int64 {
@@ -1126,7 +1342,7 @@ type ApplyLimitsRequest struct {
 
 func (x *ApplyLimitsRequest) Reset() {
 	*x = ApplyLimitsRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[16]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1138,7 +1354,7 @@ func (x *ApplyLimitsRequest) String() string {
 func (*ApplyLimitsRequest) ProtoMessage() {}
 
 func (x *ApplyLimitsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[16]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1151,7 +1367,7 @@ func (x *ApplyLimitsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyLimitsRequest.ProtoReflect.Descriptor instead.
 func (*ApplyLimitsRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{16}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ApplyLimitsRequest) GetYaml() string {
@@ -1206,7 +1422,7 @@ type ApplyLimitsResponse struct {
 
 func (x *ApplyLimitsResponse) Reset() {
 	*x = ApplyLimitsResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[17]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1218,7 +1434,7 @@ func (x *ApplyLimitsResponse) String() string {
 func (*ApplyLimitsResponse) ProtoMessage() {}
 
 func (x *ApplyLimitsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[17]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1231,7 +1447,7 @@ func (x *ApplyLimitsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyLimitsResponse.ProtoReflect.Descriptor instead.
 func (*ApplyLimitsResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{17}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ApplyLimitsResponse) GetVersion() uint64 {
@@ -1270,7 +1486,7 @@ type GetLimitsRequest struct {
 
 func (x *GetLimitsRequest) Reset() {
 	*x = GetLimitsRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[18]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1282,7 +1498,7 @@ func (x *GetLimitsRequest) String() string {
 func (*GetLimitsRequest) ProtoMessage() {}
 
 func (x *GetLimitsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[18]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1295,7 +1511,7 @@ func (x *GetLimitsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLimitsRequest.ProtoReflect.Descriptor instead.
 func (*GetLimitsRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{18}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{22}
 }
 
 type GetLimitsResponse struct {
@@ -1308,7 +1524,7 @@ type GetLimitsResponse struct {
 
 func (x *GetLimitsResponse) Reset() {
 	*x = GetLimitsResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[19]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1320,7 +1536,7 @@ func (x *GetLimitsResponse) String() string {
 func (*GetLimitsResponse) ProtoMessage() {}
 
 func (x *GetLimitsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[19]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1333,7 +1549,7 @@ func (x *GetLimitsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLimitsResponse.ProtoReflect.Descriptor instead.
 func (*GetLimitsResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{19}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetLimitsResponse) GetVersion() uint64 {
@@ -1358,7 +1574,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[20]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1370,7 +1586,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[20]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1383,7 +1599,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{20}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{24}
 }
 
 type Member struct {
@@ -1404,7 +1620,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[21]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1416,7 +1632,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[21]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1429,7 +1645,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{21}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Member) GetId() string {
@@ -1504,7 +1720,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[22]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1516,7 +1732,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[22]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1529,7 +1745,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{22}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *MembersResponse) GetLeader() *Member {
@@ -1588,7 +1804,7 @@ type RegionShare struct {
 
 func (x *RegionShare) Reset() {
 	*x = RegionShare{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[23]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1600,7 +1816,7 @@ func (x *RegionShare) String() string {
 func (*RegionShare) ProtoMessage() {}
 
 func (x *RegionShare) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[23]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1613,7 +1829,7 @@ func (x *RegionShare) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionShare.ProtoReflect.Descriptor instead.
 func (*RegionShare) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{23}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RegionShare) GetDomain() string {
@@ -1710,7 +1926,7 @@ type TransferLeadershipRequest struct {
 
 func (x *TransferLeadershipRequest) Reset() {
 	*x = TransferLeadershipRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[24]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1722,7 +1938,7 @@ func (x *TransferLeadershipRequest) String() string {
 func (*TransferLeadershipRequest) ProtoMessage() {}
 
 func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[24]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1735,7 +1951,7 @@ func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{24}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *TransferLeadershipRequest) GetTo() string {
@@ -1754,7 +1970,7 @@ type TransferLeadershipResponse struct {
 
 func (x *TransferLeadershipResponse) Reset() {
 	*x = TransferLeadershipResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[25]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1766,7 +1982,7 @@ func (x *TransferLeadershipResponse) String() string {
 func (*TransferLeadershipResponse) ProtoMessage() {}
 
 func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[25]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1779,7 +1995,7 @@ func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{25}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *TransferLeadershipResponse) GetLeaderId() string {
@@ -1799,7 +2015,7 @@ type RemoveServerRequest struct {
 
 func (x *RemoveServerRequest) Reset() {
 	*x = RemoveServerRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[26]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1811,7 +2027,7 @@ func (x *RemoveServerRequest) String() string {
 func (*RemoveServerRequest) ProtoMessage() {}
 
 func (x *RemoveServerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[26]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1824,7 +2040,7 @@ func (x *RemoveServerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveServerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveServerRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{26}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RemoveServerRequest) GetId() string {
@@ -1844,7 +2060,7 @@ type RemoveServerResponse struct {
 
 func (x *RemoveServerResponse) Reset() {
 	*x = RemoveServerResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[27]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1856,7 +2072,7 @@ func (x *RemoveServerResponse) String() string {
 func (*RemoveServerResponse) ProtoMessage() {}
 
 func (x *RemoveServerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[27]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1869,7 +2085,7 @@ func (x *RemoveServerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveServerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveServerResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{27}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RemoveServerResponse) GetMembers() []string {
@@ -1894,7 +2110,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[28]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1906,7 +2122,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[28]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1919,7 +2135,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{28}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *CreateTokenRequest) GetRole() string {
@@ -1961,7 +2177,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[29]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1973,7 +2189,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[29]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1986,7 +2202,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{29}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CreateTokenResponse) GetToken() string {
@@ -2011,7 +2227,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[30]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2023,7 +2239,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[30]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2036,7 +2252,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{30}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{34}
 }
 
 type TokenInfo struct {
@@ -2054,7 +2270,7 @@ type TokenInfo struct {
 
 func (x *TokenInfo) Reset() {
 	*x = TokenInfo{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[31]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2066,7 +2282,7 @@ func (x *TokenInfo) String() string {
 func (*TokenInfo) ProtoMessage() {}
 
 func (x *TokenInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[31]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2079,7 +2295,7 @@ func (x *TokenInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
 func (*TokenInfo) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{31}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *TokenInfo) GetAccessor() string {
@@ -2133,7 +2349,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[32]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2145,7 +2361,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[32]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2158,7 +2374,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{32}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListTokensResponse) GetTokens() []*TokenInfo {
@@ -2177,7 +2393,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[33]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2189,7 +2405,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[33]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2202,7 +2418,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{33}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RevokeTokenRequest) GetAccessor() string {
@@ -2220,7 +2436,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[34]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2232,7 +2448,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[34]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2245,7 +2461,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{34}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{38}
 }
 
 type LiftPauseRequest struct {
@@ -2259,7 +2475,7 @@ type LiftPauseRequest struct {
 
 func (x *LiftPauseRequest) Reset() {
 	*x = LiftPauseRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[35]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2271,7 +2487,7 @@ func (x *LiftPauseRequest) String() string {
 func (*LiftPauseRequest) ProtoMessage() {}
 
 func (x *LiftPauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[35]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2284,7 +2500,7 @@ func (x *LiftPauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LiftPauseRequest.ProtoReflect.Descriptor instead.
 func (*LiftPauseRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{35}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *LiftPauseRequest) GetDomain() string {
@@ -2312,7 +2528,7 @@ type LiftPauseResponse struct {
 
 func (x *LiftPauseResponse) Reset() {
 	*x = LiftPauseResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[36]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2324,7 +2540,7 @@ func (x *LiftPauseResponse) String() string {
 func (*LiftPauseResponse) ProtoMessage() {}
 
 func (x *LiftPauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[36]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2337,7 +2553,7 @@ func (x *LiftPauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LiftPauseResponse.ProtoReflect.Descriptor instead.
 func (*LiftPauseResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{36}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *LiftPauseResponse) GetLifted() bool {
@@ -2373,7 +2589,7 @@ type ShareRequest struct {
 
 func (x *ShareRequest) Reset() {
 	*x = ShareRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[37]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2385,7 +2601,7 @@ func (x *ShareRequest) String() string {
 func (*ShareRequest) ProtoMessage() {}
 
 func (x *ShareRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[37]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2398,7 +2614,7 @@ func (x *ShareRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShareRequest.ProtoReflect.Descriptor instead.
 func (*ShareRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{37}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ShareRequest) GetHolderId() string {
@@ -2451,7 +2667,7 @@ type SharePath struct {
 
 func (x *SharePath) Reset() {
 	*x = SharePath{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[38]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2463,7 +2679,7 @@ func (x *SharePath) String() string {
 func (*SharePath) ProtoMessage() {}
 
 func (x *SharePath) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[38]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2476,7 +2692,7 @@ func (x *SharePath) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SharePath.ProtoReflect.Descriptor instead.
 func (*SharePath) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{38}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *SharePath) GetDomain() string {
@@ -2528,7 +2744,7 @@ type ShareResponse struct {
 
 func (x *ShareResponse) Reset() {
 	*x = ShareResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[39]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2540,7 +2756,7 @@ func (x *ShareResponse) String() string {
 func (*ShareResponse) ProtoMessage() {}
 
 func (x *ShareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[39]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2553,7 +2769,7 @@ func (x *ShareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShareResponse.ProtoReflect.Descriptor instead.
 func (*ShareResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{39}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ShareResponse) GetSeq() uint64 {
@@ -2618,7 +2834,7 @@ type PathShare struct {
 
 func (x *PathShare) Reset() {
 	*x = PathShare{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[40]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2630,7 +2846,7 @@ func (x *PathShare) String() string {
 func (*PathShare) ProtoMessage() {}
 
 func (x *PathShare) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[40]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2643,7 +2859,7 @@ func (x *PathShare) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PathShare.ProtoReflect.Descriptor instead.
 func (*PathShare) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{40}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *PathShare) GetStatus() string {
@@ -2698,7 +2914,7 @@ type LevelShare struct {
 
 func (x *LevelShare) Reset() {
 	*x = LevelShare{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[41]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2710,7 +2926,7 @@ func (x *LevelShare) String() string {
 func (*LevelShare) ProtoMessage() {}
 
 func (x *LevelShare) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[41]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2723,7 +2939,7 @@ func (x *LevelShare) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LevelShare.ProtoReflect.Descriptor instead.
 func (*LevelShare) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{41}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *LevelShare) GetKey() string {
@@ -2782,7 +2998,7 @@ type ReleaseShareRequest struct {
 
 func (x *ReleaseShareRequest) Reset() {
 	*x = ReleaseShareRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[42]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2794,7 +3010,7 @@ func (x *ReleaseShareRequest) String() string {
 func (*ReleaseShareRequest) ProtoMessage() {}
 
 func (x *ReleaseShareRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[42]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2807,7 +3023,7 @@ func (x *ReleaseShareRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseShareRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseShareRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{42}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ReleaseShareRequest) GetHolderId() string {
@@ -2848,7 +3064,7 @@ type LevelTokens struct {
 
 func (x *LevelTokens) Reset() {
 	*x = LevelTokens{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[43]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2860,7 +3076,7 @@ func (x *LevelTokens) String() string {
 func (*LevelTokens) ProtoMessage() {}
 
 func (x *LevelTokens) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[43]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2873,7 +3089,7 @@ func (x *LevelTokens) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LevelTokens.ProtoReflect.Descriptor instead.
 func (*LevelTokens) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{43}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *LevelTokens) GetKey() string {
@@ -2900,7 +3116,7 @@ type ReleaseShareResponse struct {
 
 func (x *ReleaseShareResponse) Reset() {
 	*x = ReleaseShareResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[44]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2912,7 +3128,7 @@ func (x *ReleaseShareResponse) String() string {
 func (*ReleaseShareResponse) ProtoMessage() {}
 
 func (x *ReleaseShareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[44]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2925,7 +3141,7 @@ func (x *ReleaseShareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseShareResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseShareResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{44}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ReleaseShareResponse) GetReturned() uint64 {
@@ -2946,7 +3162,7 @@ type ShareStatusRequest struct {
 
 func (x *ShareStatusRequest) Reset() {
 	*x = ShareStatusRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[45]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2958,7 +3174,7 @@ func (x *ShareStatusRequest) String() string {
 func (*ShareStatusRequest) ProtoMessage() {}
 
 func (x *ShareStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[45]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2971,7 +3187,7 @@ func (x *ShareStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShareStatusRequest.ProtoReflect.Descriptor instead.
 func (*ShareStatusRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{45}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ShareStatusRequest) GetDomain() string {
@@ -3008,7 +3224,7 @@ type LendStatus struct {
 
 func (x *LendStatus) Reset() {
 	*x = LendStatus{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[46]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3020,7 +3236,7 @@ func (x *LendStatus) String() string {
 func (*LendStatus) ProtoMessage() {}
 
 func (x *LendStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[46]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3033,7 +3249,7 @@ func (x *LendStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LendStatus.ProtoReflect.Descriptor instead.
 func (*LendStatus) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{46}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *LendStatus) GetKey() string {
@@ -3124,7 +3340,7 @@ type HolderShare struct {
 
 func (x *HolderShare) Reset() {
 	*x = HolderShare{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[47]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3136,7 +3352,7 @@ func (x *HolderShare) String() string {
 func (*HolderShare) ProtoMessage() {}
 
 func (x *HolderShare) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[47]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3149,7 +3365,7 @@ func (x *HolderShare) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HolderShare.ProtoReflect.Descriptor instead.
 func (*HolderShare) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{47}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *HolderShare) GetKey() string {
@@ -3248,7 +3464,7 @@ type ShareStatusResponse struct {
 
 func (x *ShareStatusResponse) Reset() {
 	*x = ShareStatusResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[48]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3260,7 +3476,7 @@ func (x *ShareStatusResponse) String() string {
 func (*ShareStatusResponse) ProtoMessage() {}
 
 func (x *ShareStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[48]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3273,7 +3489,7 @@ func (x *ShareStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShareStatusResponse.ProtoReflect.Descriptor instead.
 func (*ShareStatusResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{48}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ShareStatusResponse) GetBuckets() []*LendStatus {
@@ -3308,7 +3524,19 @@ var File_quotad_v1_quotad_proto protoreflect.FileDescriptor
 
 const file_quotad_v1_quotad_proto_rawDesc = "" +
 	"\n" +
-	"\x16quotad/v1/quotad.proto\x12\tquotad.v1\"/\n" +
+	"\x16quotad/v1/quotad.proto\x12\tquotad.v1\"m\n" +
+	"\rForwardedCall\x12\x18\n" +
+	"\arequest\x18\x01 \x01(\fR\arequest\x12$\n" +
+	"\rauthorization\x18\x02 \x03(\tR\rauthorization\x12\x1c\n" +
+	"\tprincipal\x18\x03 \x01(\tR\tprincipal\"I\n" +
+	"\x17ForwardRateLimitRequest\x12.\n" +
+	"\x05calls\x18\x01 \x03(\v2\x18.quotad.v1.ForwardedCallR\x05calls\"[\n" +
+	"\x0fForwardedResult\x12\x1a\n" +
+	"\bresponse\x18\x01 \x01(\fR\bresponse\x12\x12\n" +
+	"\x04code\x18\x02 \x01(\rR\x04code\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"P\n" +
+	"\x18ForwardRateLimitResponse\x124\n" +
+	"\aresults\x18\x01 \x03(\v2\x1a.quotad.v1.ForwardedResultR\aresults\"/\n" +
 	"\x05Entry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value\"\x85\x02\n" +
@@ -3576,7 +3804,9 @@ const file_quotad_v1_quotad_proto_rawDesc = "" +
 	"\n" +
 	"ListTokens\x12\x1c.quotad.v1.ListTokensRequest\x1a\x1d.quotad.v1.ListTokensResponse\x12L\n" +
 	"\vRevokeToken\x12\x1d.quotad.v1.RevokeTokenRequest\x1a\x1e.quotad.v1.RevokeTokenResponse\x12F\n" +
-	"\tLiftPause\x12\x1b.quotad.v1.LiftPauseRequest\x1a\x1c.quotad.v1.LiftPauseResponseB1Z/github.com/quotad/quotad/api/quotad/v1;quotadv1b\x06proto3"
+	"\tLiftPause\x12\x1b.quotad.v1.LiftPauseRequest\x1a\x1c.quotad.v1.LiftPauseResponse2c\n" +
+	"\x04Peer\x12[\n" +
+	"\x10ForwardRateLimit\x12\".quotad.v1.ForwardRateLimitRequest\x1a#.quotad.v1.ForwardRateLimitResponseB1Z/github.com/quotad/quotad/api/quotad/v1;quotadv1b\x06proto3"
 
 var (
 	file_quotad_v1_quotad_proto_rawDescOnce sync.Once
@@ -3590,119 +3820,127 @@ func file_quotad_v1_quotad_proto_rawDescGZIP() []byte {
 	return file_quotad_v1_quotad_proto_rawDescData
 }
 
-var file_quotad_v1_quotad_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
+var file_quotad_v1_quotad_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
 var file_quotad_v1_quotad_proto_goTypes = []any{
-	(*Entry)(nil),                      // 0: quotad.v1.Entry
-	(*Admission)(nil),                  // 1: quotad.v1.Admission
-	(*AcquireRequest)(nil),             // 2: quotad.v1.AcquireRequest
-	(*Decision)(nil),                   // 3: quotad.v1.Decision
-	(*AcquireResponse)(nil),            // 4: quotad.v1.AcquireResponse
-	(*ReleaseRequest)(nil),             // 5: quotad.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),            // 6: quotad.v1.ReleaseResponse
-	(*RenewRequest)(nil),               // 7: quotad.v1.RenewRequest
-	(*RenewResponse)(nil),              // 8: quotad.v1.RenewResponse
-	(*RefundRequest)(nil),              // 9: quotad.v1.RefundRequest
-	(*RefundResponse)(nil),             // 10: quotad.v1.RefundResponse
-	(*StatusRequest)(nil),              // 11: quotad.v1.StatusRequest
-	(*BucketStatus)(nil),               // 12: quotad.v1.BucketStatus
-	(*StatusResponse)(nil),             // 13: quotad.v1.StatusResponse
-	(*FeedbackRequest)(nil),            // 14: quotad.v1.FeedbackRequest
-	(*FeedbackResponse)(nil),           // 15: quotad.v1.FeedbackResponse
-	(*ApplyLimitsRequest)(nil),         // 16: quotad.v1.ApplyLimitsRequest
-	(*ApplyLimitsResponse)(nil),        // 17: quotad.v1.ApplyLimitsResponse
-	(*GetLimitsRequest)(nil),           // 18: quotad.v1.GetLimitsRequest
-	(*GetLimitsResponse)(nil),          // 19: quotad.v1.GetLimitsResponse
-	(*MembersRequest)(nil),             // 20: quotad.v1.MembersRequest
-	(*Member)(nil),                     // 21: quotad.v1.Member
-	(*MembersResponse)(nil),            // 22: quotad.v1.MembersResponse
-	(*RegionShare)(nil),                // 23: quotad.v1.RegionShare
-	(*TransferLeadershipRequest)(nil),  // 24: quotad.v1.TransferLeadershipRequest
-	(*TransferLeadershipResponse)(nil), // 25: quotad.v1.TransferLeadershipResponse
-	(*RemoveServerRequest)(nil),        // 26: quotad.v1.RemoveServerRequest
-	(*RemoveServerResponse)(nil),       // 27: quotad.v1.RemoveServerResponse
-	(*CreateTokenRequest)(nil),         // 28: quotad.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil),        // 29: quotad.v1.CreateTokenResponse
-	(*ListTokensRequest)(nil),          // 30: quotad.v1.ListTokensRequest
-	(*TokenInfo)(nil),                  // 31: quotad.v1.TokenInfo
-	(*ListTokensResponse)(nil),         // 32: quotad.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),         // 33: quotad.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),        // 34: quotad.v1.RevokeTokenResponse
-	(*LiftPauseRequest)(nil),           // 35: quotad.v1.LiftPauseRequest
-	(*LiftPauseResponse)(nil),          // 36: quotad.v1.LiftPauseResponse
-	(*ShareRequest)(nil),               // 37: quotad.v1.ShareRequest
-	(*SharePath)(nil),                  // 38: quotad.v1.SharePath
-	(*ShareResponse)(nil),              // 39: quotad.v1.ShareResponse
-	(*PathShare)(nil),                  // 40: quotad.v1.PathShare
-	(*LevelShare)(nil),                 // 41: quotad.v1.LevelShare
-	(*ReleaseShareRequest)(nil),        // 42: quotad.v1.ReleaseShareRequest
-	(*LevelTokens)(nil),                // 43: quotad.v1.LevelTokens
-	(*ReleaseShareResponse)(nil),       // 44: quotad.v1.ReleaseShareResponse
-	(*ShareStatusRequest)(nil),         // 45: quotad.v1.ShareStatusRequest
-	(*LendStatus)(nil),                 // 46: quotad.v1.LendStatus
-	(*HolderShare)(nil),                // 47: quotad.v1.HolderShare
-	(*ShareStatusResponse)(nil),        // 48: quotad.v1.ShareStatusResponse
+	(*ForwardedCall)(nil),              // 0: quotad.v1.ForwardedCall
+	(*ForwardRateLimitRequest)(nil),    // 1: quotad.v1.ForwardRateLimitRequest
+	(*ForwardedResult)(nil),            // 2: quotad.v1.ForwardedResult
+	(*ForwardRateLimitResponse)(nil),   // 3: quotad.v1.ForwardRateLimitResponse
+	(*Entry)(nil),                      // 4: quotad.v1.Entry
+	(*Admission)(nil),                  // 5: quotad.v1.Admission
+	(*AcquireRequest)(nil),             // 6: quotad.v1.AcquireRequest
+	(*Decision)(nil),                   // 7: quotad.v1.Decision
+	(*AcquireResponse)(nil),            // 8: quotad.v1.AcquireResponse
+	(*ReleaseRequest)(nil),             // 9: quotad.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),            // 10: quotad.v1.ReleaseResponse
+	(*RenewRequest)(nil),               // 11: quotad.v1.RenewRequest
+	(*RenewResponse)(nil),              // 12: quotad.v1.RenewResponse
+	(*RefundRequest)(nil),              // 13: quotad.v1.RefundRequest
+	(*RefundResponse)(nil),             // 14: quotad.v1.RefundResponse
+	(*StatusRequest)(nil),              // 15: quotad.v1.StatusRequest
+	(*BucketStatus)(nil),               // 16: quotad.v1.BucketStatus
+	(*StatusResponse)(nil),             // 17: quotad.v1.StatusResponse
+	(*FeedbackRequest)(nil),            // 18: quotad.v1.FeedbackRequest
+	(*FeedbackResponse)(nil),           // 19: quotad.v1.FeedbackResponse
+	(*ApplyLimitsRequest)(nil),         // 20: quotad.v1.ApplyLimitsRequest
+	(*ApplyLimitsResponse)(nil),        // 21: quotad.v1.ApplyLimitsResponse
+	(*GetLimitsRequest)(nil),           // 22: quotad.v1.GetLimitsRequest
+	(*GetLimitsResponse)(nil),          // 23: quotad.v1.GetLimitsResponse
+	(*MembersRequest)(nil),             // 24: quotad.v1.MembersRequest
+	(*Member)(nil),                     // 25: quotad.v1.Member
+	(*MembersResponse)(nil),            // 26: quotad.v1.MembersResponse
+	(*RegionShare)(nil),                // 27: quotad.v1.RegionShare
+	(*TransferLeadershipRequest)(nil),  // 28: quotad.v1.TransferLeadershipRequest
+	(*TransferLeadershipResponse)(nil), // 29: quotad.v1.TransferLeadershipResponse
+	(*RemoveServerRequest)(nil),        // 30: quotad.v1.RemoveServerRequest
+	(*RemoveServerResponse)(nil),       // 31: quotad.v1.RemoveServerResponse
+	(*CreateTokenRequest)(nil),         // 32: quotad.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),        // 33: quotad.v1.CreateTokenResponse
+	(*ListTokensRequest)(nil),          // 34: quotad.v1.ListTokensRequest
+	(*TokenInfo)(nil),                  // 35: quotad.v1.TokenInfo
+	(*ListTokensResponse)(nil),         // 36: quotad.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),         // 37: quotad.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),        // 38: quotad.v1.RevokeTokenResponse
+	(*LiftPauseRequest)(nil),           // 39: quotad.v1.LiftPauseRequest
+	(*LiftPauseResponse)(nil),          // 40: quotad.v1.LiftPauseResponse
+	(*ShareRequest)(nil),               // 41: quotad.v1.ShareRequest
+	(*SharePath)(nil),                  // 42: quotad.v1.SharePath
+	(*ShareResponse)(nil),              // 43: quotad.v1.ShareResponse
+	(*PathShare)(nil),                  // 44: quotad.v1.PathShare
+	(*LevelShare)(nil),                 // 45: quotad.v1.LevelShare
+	(*ReleaseShareRequest)(nil),        // 46: quotad.v1.ReleaseShareRequest
+	(*LevelTokens)(nil),                // 47: quotad.v1.LevelTokens
+	(*ReleaseShareResponse)(nil),       // 48: quotad.v1.ReleaseShareResponse
+	(*ShareStatusRequest)(nil),         // 49: quotad.v1.ShareStatusRequest
+	(*LendStatus)(nil),                 // 50: quotad.v1.LendStatus
+	(*HolderShare)(nil),                // 51: quotad.v1.HolderShare
+	(*ShareStatusResponse)(nil),        // 52: quotad.v1.ShareStatusResponse
 }
 var file_quotad_v1_quotad_proto_depIdxs = []int32{
-	0,  // 0: quotad.v1.Admission.descriptors:type_name -> quotad.v1.Entry
-	1,  // 1: quotad.v1.AcquireRequest.admissions:type_name -> quotad.v1.Admission
-	3,  // 2: quotad.v1.AcquireResponse.decisions:type_name -> quotad.v1.Decision
-	0,  // 3: quotad.v1.StatusRequest.descriptors:type_name -> quotad.v1.Entry
-	12, // 4: quotad.v1.StatusResponse.buckets:type_name -> quotad.v1.BucketStatus
-	0,  // 5: quotad.v1.FeedbackRequest.descriptors:type_name -> quotad.v1.Entry
-	21, // 6: quotad.v1.MembersResponse.leader:type_name -> quotad.v1.Member
-	21, // 7: quotad.v1.MembersResponse.members:type_name -> quotad.v1.Member
-	23, // 8: quotad.v1.MembersResponse.region_shares:type_name -> quotad.v1.RegionShare
-	31, // 9: quotad.v1.ListTokensResponse.tokens:type_name -> quotad.v1.TokenInfo
-	0,  // 10: quotad.v1.LiftPauseRequest.descriptors:type_name -> quotad.v1.Entry
-	38, // 11: quotad.v1.ShareRequest.paths:type_name -> quotad.v1.SharePath
-	0,  // 12: quotad.v1.SharePath.descriptors:type_name -> quotad.v1.Entry
-	40, // 13: quotad.v1.ShareResponse.paths:type_name -> quotad.v1.PathShare
-	41, // 14: quotad.v1.PathShare.levels:type_name -> quotad.v1.LevelShare
-	43, // 15: quotad.v1.ReleaseShareRequest.tokens:type_name -> quotad.v1.LevelTokens
-	0,  // 16: quotad.v1.ShareStatusRequest.descriptors:type_name -> quotad.v1.Entry
-	46, // 17: quotad.v1.ShareStatusResponse.buckets:type_name -> quotad.v1.LendStatus
-	47, // 18: quotad.v1.ShareStatusResponse.holders:type_name -> quotad.v1.HolderShare
-	2,  // 19: quotad.v1.Quota.Acquire:input_type -> quotad.v1.AcquireRequest
-	5,  // 20: quotad.v1.Quota.Release:input_type -> quotad.v1.ReleaseRequest
-	7,  // 21: quotad.v1.Quota.Renew:input_type -> quotad.v1.RenewRequest
-	9,  // 22: quotad.v1.Quota.Refund:input_type -> quotad.v1.RefundRequest
-	11, // 23: quotad.v1.Quota.Status:input_type -> quotad.v1.StatusRequest
-	14, // 24: quotad.v1.Quota.Feedback:input_type -> quotad.v1.FeedbackRequest
-	37, // 25: quotad.v1.Quota.Share:input_type -> quotad.v1.ShareRequest
-	42, // 26: quotad.v1.Quota.ReleaseShare:input_type -> quotad.v1.ReleaseShareRequest
-	45, // 27: quotad.v1.Quota.ShareStatus:input_type -> quotad.v1.ShareStatusRequest
-	16, // 28: quotad.v1.Admin.ApplyLimits:input_type -> quotad.v1.ApplyLimitsRequest
-	18, // 29: quotad.v1.Admin.GetLimits:input_type -> quotad.v1.GetLimitsRequest
-	20, // 30: quotad.v1.Admin.Members:input_type -> quotad.v1.MembersRequest
-	24, // 31: quotad.v1.Admin.TransferLeadership:input_type -> quotad.v1.TransferLeadershipRequest
-	26, // 32: quotad.v1.Admin.RemoveServer:input_type -> quotad.v1.RemoveServerRequest
-	28, // 33: quotad.v1.Admin.CreateToken:input_type -> quotad.v1.CreateTokenRequest
-	30, // 34: quotad.v1.Admin.ListTokens:input_type -> quotad.v1.ListTokensRequest
-	33, // 35: quotad.v1.Admin.RevokeToken:input_type -> quotad.v1.RevokeTokenRequest
-	35, // 36: quotad.v1.Admin.LiftPause:input_type -> quotad.v1.LiftPauseRequest
-	4,  // 37: quotad.v1.Quota.Acquire:output_type -> quotad.v1.AcquireResponse
-	6,  // 38: quotad.v1.Quota.Release:output_type -> quotad.v1.ReleaseResponse
-	8,  // 39: quotad.v1.Quota.Renew:output_type -> quotad.v1.RenewResponse
-	10, // 40: quotad.v1.Quota.Refund:output_type -> quotad.v1.RefundResponse
-	13, // 41: quotad.v1.Quota.Status:output_type -> quotad.v1.StatusResponse
-	15, // 42: quotad.v1.Quota.Feedback:output_type -> quotad.v1.FeedbackResponse
-	39, // 43: quotad.v1.Quota.Share:output_type -> quotad.v1.ShareResponse
-	44, // 44: quotad.v1.Quota.ReleaseShare:output_type -> quotad.v1.ReleaseShareResponse
-	48, // 45: quotad.v1.Quota.ShareStatus:output_type -> quotad.v1.ShareStatusResponse
-	17, // 46: quotad.v1.Admin.ApplyLimits:output_type -> quotad.v1.ApplyLimitsResponse
-	19, // 47: quotad.v1.Admin.GetLimits:output_type -> quotad.v1.GetLimitsResponse
-	22, // 48: quotad.v1.Admin.Members:output_type -> quotad.v1.MembersResponse
-	25, // 49: quotad.v1.Admin.TransferLeadership:output_type -> quotad.v1.TransferLeadershipResponse
-	27, // 50: quotad.v1.Admin.RemoveServer:output_type -> quotad.v1.RemoveServerResponse
-	29, // 51: quotad.v1.Admin.CreateToken:output_type -> quotad.v1.CreateTokenResponse
-	32, // 52: quotad.v1.Admin.ListTokens:output_type -> quotad.v1.ListTokensResponse
-	34, // 53: quotad.v1.Admin.RevokeToken:output_type -> quotad.v1.RevokeTokenResponse
-	36, // 54: quotad.v1.Admin.LiftPause:output_type -> quotad.v1.LiftPauseResponse
-	37, // [37:55] is the sub-list for method output_type
-	19, // [19:37] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	0,  // 0: quotad.v1.ForwardRateLimitRequest.calls:type_name -> quotad.v1.ForwardedCall
+	2,  // 1: quotad.v1.ForwardRateLimitResponse.results:type_name -> quotad.v1.ForwardedResult
+	4,  // 2: quotad.v1.Admission.descriptors:type_name -> quotad.v1.Entry
+	5,  // 3: quotad.v1.AcquireRequest.admissions:type_name -> quotad.v1.Admission
+	7,  // 4: quotad.v1.AcquireResponse.decisions:type_name -> quotad.v1.Decision
+	4,  // 5: quotad.v1.StatusRequest.descriptors:type_name -> quotad.v1.Entry
+	16, // 6: quotad.v1.StatusResponse.buckets:type_name -> quotad.v1.BucketStatus
+	4,  // 7: quotad.v1.FeedbackRequest.descriptors:type_name -> quotad.v1.Entry
+	25, // 8: quotad.v1.MembersResponse.leader:type_name -> quotad.v1.Member
+	25, // 9: quotad.v1.MembersResponse.members:type_name -> quotad.v1.Member
+	27, // 10: quotad.v1.MembersResponse.region_shares:type_name -> quotad.v1.RegionShare
+	35, // 11: quotad.v1.ListTokensResponse.tokens:type_name -> quotad.v1.TokenInfo
+	4,  // 12: quotad.v1.LiftPauseRequest.descriptors:type_name -> quotad.v1.Entry
+	42, // 13: quotad.v1.ShareRequest.paths:type_name -> quotad.v1.SharePath
+	4,  // 14: quotad.v1.SharePath.descriptors:type_name -> quotad.v1.Entry
+	44, // 15: quotad.v1.ShareResponse.paths:type_name -> quotad.v1.PathShare
+	45, // 16: quotad.v1.PathShare.levels:type_name -> quotad.v1.LevelShare
+	47, // 17: quotad.v1.ReleaseShareRequest.tokens:type_name -> quotad.v1.LevelTokens
+	4,  // 18: quotad.v1.ShareStatusRequest.descriptors:type_name -> quotad.v1.Entry
+	50, // 19: quotad.v1.ShareStatusResponse.buckets:type_name -> quotad.v1.LendStatus
+	51, // 20: quotad.v1.ShareStatusResponse.holders:type_name -> quotad.v1.HolderShare
+	6,  // 21: quotad.v1.Quota.Acquire:input_type -> quotad.v1.AcquireRequest
+	9,  // 22: quotad.v1.Quota.Release:input_type -> quotad.v1.ReleaseRequest
+	11, // 23: quotad.v1.Quota.Renew:input_type -> quotad.v1.RenewRequest
+	13, // 24: quotad.v1.Quota.Refund:input_type -> quotad.v1.RefundRequest
+	15, // 25: quotad.v1.Quota.Status:input_type -> quotad.v1.StatusRequest
+	18, // 26: quotad.v1.Quota.Feedback:input_type -> quotad.v1.FeedbackRequest
+	41, // 27: quotad.v1.Quota.Share:input_type -> quotad.v1.ShareRequest
+	46, // 28: quotad.v1.Quota.ReleaseShare:input_type -> quotad.v1.ReleaseShareRequest
+	49, // 29: quotad.v1.Quota.ShareStatus:input_type -> quotad.v1.ShareStatusRequest
+	20, // 30: quotad.v1.Admin.ApplyLimits:input_type -> quotad.v1.ApplyLimitsRequest
+	22, // 31: quotad.v1.Admin.GetLimits:input_type -> quotad.v1.GetLimitsRequest
+	24, // 32: quotad.v1.Admin.Members:input_type -> quotad.v1.MembersRequest
+	28, // 33: quotad.v1.Admin.TransferLeadership:input_type -> quotad.v1.TransferLeadershipRequest
+	30, // 34: quotad.v1.Admin.RemoveServer:input_type -> quotad.v1.RemoveServerRequest
+	32, // 35: quotad.v1.Admin.CreateToken:input_type -> quotad.v1.CreateTokenRequest
+	34, // 36: quotad.v1.Admin.ListTokens:input_type -> quotad.v1.ListTokensRequest
+	37, // 37: quotad.v1.Admin.RevokeToken:input_type -> quotad.v1.RevokeTokenRequest
+	39, // 38: quotad.v1.Admin.LiftPause:input_type -> quotad.v1.LiftPauseRequest
+	1,  // 39: quotad.v1.Peer.ForwardRateLimit:input_type -> quotad.v1.ForwardRateLimitRequest
+	8,  // 40: quotad.v1.Quota.Acquire:output_type -> quotad.v1.AcquireResponse
+	10, // 41: quotad.v1.Quota.Release:output_type -> quotad.v1.ReleaseResponse
+	12, // 42: quotad.v1.Quota.Renew:output_type -> quotad.v1.RenewResponse
+	14, // 43: quotad.v1.Quota.Refund:output_type -> quotad.v1.RefundResponse
+	17, // 44: quotad.v1.Quota.Status:output_type -> quotad.v1.StatusResponse
+	19, // 45: quotad.v1.Quota.Feedback:output_type -> quotad.v1.FeedbackResponse
+	43, // 46: quotad.v1.Quota.Share:output_type -> quotad.v1.ShareResponse
+	48, // 47: quotad.v1.Quota.ReleaseShare:output_type -> quotad.v1.ReleaseShareResponse
+	52, // 48: quotad.v1.Quota.ShareStatus:output_type -> quotad.v1.ShareStatusResponse
+	21, // 49: quotad.v1.Admin.ApplyLimits:output_type -> quotad.v1.ApplyLimitsResponse
+	23, // 50: quotad.v1.Admin.GetLimits:output_type -> quotad.v1.GetLimitsResponse
+	26, // 51: quotad.v1.Admin.Members:output_type -> quotad.v1.MembersResponse
+	29, // 52: quotad.v1.Admin.TransferLeadership:output_type -> quotad.v1.TransferLeadershipResponse
+	31, // 53: quotad.v1.Admin.RemoveServer:output_type -> quotad.v1.RemoveServerResponse
+	33, // 54: quotad.v1.Admin.CreateToken:output_type -> quotad.v1.CreateTokenResponse
+	36, // 55: quotad.v1.Admin.ListTokens:output_type -> quotad.v1.ListTokensResponse
+	38, // 56: quotad.v1.Admin.RevokeToken:output_type -> quotad.v1.RevokeTokenResponse
+	40, // 57: quotad.v1.Admin.LiftPause:output_type -> quotad.v1.LiftPauseResponse
+	3,  // 58: quotad.v1.Peer.ForwardRateLimit:output_type -> quotad.v1.ForwardRateLimitResponse
+	40, // [40:59] is the sub-list for method output_type
+	21, // [21:40] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_quotad_v1_quotad_proto_init() }
@@ -3716,9 +3954,9 @@ func file_quotad_v1_quotad_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quotad_v1_quotad_proto_rawDesc), len(file_quotad_v1_quotad_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   49,
+			NumMessages:   53,
 			NumExtensions: 0,
-			NumServices:   2,
+			NumServices:   3,
 		},
 		GoTypes:           file_quotad_v1_quotad_proto_goTypes,
 		DependencyIndexes: file_quotad_v1_quotad_proto_depIdxs,

@@ -892,3 +892,119 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "quotad/v1/quotad.proto",
 }
+
+const (
+	Peer_ForwardRateLimit_FullMethodName = "/quotad.v1.Peer/ForwardRateLimit"
+)
+
+// PeerClient is the client API for Peer service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// Peer is node-to-node only (callers need a server certificate of the cluster; auth/policy.go).
+type PeerClient interface {
+	// ForwardRateLimit carries many callers' Envoy ShouldRateLimit calls from a follower to the
+	// leader in one RPC; the leader decides them as one call's ops in its group commit and
+	// answers each in order. Every call keeps its caller: a token call its authorization header
+	// (the leader authenticates it again), any other its principal, which the leader believes
+	// only because the forwarding peer's certificate has the server role.
+	ForwardRateLimit(ctx context.Context, in *ForwardRateLimitRequest, opts ...grpc.CallOption) (*ForwardRateLimitResponse, error)
+}
+
+type peerClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewPeerClient(cc grpc.ClientConnInterface) PeerClient {
+	return &peerClient{cc}
+}
+
+func (c *peerClient) ForwardRateLimit(ctx context.Context, in *ForwardRateLimitRequest, opts ...grpc.CallOption) (*ForwardRateLimitResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ForwardRateLimitResponse)
+	err := c.cc.Invoke(ctx, Peer_ForwardRateLimit_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// PeerServer is the server API for Peer service.
+// All implementations must embed UnimplementedPeerServer
+// for forward compatibility.
+//
+// Peer is node-to-node only (callers need a server certificate of the cluster; auth/policy.go).
+type PeerServer interface {
+	// ForwardRateLimit carries many callers' Envoy ShouldRateLimit calls from a follower to the
+	// leader in one RPC; the leader decides them as one call's ops in its group commit and
+	// answers each in order. Every call keeps its caller: a token call its authorization header
+	// (the leader authenticates it again), any other its principal, which the leader believes
+	// only because the forwarding peer's certificate has the server role.
+	ForwardRateLimit(context.Context, *ForwardRateLimitRequest) (*ForwardRateLimitResponse, error)
+	mustEmbedUnimplementedPeerServer()
+}
+
+// UnimplementedPeerServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedPeerServer struct{}
+
+func (UnimplementedPeerServer) ForwardRateLimit(context.Context, *ForwardRateLimitRequest) (*ForwardRateLimitResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ForwardRateLimit not implemented")
+}
+func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
+func (UnimplementedPeerServer) testEmbeddedByValue()              {}
+
+// UnsafePeerServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to PeerServer will
+// result in compilation errors.
+type UnsafePeerServer interface {
+	mustEmbedUnimplementedPeerServer()
+}
+
+func RegisterPeerServer(s grpc.ServiceRegistrar, srv PeerServer) {
+	// If the following call pancis, it indicates UnimplementedPeerServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&Peer_ServiceDesc, srv)
+}
+
+func _Peer_ForwardRateLimit_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ForwardRateLimitRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).ForwardRateLimit(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_ForwardRateLimit_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).ForwardRateLimit(ctx, req.(*ForwardRateLimitRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var Peer_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "quotad.v1.Peer",
+	HandlerType: (*PeerServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "ForwardRateLimit",
+			Handler:    _Peer_ForwardRateLimit_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "quotad/v1/quotad.proto",
+}
