@@ -90,17 +90,23 @@ func startWorld(t *testing.T) *world {
 // and waits until both regional leaders have an answer for every global level.
 func startWorldWith(t *testing.T, limits string) *world {
 	t.Helper()
+	return startWorldSized(t, limits, 1, 1)
+}
+
+// startWorldSized is startWorldWith with regional clusters of the given numbers of nodes.
+func startWorldSized(t *testing.T, limits string, sizes ...int) *world {
+	t.Helper()
 	l, err := config.Parse("limits", []byte(limits))
 	if err != nil {
 		t.Fatal(err)
 	}
 	nShares := len(l.GlobalPaths())
 	w := &world{global: rpctest.Start(t, 1, limits)}
-	for i := range 2 {
+	for i, size := range sizes {
 		on := &atomic.Bool{}
 		name := fmt.Sprintf("r%d", i)
 		g := client.Config{Addrs: w.global.Addrs(), Insecure: true, DialOptions: []grpc.DialOption{wanDialer(on)}}
-		rc := rpctest.Start(t, 1, limits, func(_ int, c *rpc.AgentConfig) {
+		rc := rpctest.Start(t, size, limits, func(_ int, c *rpc.AgentConfig) {
 			c.Region = region.Agent(name, g)
 			c.RLS.AllowLimitOverride = true // the RLS tests send Envoy's per-descriptor overrides
 		})

@@ -140,6 +140,29 @@ func TestRegionsRLSGlobalBound(t *testing.T) {
 	}
 }
 
+// TestRegionsRLSThroughFollowers: Envoy calls that reach a 3-node regional cluster's followers
+// (which forward them to the leader, concurrent ones batched in one Peer/ForwardRateLimit) are
+// decided from the regional leader's shares like calls to the leader: the global rule holds
+// across both regions. (Decided by the regional FSM alone, region 0 would admit the whole
+// limit by itself.)
+func TestRegionsRLSThroughFollowers(t *testing.T) {
+	w := startWorldSized(t, rlsLimits, 3, 1)
+	r0 := w.regions[0]
+	l := r0.Leader()
+	cs := []rlsv3.RateLimitServiceClient{rlsClient(t, r0.Addrs()[(l+1)%3]), rlsClient(t, r0.Addrs()[(l+2)%3]), rlsClient(t, w.regions[1].Addrs()[0])}
+	req := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{rlsDesc("route", "orders")}}
+	ok, el := hammer(t, cs, req, 4*time.Second)
+	total := float64(ok[0] + ok[1] + ok[2])
+	bound := 60 + 60*el.Seconds()*(1+1e-3)
+	t.Logf("OK via followers %d + %d, region 1 %d = %.0f in %v; B + R·T(1+ρ) = %.0f", ok[0], ok[1], ok[2], total, el.Round(time.Millisecond), bound)
+	if total > bound {
+		t.Fatalf("%.0f OK across regions > B + R·T(1+ρ) = %.0f: calls forwarded by followers skipped the regional leader's shares", total, bound)
+	}
+	if ok[0]+ok[1] == 0 || ok[2] == 0 {
+		t.Fatalf("OK %v: both regions should admit", ok)
+	}
+}
+
 // Envoy's per-descriptor meaning holds on a regional cluster: with the global rule's share
 // spent, a request with a global and a regional descriptor is OVER_LIMIT, the global one
 // answered with its rule's limit, the regional one OK — and charged (its remaining falls).
