@@ -191,9 +191,22 @@ type Cluster struct {
 	http  *http.Client
 }
 
+// handedOut remembers every port FreePorts returned in this process: the ports are closed
+// again before the agents bind them, so the kernel may offer one a second time, and two nodes
+// of one test then got the same port (CI: node3's Raft address was node1's gRPC address).
+var handedOut struct {
+	sync.Mutex
+	ports map[int]bool
+}
+
 // FreePorts returns n distinct ports on 127.0.0.1 that are free for both TCP and UDP right now
-// (gossip needs both).
+// (gossip needs both), none of them returned before by this process.
 func FreePorts(n int) ([]int, error) {
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	if handedOut.ports == nil {
+		handedOut.ports = map[int]bool{}
+	}
 	var cs []io.Closer
 	defer func() {
 		for _, c := range cs {
@@ -211,12 +224,18 @@ func FreePorts(n int) ([]int, error) {
 		}
 		cs = append(cs, l)
 		port := l.Addr().(*net.TCPAddr).Port
+		if handedOut.ports[port] {
+			continue
+		}
 		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
 		if err != nil {
 			continue
 		}
 		cs = append(cs, u)
 		ports = append(ports, port)
+	}
+	for _, p := range ports {
+		handedOut.ports[p] = true
 	}
 	return ports, nil
 }
