@@ -723,11 +723,12 @@ func (nm *nemesis) snapshot(ctx context.Context, leader *Node) (nodes []string, 
 	}
 	deadline := time.Now().Add(60 * time.Second)
 	compacted := false
+	var compactedAt uint64 // a snapshot index of another node that compacted past held
 	for !compacted && time.Now().Before(deadline) && ctx.Err() == nil {
 		record()
 		for idx := range leaderSnaps {
 			if idx > held+nm.trailingLogs+margin {
-				compacted = true
+				compacted, compactedAt = true, max(compactedAt, idx)
 			}
 		}
 		time.Sleep(250 * time.Millisecond)
@@ -737,7 +738,11 @@ func (nm *nemesis) snapshot(ctx context.Context, leader *Node) (nodes []string, 
 		return []string{f.ID}, "", fmt.Sprintf("the log was not compacted past index %d within 60s", held)
 	}
 	// Caught up by a snapshot install: the follower now has a snapshot at exactly the index
-	// of one the others took (one it took itself would sit at its own applied index).
+	// of one the others took (one it took itself would sit at its own applied index). With
+	// snapshots taken often and two kept, that one may be gone from both sides before a poll
+	// sees it (CI: "has [105825 107091]"); then the follower having applied past compactedAt
+	// proves it too: the others no longer hold the entries after held that it needed
+	// (compactedAt − trailing logs > held + margin), so only a snapshot could bring it there.
 	deadline = time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		record()
@@ -745,6 +750,9 @@ func (nm *nemesis) snapshot(ctx context.Context, leader *Node) (nodes []string, 
 			if idx > held && leaderSnaps[idx] {
 				return []string{f.ID}, fmt.Sprintf("held at %d; installed snapshot at %d", held, idx), ""
 			}
+		}
+		if st, err := nm.c.State(ctx, f); err == nil && st.AppliedIndex > compactedAt {
+			return []string{f.ID}, fmt.Sprintf("held at %d; applied %d, past the others' compaction at snapshot %d (entries after %d gone): a snapshot install", held, st.AppliedIndex, compactedAt, compactedAt-nm.trailingLogs), ""
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
