@@ -58,9 +58,12 @@ type levelLends struct {
 }
 
 type lendHolder struct {
-	ack    uint64
-	demand float64 // units per second
-	grants []lendGrant
+	ack uint64
+	// lastSeq is the seq of the newest grant lent to the holder: an ack can acknowledge no
+	// more than what was lent (a caller's AckSeq is clamped to it, as the engine clamps).
+	lastSeq uint64
+	demand  float64 // units per second
+	grants  []lendGrant
 }
 
 type lendGrant struct {
@@ -224,7 +227,9 @@ func (l *Limiter) LendSlice(r SliceRequest) SliceGrant {
 		lh = &lendHolder{}
 		ll.holders[r.Holder] = lh
 	}
-	lh.ack = max(lh.ack, r.Ack)
+	// The caller's AckSeq acknowledges at most the newest grant it was lent: an ack beyond it
+	// (2^64-1, say) would otherwise drop every grant, this one included, from the charge.
+	lh.ack = max(lh.ack, min(r.Ack, lh.lastSeq))
 	ownR, _ := lh.charged(fast)
 	first := len(lh.grants) == 0
 	othersR, othersB := h.lentCharged(key, fast, r.Holder)
@@ -268,6 +273,7 @@ func (l *Limiter) LendSlice(r SliceRequest) SliceGrant {
 		return SliceGrant{OK: true, Rate: rate, Burst: burst, Initial: initial, First: first, Term: term}
 	}
 	lh.grants = append(lh.grants, lendGrant{seq: r.Seq, rate: rate, burst: burst, endFast: h.endFast})
+	lh.lastSeq = max(lh.lastSeq, r.Seq)
 	h.rebuild(key, slow, fast, initial)
 	h.setLentDemand(p, key)
 	return SliceGrant{OK: true, Rate: rate, Burst: burst, Initial: initial, First: first, Term: term}

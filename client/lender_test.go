@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"math"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -86,5 +87,34 @@ func TestLenderConservesAndHoldsTheAck(t *testing.T) {
 	}
 	if r, b := l.Lent(); r != 0 || b != 0 {
 		t.Fatalf("lent %d/s, burst %d after the slices ended", r, b)
+	}
+}
+
+// TestLenderClampsTheAck: a downstream holder's AckSeq acknowledges at most the newest grant it
+// was lent — an ack of 2^64-1 (review: any worker can send one) dropped every grant from the
+// charge, so the leader rebuilt its own bucket at the whole upstream rate beside live slices.
+func TestLenderClampsTheAck(t *testing.T) {
+	clk := &stepClock{}
+	clk.ns.Store(int64(time.Second))
+	h := &shareHolder{clock: newTimeSource(clk), incarnation: 1, paths: map[string]*sharePath{}, levels: map[string]*gcra{},
+		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	p := h.addPath(Request{Domain: "d", Cost: 1}, LimiterOptions{})
+	l := &Limiter{h: h, p: p, req: Request{Domain: "d", Cost: 1}}
+	_, sent := h.clock.now()
+	h.apply(lentGrant(1, 100e6, 100e6, true), []*sharePath{p}, sent)
+	for seq := uint64(1); seq <= 3; seq++ {
+		sl := l.LendSlice(SliceRequest{Holder: "x", Seq: seq, Ack: math.MaxUint64, Demand: 60e6, MaxCost: 1})
+		if !sl.OK {
+			t.Fatalf("slice %d refused: %+v", seq, sl)
+		}
+		_, fast := h.clock.now()
+		h.mu.Lock()
+		lentR, lentB := h.lentCharged("k", fast, "")
+		local := h.levels["k"]
+		h.mu.Unlock()
+		if lentR == 0 || local.rate+lentR > 100e6 || local.burst+lentB > 100e6 {
+			t.Fatalf("after seq %d with AckSeq 2^64-1: slices charged %d/s burst %d beside a local %d/s burst %d: over the 100/s grant (or the slice not charged)",
+				seq, lentR, lentB, local.rate, local.burst)
+		}
 	}
 }
