@@ -150,12 +150,12 @@ func (p *proposer) propose(ctx context.Context, op *fsmv1.Op) (fsm.OpResult, err
 // wake-up, its commit goroutine, the answer back). Under load the queue is not empty and
 // calls go through the loop and batch as before.
 func (p *proposer) do(ctx context.Context, ops [][]byte) (*call, error) {
-	if c, ok := p.direct(ctx, ops); ok {
-		return c, nil
-	}
-	c, err := p.submit(ctx, ops)
-	if err != nil {
-		return nil, err
+	c, ok := p.direct(ops)
+	if !ok {
+		var err error
+		if c, err = p.submit(ctx, ops); err != nil {
+			return nil, err
+		}
 	}
 	if err := p.wait(ctx, c); err != nil {
 		return nil, err
@@ -163,9 +163,13 @@ func (p *proposer) do(ctx context.Context, ops [][]byte) (*call, error) {
 	return c, nil
 }
 
-// direct commits ops from the caller's goroutine if the proposer is idle (see do); ok is false
-// (and nothing happened) otherwise. The commit's wait ends early if ctx ends, like wait's.
-func (p *proposer) direct(ctx context.Context, ops [][]byte) (*call, bool) {
+// direct starts committing ops at once if the proposer is idle (see do); ok is false (and
+// nothing happened) otherwise. The commit runs detached from the caller, as the loop's do: the
+// caller's context ending (its wait returns, the outcome unknown) must not free the commit
+// slot while the entry is still in Raft — review: short-deadline callers during an fsync stall
+// would each free their slot and go direct again, hundreds of one-op entries instead of a few
+// batched ones, exactly when the log is slow.
+func (p *proposer) direct(ops [][]byte) (*call, bool) {
 	if len(ops) == 0 || len(ops) > p.cfg.MaxBatch {
 		return nil, false
 	}
@@ -193,7 +197,7 @@ func (p *proposer) direct(ctx context.Context, ops [][]byte) (*call, bool) {
 	for i, op := range ops {
 		batch[i] = queuedOp{data: op, c: c, i: i}
 	}
-	p.commitCtx(ctx, batch)
+	go p.commit(batch)
 	return c, true
 }
 

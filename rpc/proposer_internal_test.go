@@ -143,7 +143,9 @@ func TestProposerDirectOnlyWhenIdle(t *testing.T) {
 }
 
 // A direct call whose context ends while its entry commits returns with the context's error
-// (the outcome is unknown, as on the queued path) and frees its slot for the next call.
+// (the outcome is unknown, as on the queued path); its entry keeps the commit slot until it
+// resolves (a caller giving up must not let more entries into Raft than MaxInflight), then
+// the slot is free for the next call.
 func TestProposerDirectHonorsContext(t *testing.T) {
 	g := newGatedApplier()
 	p := newProposer(g, ProposerConfig{MaxBatch: 16, MaxInflight: 1, ApplyTimeout: 5 * time.Second})
@@ -162,8 +164,18 @@ func TestProposerDirectHonorsContext(t *testing.T) {
 		t.Fatalf("returned after %v, want about the context's 50 ms", d)
 	}
 	<-g.started
+	time.Sleep(20 * time.Millisecond)
+	if n := len(p.slots); n != 1 {
+		t.Fatalf("%d commit slots held after the caller gave up, want 1: its entry is still being applied", n)
+	}
 	g.gate <- struct{}{}
-	if _, err := p.do(context.Background(), [][]byte{releaseOp(t, "y")}); err != nil {
+	for deadline := time.Now().Add(2 * time.Second); len(p.slots) != 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the slot was not freed after the entry resolved")
+		}
+	}
+	g.gate <- struct{}{} // y's entry applies at once
+	if c, err := p.do(context.Background(), [][]byte{releaseOp(t, "y")}); err != nil || c.results[0].err != nil {
 		t.Fatalf("next call: %v", err)
 	}
 	if n := p.directs.Load(); n != 2 {
