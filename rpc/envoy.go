@@ -90,6 +90,18 @@ type rlsServer struct {
 
 	lanesMu sync.Mutex
 	lanes   map[*grpc.ClientConn]*forwardLane // a follower's batching, per leader connection
+	// batchBytes bounds the encoded requests of one forwarded batch: half the node's
+	// --max-request-bytes (0: of DefaultMaxRequestBytes), so a batch is never refused whole
+	// by the leader's message cap; a request above a quarter of it goes alone.
+	batchBytes int
+}
+
+// forwardBatchBytes is rlsServer.batchBytes with its default.
+func (r *rlsServer) forwardBatchBytes() int {
+	if r.batchBytes > 0 {
+		return r.batchBytes
+	}
+	return DefaultMaxRequestBytes / 2
 }
 
 // ShouldRateLimit decides one Envoy request.

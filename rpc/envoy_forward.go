@@ -92,6 +92,11 @@ func (r *rlsServer) forward(ctx context.Context, conn *grpc.ClientConn, req *rls
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "encoding the request to forward: %v", err)
 	}
+	if len(data) > r.forwardBatchBytes()/4 {
+		// A large request goes alone: in a batch it could push the batch over the leader's
+		// message cap and fail the other callers' requests with it (review finding).
+		return l.rls.ShouldRateLimit(forwardCtx(ctx), req)
+	}
 	fc := &forwardedCall{req: req, call: &quotadv1.ForwardedCall{Request: data}, done: make(chan struct{})}
 	c := callerFrom(ctx)
 	switch {
@@ -125,9 +130,17 @@ func (l *forwardLane) add(fc *forwardedCall) {
 	go l.run(batch)
 }
 
-// take removes the next batch from the queue (the lock held).
+// take removes the next batch from the queue (the lock held): at most MaxForwardBatch calls
+// whose requests together stay within the lane's batch bytes (at least one call).
 func (l *forwardLane) take() []*forwardedCall {
-	n := min(len(l.queue), MaxForwardBatch)
+	n, size, limit := 0, 0, l.r.forwardBatchBytes()
+	for n < len(l.queue) && n < MaxForwardBatch {
+		size += len(l.queue[n].call.Request)
+		if n > 0 && size > limit {
+			break
+		}
+		n++
+	}
 	batch := make([]*forwardedCall, n)
 	copy(batch, l.queue)
 	rest := copy(l.queue, l.queue[n:])
