@@ -295,15 +295,25 @@ func (p *proposer) loop() {
 
 func (p *proposer) commit(batch []queuedOp) { p.commitCtx(context.Background(), batch) }
 
-// commitCtx commits batch as one entry and answers its ops, then frees the commit slot the
-// caller took. ctx (with ApplyTimeout) bounds the wait.
+// commitCtx commits batch as one entry, frees the commit slot its caller took, then answers
+// its ops. ctx (with ApplyTimeout) bounds the wait.
 func (p *proposer) commitCtx(ctx context.Context, batch []queuedOp) {
-	defer func() { <-p.slots }()
+	freed := false
+	free := func() {
+		if !freed {
+			freed = true
+			<-p.slots
+		}
+	}
+	defer free()
 	start := time.Now()
 	res, ts, err := p.apply(ctx, batch)
 	if p.observe != nil {
 		p.observe(len(batch), time.Since(start), err)
 	}
+	// The entry is resolved: free its slot before answering, so a caller that goes again
+	// as soon as it has its answer finds the proposer idle (the direct path).
+	free()
 	for i, q := range batch {
 		if err != nil {
 			q.c.answer(q.i, proposalResult{err: err})
