@@ -18,18 +18,23 @@ func lentGrant(seq uint64, rate, burst uint64, first bool) *shareResponse {
 		levels: []levelShare{{key: "k", rate: rate, burst: burst, initial: burst, first: first}}}}}
 }
 
+// newLender is a regional leader's holder on a stepped clock with one path (domain d).
+func newLender() (*stepClock, *shareHolder, *sharePath, *Limiter) {
+	clk := &stepClock{}
+	clk.ns.Store(int64(time.Second))
+	h := &shareHolder{clock: newTimeSource(clk), incarnation: 1, paths: map[string]*sharePath{}, levels: map[string]*gcra{},
+		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	p := h.addPath(Request{Domain: "d", Cost: 1}, LimiterOptions{})
+	return clk, h, p, &Limiter{h: h, p: p, req: Request{Domain: "d", Cost: 1}}
+}
+
 // TestLenderConservesAndHoldsTheAck: the slices lent downstream and the local bucket together
 // never exceed the upstream grant (the local bucket is rebuilt at grant − slices, the slice's
 // initial tokens taken from its balance), and an upstream grant smaller than the slices still
 // charged is not acknowledged until they end (the cluster keeps charging the last one that
 // covered them). Fails with -tags region_bug_doubleslice.
 func TestLenderConservesAndHoldsTheAck(t *testing.T) {
-	clk := &stepClock{}
-	clk.ns.Store(int64(time.Second))
-	h := &shareHolder{clock: newTimeSource(clk), incarnation: 1, paths: map[string]*sharePath{}, levels: map[string]*gcra{},
-		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
-	p := h.addPath(Request{Domain: "d", Cost: 1}, LimiterOptions{})
-	l := &Limiter{h: h, p: p, req: Request{Domain: "d", Cost: 1}}
+	clk, h, p, l := newLender()
 	_, sent := h.clock.now()
 	h.apply(lentGrant(1, 100e6, 100e6, true), []*sharePath{p}, sent)
 	if h.applied != 1 {
@@ -94,12 +99,7 @@ func TestLenderConservesAndHoldsTheAck(t *testing.T) {
 // was lent — an ack of 2^64-1 (review: any worker can send one) dropped every grant from the
 // charge, so the leader rebuilt its own bucket at the whole upstream rate beside live slices.
 func TestLenderClampsTheAck(t *testing.T) {
-	clk := &stepClock{}
-	clk.ns.Store(int64(time.Second))
-	h := &shareHolder{clock: newTimeSource(clk), incarnation: 1, paths: map[string]*sharePath{}, levels: map[string]*gcra{},
-		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
-	p := h.addPath(Request{Domain: "d", Cost: 1}, LimiterOptions{})
-	l := &Limiter{h: h, p: p, req: Request{Domain: "d", Cost: 1}}
+	_, h, p, l := newLender()
 	_, sent := h.clock.now()
 	h.apply(lentGrant(1, 100e6, 100e6, true), []*sharePath{p}, sent)
 	for seq := uint64(1); seq <= 3; seq++ {
