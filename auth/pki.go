@@ -146,6 +146,11 @@ func CreateCert(caCertPEM, caKeyPEM []byte, opts CertOptions) (certPEM, keyPEM [
 		if id.Role == RoleWorker && len(id.Domains) == 0 {
 			return nil, nil, fmt.Errorf("auth: client certificate %q: a worker needs at least one domain (--domain, or %q for all)", opts.Name, AnyDomain)
 		}
+		if id.Role != RoleWorker && (len(id.Domains) > 0 || id.Tenant != "") {
+			// Only workers are scoped (MayUseDomain ignores the scope of readers and
+			// admins): a scope in the SAN would be a promise nothing keeps.
+			return nil, nil, fmt.Errorf("auth: client certificate %q: --domain and --tenant scope workers only; a %s certificate may not have them", opts.Name, id.Role)
+		}
 		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
 		tmpl.URIs = append(tmpl.URIs, ClientRoleURI(opts.Cluster, id))
 	}

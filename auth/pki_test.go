@@ -122,6 +122,8 @@ func TestCreateCertRejectsBadInput(t *testing.T) {
 		"no role":             {caPEM, caKey, CertOptions{Cluster: "prod", Name: "a"}, "role"},
 		"server role":         {caPEM, caKey, CertOptions{Cluster: "prod", Name: "a", Identity: Identity{Role: RoleServer}}, "role"},
 		"worker no domain":    {caPEM, caKey, CertOptions{Cluster: "prod", Name: "a", Identity: Identity{Role: RoleWorker}}, "domain"},
+		"reader with domain":  {caPEM, caKey, CertOptions{Cluster: "prod", Name: "a", Identity: Identity{Role: RoleReader, Domains: []string{"provider"}}}, "scope workers only"},
+		"admin with tenant":   {caPEM, caKey, CertOptions{Cluster: "prod", Name: "a", Identity: Identity{Role: RoleAdmin, Tenant: "acme"}}, "scope workers only"},
 		"no name":             {caPEM, caKey, CertOptions{Server: true, Cluster: "prod"}, "--name"},
 		"no cluster":          {caPEM, caKey, CertOptions{Server: true, Name: "n"}, "cluster"},
 		"key of another CA":   {caPEM, otherKey, CertOptions{Server: true, Cluster: "prod", Name: "n"}, "does not belong"},
