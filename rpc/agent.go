@@ -213,6 +213,7 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 	a.server = NewServer(a.node, a.fsm, cfg.Proposer, forwardCreds, a.metrics)
 	a.server.SetWaiterCaps(cfg.Waiters)
 	a.server.SetRLSOptions(cfg.RLS)
+	a.server.setLogger(log)
 	a.server.rls.batchBytes = maxRequest / 2
 	a.server.rls.authn = authn
 	a.registerGauges()

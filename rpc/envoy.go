@@ -3,6 +3,7 @@ package rpc
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math"
 	"strconv"
 	"sync"
@@ -79,6 +80,27 @@ func (s *Server) SetRLSOptions(o RLSOptions) {
 	s.rls.opts = o
 }
 
+// unknownDomainLogEvery is how often a request for one unknown domain is logged again.
+const unknownDomainLogEvery = time.Minute
+
+// setLogger sets where the RLS logs what an operator must see (call before serving).
+func (s *Server) setLogger(l *slog.Logger) { s.rls.unknown = newKeyLogger(l, unknownDomainLogEvery) }
+
+// observe records a decided request: metrics, and a (rate-limited) warning for a domain the
+// limits do not define — with --rls-unknown-domain allow it is answered OK and would
+// otherwise pass unseen (a typo in Envoy's domain disables rate limiting).
+func (r *rlsServer) observe(match *quota.Matcher, req *rlsv3.RateLimitRequest, d *quota.RLSDecision, code rlsv3.RateLimitResponse_Code, start time.Time) {
+	r.s.metrics.observeRLS(match, req, d, code, r.opts.NearLimitRatio, time.Since(start))
+	if d.UnknownDomain {
+		answer := "OK (--rls-unknown-domain allow): not rate limited"
+		if r.opts.DenyUnknownDomain {
+			answer = "OVER_LIMIT (--rls-unknown-domain deny)"
+		}
+		r.unknown.Warn("Envoy RLS request for a domain the limits do not define; check Envoy's rate limit domain or add it to the limits",
+			"domain", req.Domain, "answer", answer)
+	}
+}
+
 // rlsServer implements rlsv3.RateLimitServiceServer for a Server.
 type rlsServer struct {
 	rlsv3.UnimplementedRateLimitServiceServer
@@ -90,6 +112,8 @@ type rlsServer struct {
 
 	lanesMu sync.Mutex
 	lanes   map[*grpc.ClientConn]*forwardLane // a follower's batching, per leader connection
+	// unknown logs requests for domains the limits do not define (nil: not logged).
+	unknown *keyLogger
 	// batchBytes bounds the encoded requests of one forwarded batch: half the node's
 	// --max-request-bytes (0: of DefaultMaxRequestBytes), so a batch is never refused whole
 	// by the leader's message cap; a request above a quarter of it goes alone.
@@ -189,7 +213,7 @@ func (r *rlsServer) finish(req *rlsv3.RateLimitRequest, pr proposalResult, start
 		return nil, status.Errorf(codes.InvalidArgument, "%s", d.Message)
 	}
 	resp := r.response(&d)
-	r.s.metrics.observeRLS(pr.res.Other.Matcher, req, &d, resp.OverallCode, r.opts.NearLimitRatio, time.Since(start))
+	r.observe(pr.res.Other.Matcher, req, &d, resp.OverallCode, start)
 	return resp, nil
 }
 

@@ -33,7 +33,7 @@ const rlsOtherKey = "_other"
 type rlsMetrics struct {
 	totalHits, overLimit, nearLimit, withinLimit, shadowMode *prometheus.CounterVec
 	requests                                                 *prometheus.CounterVec
-	okReqs, overReqs                                         prometheus.Counter // requests' two series
+	okReqs, overReqs, unknownReqs                            prometheus.Counter // requests' series
 	latency                                                  prometheus.Histogram
 	dropped                                                  *prometheus.CounterVec
 	// A follower's forwarding: calls and the ForwardRateLimit RPCs that carried them.
@@ -58,7 +58,7 @@ func newRLSMetrics(reg *prometheus.Registry) *rlsMetrics {
 		withinLimit: counter("within_limit", "Envoy RLS: hits within the rule's limit (within_limit)."),
 		shadowMode:  counter("shadow_mode", "Envoy RLS: hits over a shadow_mode rule's limit, answered OK (shadow_mode)."),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "quotad_rls_requests_total",
-			Help: "Envoy RLS ShouldRateLimit requests decided on this leader, by overall code (ok, over_limit)."}, []string{"code"}),
+			Help: "Envoy RLS ShouldRateLimit requests decided on this leader, by overall code (ok, over_limit), or unknown_domain: a domain the limits do not define (answered per --rls-unknown-domain)."}, []string{"code"}),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "quotad_rls_decision_seconds",
 			Help: "Time from receiving a ShouldRateLimit call on the leader to its answer.", Buckets: prometheus.ExponentialBuckets(0.0002, 2, 16)}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "quotad_rate_limit_keys_dropped_total",
@@ -72,6 +72,7 @@ func newRLSMetrics(reg *prometheus.Registry) *rlsMetrics {
 	reg.MustRegister(m.totalHits, m.overLimit, m.nearLimit, m.withinLimit, m.shadowMode, m.requests, m.latency, m.dropped,
 		m.forwarded, m.forwardBatches)
 	m.okReqs, m.overReqs = m.requests.WithLabelValues("ok"), m.requests.WithLabelValues("over_limit")
+	m.unknownReqs = m.requests.WithLabelValues("unknown_domain")
 	return m
 }
 
@@ -154,9 +155,12 @@ func (m *Metrics) observeRLS(match *quota.Matcher, req *rlsv3.RateLimitRequest, 
 		return
 	}
 	r := m.rls
-	if code == rlsv3.RateLimitResponse_OVER_LIMIT {
+	switch {
+	case d.UnknownDomain:
+		r.unknownReqs.Inc()
+	case code == rlsv3.RateLimitResponse_OVER_LIMIT:
 		r.overReqs.Inc()
-	} else {
+	default:
 		r.okReqs.Inc()
 	}
 	r.latency.Observe(took.Seconds())

@@ -1,10 +1,12 @@
 package rpc_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -218,18 +220,70 @@ func TestRLSSecureCluster(t *testing.T) {
 	}
 }
 
-// TestRLSUnknownDomain: OK by default (Envoy's answer), OVER_LIMIT when configured to deny.
+// TestRLSUnknownDomain: OK by default (Envoy's answer), OVER_LIMIT when configured to deny;
+// either way the requests count as quotad_rls_requests_total{code="unknown_domain"} and the
+// leader logs the domain once per interval, not once per request (user trial: an unknown
+// domain was answered OK and nothing recorded it).
 func TestRLSUnknownDomain(t *testing.T) {
 	for _, deny := range []bool{false, true} {
-		c, p := authCluster(t, rlsLimits, func(_ int, cfg *rpc.AgentConfig) { cfg.RLS.DenyUnknownDomain = deny })
+		var logs lockedBuffer
+		c, p := authCluster(t, rlsLimits, func(i int, cfg *rpc.AgentConfig) {
+			cfg.RLS.DenyUnknownDomain = deny
+			cfg.Cluster.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})).With("node", i)
+		})
 		p.client(auth.Identity{Name: "gw", Role: auth.RoleWorker, Domains: []string{"nope"}})
-		r, err := rlsv3.NewRateLimitServiceClient(p.dialAs(c.Addrs()[c.Leader()], "gw")).ShouldRateLimit(context.Background(), rlsReq("nope", []string{"a", "b"}))
+		leader := c.Leader()
+		cl := rlsv3.NewRateLimitServiceClient(p.dialAs(c.Addrs()[leader], "gw"))
 		want := rlsv3.RateLimitResponse_OK
 		if deny {
 			want = rlsv3.RateLimitResponse_OVER_LIMIT
 		}
-		wantRLS(t, r, err, want, want)
+		for range 3 {
+			r, err := cl.ShouldRateLimit(context.Background(), rlsReq("nope", []string{"a", "b"}))
+			wantRLS(t, r, err, want, want)
+		}
+		body := httpsGet(t, p, c.Agent(leader).HTTPAddr(), "/metrics")
+		if !strings.Contains(body, `quotad_rls_requests_total{code="unknown_domain"} 3`) {
+			t.Errorf("deny=%v: /metrics lacks quotad_rls_requests_total{code=\"unknown_domain\"} 3", deny)
+		}
+		if n := strings.Count(logs.String(), "domain=nope"); n != 1 {
+			t.Errorf("deny=%v: %d log lines name domain=nope, want 1 (rate-limited):\n%s", deny, n, logs.String())
+		}
 	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for the concurrent writes of several agents' loggers.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// httpsGet returns the body of path on a TLS agent's HTTP port.
+func httpsGet(t *testing.T, p *pki, addr, path string) string {
+	t.Helper()
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: p.pool}}}
+	resp, err := hc.Get("https://" + addr + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s: %s", path, resp.Status)
+	}
+	return string(body)
 }
 
 // TestRLSLimitOverrideOffByDefault: without --rls-limit-overrides a descriptor's own limit is

@@ -96,7 +96,7 @@ func (r *rlsServer) regionShouldRateLimit(ctx context.Context, req *rlsv3.RateLi
 				d.Statuses[i].Hits = 0
 			}
 			resp := r.response(&d)
-			s.metrics.observeRLS(m, req, &d, resp.OverallCode, r.opts.NearLimitRatio, time.Since(start))
+			r.observe(m, req, &d, resp.OverallCode, start)
 			return resp, true, nil
 		}
 		ceilingUndo = undo
@@ -182,7 +182,7 @@ func (r *rlsServer) regionShouldRateLimit(ctx context.Context, req *rlsv3.RateLi
 		}
 	}
 	resp = r.response(&d)
-	s.metrics.observeRLS(res.Other.Matcher, req, &d, resp.OverallCode, r.opts.NearLimitRatio, time.Since(start))
+	r.observe(res.Other.Matcher, req, &d, resp.OverallCode, start)
 	return resp, true, nil
 }
 
