@@ -19,6 +19,36 @@ type pending struct {
 	ctx  context.Context
 	adm  *quotadv1.Admission
 	done chan result // buffered: the sender never blocks on a caller that left
+	// tries are the attempts of the batch that carries it (nil until it is sent), so a caller
+	// that gives up can say why the batch got no answer.
+	tries atomic.Pointer[tries]
+}
+
+// tries counts a batch's RPC attempts and keeps the last one's error. Safe for concurrent
+// use (the batch's sender writes, its callers read).
+type tries struct {
+	mu   sync.Mutex
+	n    int
+	last error
+}
+
+func (t *tries) record(err error) {
+	t.mu.Lock()
+	t.n++
+	if err != nil {
+		t.last = err
+	}
+	t.mu.Unlock()
+}
+
+// get returns the attempts so far and the last error (0, nil for a nil t).
+func (t *tries) get() (int, error) {
+	if t == nil {
+		return 0, nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.n, t.last
 }
 
 type result struct {
@@ -41,6 +71,9 @@ type batcher struct {
 	inflight atomic.Int64
 	stop     chan struct{}
 	stopped  chan struct{}
+	// latest are the attempts of the batch sent last: why a caller still queued behind it
+	// got nothing.
+	latest atomic.Pointer[tries]
 }
 
 func newBatcher(c *Client, cfg BatchConfig) *batcher {
@@ -113,7 +146,8 @@ func (b *batcher) submit(ctx context.Context, adm *quotadv1.Admission) (*quotadv
 	select {
 	case b.in <- p:
 	case <-ctx.Done():
-		return nil, time.Time{}, b.c.unavailable("Acquire", 0, nil, ctx.Err())
+		_, last := b.latest.Load().get()
+		return nil, time.Time{}, b.c.unavailable("Acquire", 0, last, ctx.Err())
 	case <-b.c.closing:
 		return nil, time.Time{}, ErrClosed
 	}
@@ -121,7 +155,8 @@ func (b *batcher) submit(ctx context.Context, adm *quotadv1.Admission) (*quotadv
 	case r := <-p.done:
 		if r.err != nil && ctx.Err() != nil {
 			// The batch gave up because this caller did: report the caller's own reason.
-			return nil, time.Time{}, b.c.unavailable("Acquire", 1, r.err, ctx.Err())
+			n, _ := p.tries.Load().get()
+			return nil, time.Time{}, b.c.unavailable("Acquire", max(n, 1), r.err, ctx.Err())
 		}
 		return r.d, r.at, r.err
 	case <-b.stopped:
@@ -141,7 +176,13 @@ func (b *batcher) submit(ctx context.Context, adm *quotadv1.Admission) (*quotadv
 			}
 		default:
 		}
-		return nil, time.Time{}, b.c.unavailable("Acquire", 1, nil, ctx.Err())
+		// The batch may still be retrying: say what its attempts met so far (a plaintext
+		// client of a TLS cluster otherwise learns only "context deadline exceeded").
+		n, last := p.tries.Load().get()
+		if last == nil {
+			_, last = b.latest.Load().get()
+		}
+		return nil, time.Time{}, b.c.unavailable("Acquire", n, last, ctx.Err())
 	}
 }
 
@@ -171,6 +212,11 @@ func (b *batcher) send(batch []*pending) {
 		defer stop()
 	}
 	b.c.metrics.batches.Add(1)
+	t := &tries{}
+	for _, p := range batch {
+		p.tries.Store(t)
+	}
+	b.latest.Store(t)
 
 	var sent []*pending
 	var resp *quotadv1.AcquireResponse
@@ -189,6 +235,7 @@ func (b *batcher) send(batch []*pending) {
 		b.c.metrics.rpcs.Add(1)
 		var err error
 		resp, err = qc.Acquire(ctx, req, opts...)
+		t.record(err)
 		return err
 	})
 	at := time.Now()

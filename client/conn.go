@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -243,7 +244,22 @@ func (c *Client) unavailable(op string, attempts int, last, ctxErr error) error 
 	if last == nil {
 		return fmt.Errorf("%w: %s: no decision after %d attempts: %w", ErrUnavailable, op, attempts, ctxErr)
 	}
-	return fmt.Errorf("%w: %s: no decision after %d attempts (last error: %v): %w", ErrUnavailable, op, attempts, last, ctxErr)
+	return fmt.Errorf("%w: %s: no decision after %d attempts (last error: %v%s): %w", ErrUnavailable, op, attempts, last, c.transportHint(last), ctxErr)
+}
+
+// transportHint explains an error that says the client and the nodes disagree on TLS ("" for
+// any other error): gRPC retries them as Unavailable, so without it a caller sees only its
+// deadline pass.
+func (c *Client) transportHint(err error) string {
+	msg := err.Error()
+	plaintext := c.cfg.TLS == nil && c.cfg.TLSFiles.IsZero()
+	switch {
+	case plaintext && strings.Contains(msg, "error reading server preface"):
+		return fmt.Sprintf("; the server speaks TLS? set Config.TLSFiles or TLS — Config.LoadEnv reads $%s, $%s, $%s, which `quotad dev` writes to DATA_DIR/dev.env", EnvCACert, EnvClientCert, EnvClientKey)
+	case !plaintext && strings.Contains(msg, "first record does not look like a TLS handshake"):
+		return "; the server does not speak TLS (a cluster run with --insecure?): leave TLS and TLSFiles unset"
+	}
+	return ""
 }
 
 func permanentError(op string, st *status.Status, err error) error {

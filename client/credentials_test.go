@@ -129,11 +129,20 @@ func TestClientAgainstSecureCluster(t *testing.T) {
 		t.Fatalf("apply limits without a token: %v, want Unauthenticated", err)
 	}
 
-	// Plaintext against TLS: no decision.
-	plain := newTestClient(t, c.Addrs(), nil)
-	sctx, scancel := context.WithTimeout(ctx, time.Second)
-	defer scancel()
-	if _, err := plain.Allow(sctx, Request{Domain: "fixed"}); !errors.Is(err, ErrUnavailable) {
-		t.Fatalf("plaintext client against a secure cluster: %v", err)
+	// Plaintext against TLS: no decision, and the error says why (user trial: the batched
+	// path said only "no decision after 1 attempts: context deadline exceeded").
+	for _, disabled := range []bool{false, true} {
+		plain := newTestClient(t, c.Addrs(), func(cfg *Config) { cfg.Batch.Disabled = disabled })
+		sctx, scancel := context.WithTimeout(ctx, time.Second)
+		_, err := plain.Allow(sctx, Request{Domain: "fixed"})
+		scancel()
+		if !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("batching disabled=%v: plaintext client against a secure cluster: %v", disabled, err)
+		}
+		for _, want := range []string{"server preface", "speaks TLS", EnvCACert} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("batching disabled=%v: %q does not say %q", disabled, err, want)
+			}
+		}
 	}
 }
