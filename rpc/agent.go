@@ -66,6 +66,10 @@ type AgentConfig struct {
 	EnableDebug bool
 	// ExtraHTTP handlers are mounted on the HTTP port (the chaos build adds its fault controls).
 	ExtraHTTP map[string]http.Handler
+	// HTTPIdleTimeout closes a keep-alive connection to the HTTP port after this long
+	// without a request (0: DefaultHTTPIdleTimeout). Responses have a write deadline, and the
+	// port holds at most 1024 connections (rpc/conns.go).
+	HTTPIdleTimeout time.Duration
 	// MaxRequestBytes caps one gRPC message a node accepts (--max-request-bytes); a larger one
 	// is refused with ResourceExhausted before it is decoded. 0 means DefaultMaxRequestBytes.
 	MaxRequestBytes int
@@ -168,6 +172,7 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 		// is busy grpc-go starts a goroutine as before.
 		grpc.NumStreamWorkers(streamWorkers),
 	}, grpcflow.ServerOptions()...)
+	grpcOpts = append(grpcOpts, grpcConnOptions()...)
 	var forwardCreds credentials.TransportCredentials
 	var httpTLS *tls.Config
 	if cfg.TLS.Enabled() {
@@ -198,6 +203,7 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 			return nil, fmt.Errorf("http address %q: %w", cfg.Cluster.HTTPAddr, err)
 		}
 		cfg.Cluster.HTTPAddr = a.httpLn.Addr().String()
+		a.httpLn = limitConns(a.httpLn)
 		if httpTLS != nil {
 			a.httpLn = tls.NewListener(a.httpLn, httpTLS)
 		}
@@ -232,7 +238,7 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 		}
 	}()
 	if a.httpLn != nil {
-		a.http = &http.Server{Handler: a.httpHandler(), ReadHeaderTimeout: 5 * time.Second}
+		a.http = newHTTPServer(a.httpHandler(), cfg.HTTPIdleTimeout)
 		a.wg.Add(1)
 		go func() {
 			defer a.wg.Done()

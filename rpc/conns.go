@@ -1,0 +1,91 @@
+package rpc
+
+import (
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/net/netutil"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+)
+
+// Connection limits of an agent's two ports. A client that opens connections and leaves them
+// idle must not hold a file descriptor and a goroutine each forever.
+const (
+	// DefaultHTTPIdleTimeout closes a keep-alive HTTP connection idle this long
+	// (AgentConfig.HTTPIdleTimeout). Prometheus scrapes every 15-60 s and keeps its
+	// connection; an idle one costs a reconnect after two minutes at most.
+	DefaultHTTPIdleTimeout = 2 * time.Minute
+	// httpWriteTimeout bounds writing one HTTP response (set per request, so a /debug
+	// handler that takes ?seconds=N gets N more: a 30 s CPU profile is pprof's default).
+	httpWriteTimeout = 30 * time.Second
+	// httpMaxDebugSeconds caps the extra write time ?seconds= grants a /debug handler.
+	httpMaxDebugSeconds = 10 * 60
+	// httpMaxConns caps the HTTP port's open connections; beyond it Accept waits for one to
+	// close (the listener stops accepting; the kernel's backlog holds the rest).
+	httpMaxConns = 1024
+
+	// grpcMaxConnectionIdle closes a gRPC connection with no call for this long (GOAWAY; a
+	// client reconnects at its next call). Streams — lender shares, snapshot transfers,
+	// admissions waiting up to their max_wait — are calls, so a connection that has one
+	// is never idle.
+	grpcMaxConnectionIdle = 15 * time.Minute
+	// grpcPingTime and grpcPingTimeout: the server pings a connection quiet for
+	// grpcPingTime and closes it when no answer comes in grpcPingTimeout, so a vanished
+	// client's streams end instead of holding their shares and waiters.
+	grpcPingTime    = 2 * time.Minute
+	grpcPingTimeout = 20 * time.Second
+	// grpcMinPingInterval is the most frequent client keepalive ping the server accepts
+	// (also without a call in flight); a client pinging more often is sent GOAWAY
+	// ("too_many_pings"). grpc-go's default is 5 minutes and no pings without calls, which
+	// would cut a client that keeps an idle connection warm with DialOptions keepalive.
+	grpcMinPingInterval = 10 * time.Second
+	// grpcMaxConcurrentStreams caps the calls in flight on one gRPC connection; more wait in
+	// the client for a stream to end (grpc-go queues them; none fails). A follower forwards
+	// every caller's calls to the leader over one connection, waiting admissions included,
+	// so the cap is well above the default waiter caps (10000 per domain).
+	grpcMaxConcurrentStreams = 1 << 15
+)
+
+// grpcConnOptions are the gRPC server options that bound connections (keepalive, idle,
+// concurrent streams).
+func grpcConnOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: grpcMaxConnectionIdle,
+			Time: grpcPingTime, Timeout: grpcPingTimeout}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: grpcMinPingInterval, PermitWithoutStream: true}),
+		grpc.MaxConcurrentStreams(grpcMaxConcurrentStreams),
+	}
+}
+
+// newHTTPServer is the HTTP port's server: idle keep-alive connections close after idle
+// (0: DefaultHTTPIdleTimeout) and every response has a write deadline.
+func newHTTPServer(h http.Handler, idle time.Duration) *http.Server {
+	if idle <= 0 {
+		idle = DefaultHTTPIdleTimeout
+	}
+	return &http.Server{Handler: withWriteDeadline(h), ReadHeaderTimeout: 5 * time.Second, IdleTimeout: idle}
+}
+
+// limitConns caps ln's open connections at httpMaxConns.
+func limitConns(ln net.Listener) net.Listener { return netutil.LimitListener(ln, httpMaxConns) }
+
+// withWriteDeadline sets each response's write deadline: httpWriteTimeout, plus ?seconds=
+// (at most httpMaxDebugSeconds) for /debug/ (pprof's profile and trace write after sampling
+// that long). A per-request deadline rather than http.Server.WriteTimeout, which pprof
+// would refuse to exceed.
+func withWriteDeadline(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		d := httpWriteTimeout
+		if strings.HasPrefix(r.URL.Path, "/debug/") {
+			if s, err := strconv.Atoi(r.URL.Query().Get("seconds")); err == nil && s > 0 {
+				d += time.Duration(min(s, httpMaxDebugSeconds)) * time.Second
+			}
+		}
+		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(d))
+		h.ServeHTTP(w, r)
+	})
+}

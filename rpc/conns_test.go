@@ -1,0 +1,50 @@
+package rpc_test
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/quotad/quotad/rpc"
+	"github.com/quotad/quotad/rpc/rpctest"
+)
+
+// TestHTTPClosesIdleConnections: a keep-alive connection to the HTTP port that sends nothing
+// after its request is closed by the agent after HTTPIdleTimeout (user trial: only
+// ReadHeaderTimeout was set, and Go then keeps an idle connection open forever), while a
+// connection in use keeps serving.
+func TestHTTPClosesIdleConnections(t *testing.T) {
+	c := rpctest.Start(t, 1, testLimits, func(_ int, cfg *rpc.AgentConfig) { cfg.HTTPIdleTimeout = 300 * time.Millisecond })
+	conn, err := net.Dial("tcp", c.Agent(0).HTTPAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	br := bufio.NewReader(conn)
+	get := func() {
+		t.Helper()
+		if _, err := io.WriteString(conn, "GET /healthz HTTP/1.1\r\nHost: quotad\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.Close {
+			t.Fatal("the agent closed a connection in use")
+		}
+	}
+	get()
+	get() // kept alive between requests
+	// Now idle: the agent must close it (EOF), long before this deadline.
+	_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+	if _, err := br.ReadByte(); !errors.Is(err, io.EOF) {
+		t.Fatalf("idle keep-alive connection: read %v, want EOF (closed by the agent)", err)
+	}
+}
