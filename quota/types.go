@@ -123,6 +123,19 @@ const (
 	MaxMaxPause     = 24 * time.Hour
 )
 
+// HasDomain reports whether l defines domain (a nil l defines none).
+func (l *Limits) HasDomain(domain string) bool {
+	if l == nil {
+		return false
+	}
+	for i := range l.Domains {
+		if l.Domains[i].Name == domain {
+			return true
+		}
+	}
+	return false
+}
+
 // MaxPauseOf returns the pause cap of domain (DefaultMaxPause if it sets none or is unknown).
 func (l *Limits) MaxPauseOf(domain string) time.Duration {
 	if l != nil {

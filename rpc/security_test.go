@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -253,6 +254,15 @@ func TestTokens(t *testing.T) {
 	elsewhere := create(&quotadv1.CreateTokenRequest{Role: "worker", Domains: []string{"billing"}})
 	reader := create(&quotadv1.CreateTokenRequest{Role: "reader"})
 	wacc, _ := auth.TokenAccessor(worker)
+	// A domain the limits lack is created anyway (limits may come later) but named, so the
+	// CLI can warn about a typo (user trial: --domain provdier succeeded silently).
+	typo, err := admin.CreateToken(as(bootstrap), &quotadv1.CreateTokenRequest{Role: "worker", Domains: []string{"provider", "provdier", auth.AnyDomain}})
+	if err != nil || !slices.Equal(typo.UnknownDomains, []string{"provdier"}) {
+		t.Fatalf("token for provider, provdier and *: unknown domains %v (%v), want [provdier]", typo.GetUnknownDomains(), err)
+	}
+	if _, err := admin.RevokeToken(as(bootstrap), &quotadv1.RevokeTokenRequest{Accessor: typo.Accessor}); err != nil {
+		t.Fatal(err)
+	}
 
 	// Roles and scopes.
 	_, err = acquireOne(as(reader), q, "c", admission(1, 1, "endpoint=search"))

@@ -62,7 +62,16 @@ func (s *Server) CreateToken(ctx context.Context, req *quotadv1.CreateTokenReque
 	if err := r.Other.Err; err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	return &quotadv1.CreateTokenResponse{Token: token, Accessor: accessor}, nil
+	resp := &quotadv1.CreateTokenResponse{Token: token, Accessor: accessor}
+	// A domain the limits lack is not an error (limits may come after the tokens), but it is
+	// most often a typo: say so, so the CLI can warn.
+	limits := s.fsm.Limits()
+	for _, d := range req.Domains {
+		if d != auth.AnyDomain && !limits.HasDomain(d) {
+			resp.UnknownDomains = append(resp.UnknownDomains, d)
+		}
+	}
+	return resp, nil
 }
 
 // ListTokens lists the tokens, linearizably (never their secrets, which the cluster does not have).

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
@@ -38,6 +39,10 @@ func tokenCmd() *cobra.Command {
 				}
 				fmt.Printf("token:    %s\naccessor: %s\n", resp.Token, resp.Accessor)
 				fmt.Println("Store the token now: it is not shown again. Callers send it with --token-file or $QUOTAD_TOKEN.")
+				if len(resp.UnknownDomains) > 0 {
+					fmt.Fprintf(os.Stderr, "warning: the current limits define no domain %s: the token can spend nothing there until they do (misspelled --domain? see quotad limits get)\n",
+						strings.Join(resp.UnknownDomains, ", "))
+				}
 				return nil
 			})
 		},

@@ -2169,10 +2169,14 @@ func (x *CreateTokenRequest) GetDescription() string {
 type CreateTokenResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// token is the bearer credential ("qd_<accessor>_<secret>"); shown once.
-	Token         string `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
-	Accessor      string `protobuf:"bytes,2,opt,name=accessor,proto3" json:"accessor,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Token    string `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	Accessor string `protobuf:"bytes,2,opt,name=accessor,proto3" json:"accessor,omitempty"`
+	// unknown_domains are the requested domains the current limits do not define (never "*"):
+	// the token was created, but it can spend nothing there until limits define them (a
+	// misspelled --domain). The CLI warns about them.
+	UnknownDomains []string `protobuf:"bytes,3,rep,name=unknown_domains,json=unknownDomains,proto3" json:"unknown_domains,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *CreateTokenResponse) Reset() {
@@ -2217,6 +2221,13 @@ func (x *CreateTokenResponse) GetAccessor() string {
 		return x.Accessor
 	}
 	return ""
+}
+
+func (x *CreateTokenResponse) GetUnknownDomains() []string {
+	if x != nil {
+		return x.UnknownDomains
+	}
+	return nil
 }
 
 type ListTokensRequest struct {
@@ -3682,10 +3693,11 @@ const file_quotad_v1_quotad_proto_rawDesc = "" +
 	"\x04role\x18\x01 \x01(\tR\x04role\x12\x18\n" +
 	"\adomains\x18\x02 \x03(\tR\adomains\x12\x16\n" +
 	"\x06tenant\x18\x03 \x01(\tR\x06tenant\x12 \n" +
-	"\vdescription\x18\x04 \x01(\tR\vdescription\"G\n" +
+	"\vdescription\x18\x04 \x01(\tR\vdescription\"p\n" +
 	"\x13CreateTokenResponse\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x1a\n" +
-	"\baccessor\x18\x02 \x01(\tR\baccessor\"\x13\n" +
+	"\baccessor\x18\x02 \x01(\tR\baccessor\x12'\n" +
+	"\x0funknown_domains\x18\x03 \x03(\tR\x0eunknownDomains\"\x13\n" +
 	"\x11ListTokensRequest\"\xb7\x01\n" +
 	"\tTokenInfo\x12\x1a\n" +
 	"\baccessor\x18\x01 \x01(\tR\baccessor\x12\x12\n" +
