@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -336,5 +337,24 @@ func TestClusterSerialCallerPaysNoWindow(t *testing.T) {
 	st := c.Stats()
 	if st.Batches != 300 || st.BatchesHeld != 0 {
 		t.Fatalf("300 serial calls: %d batches, %d held open for the batch window; want 300 and 0", st.Batches, st.BatchesHeld)
+	}
+}
+
+// TestClusterRefusalReadsOnce: a call the cluster refuses reads "quotad: <op>: <code>:
+// <message>" — once, not gRPC's "rpc error: code = … desc = …" inside another prefix (user
+// trial: "quotad: PermissionDenied: quotad: Acquire: rpc error: code = PermissionDenied desc =
+// …") — and status.Code still finds the code.
+func TestClusterRefusalReadsOnce(t *testing.T) {
+	tc := startCluster(t)
+	qc := newTestClient(t, tc.Addrs(), nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := qc.Feedback(ctx, Feedback{Domain: "nope", StatusCode: 429})
+	if status.Code(err) != codes.NotFound {
+		t.Fatalf("feedback for an unknown domain: %v, want NotFound", err)
+	}
+	msg := err.Error()
+	if !strings.HasPrefix(msg, "quotad: Feedback: NotFound: ") || strings.Contains(msg, "rpc error") || strings.Count(msg, "NotFound") != 1 {
+		t.Fatalf("error %q: want \"quotad: Feedback: NotFound: <message>\" with the code once", msg)
 	}
 }

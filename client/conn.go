@@ -267,8 +267,23 @@ func permanentError(op string, st *status.Status, err error) error {
 	case codes.InvalidArgument:
 		return fmt.Errorf("%w: %s: %s", ErrInvalid, op, st.Message())
 	}
-	return fmt.Errorf("quotad: %s: %w", op, err)
+	return &callError{op: op, st: st, err: err}
 }
+
+// callError is a call the cluster refused: "quotad: <op>: <code>: <message>", read once
+// (gRPC's own text, "rpc error: code = … desc = …", repeated the code and read as a second
+// wrapping). It unwraps to the gRPC error, so status.Code and errors.As still find it.
+type callError struct {
+	op  string
+	st  *status.Status
+	err error
+}
+
+func (e *callError) Error() string {
+	return "quotad: " + e.op + ": " + e.st.Code().String() + ": " + e.st.Message()
+}
+
+func (e *callError) Unwrap() error { return e.err }
 
 // sleep waits d or until ctx ends; it reports whether the full d elapsed.
 func sleep(ctx context.Context, d time.Duration) bool {

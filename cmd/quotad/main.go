@@ -44,14 +44,7 @@ func main() {
 		if errors.As(err, &ee) {
 			os.Exit(ee.code)
 		}
-		msg := err.Error()
-		if st, ok := status.FromError(err); ok { // "rpc error: code = NotFound desc = ..." → "NotFound: ..."
-			msg = st.Code().String() + ": " + st.Message()
-		}
-		if !strings.HasPrefix(msg, "quotad: ") {
-			msg = "quotad: " + msg
-		}
-		fmt.Fprintln(os.Stderr, msg)
+		fmt.Fprintln(os.Stderr, errorMessage(err))
 		os.Exit(1)
 	}
 }
@@ -65,4 +58,22 @@ func refuseStrayArgs(c *cobra.Command) {
 	for _, sub := range c.Commands() {
 		refuseStrayArgs(sub)
 	}
+}
+
+// errorMessage is the line a failed command prints: gRPC's "rpc error: code = NotFound desc =
+// ..." reads "NotFound: ...", wherever it sits in the chain of wrapped errors, and the line
+// starts with "quotad: " once.
+func errorMessage(err error) string {
+	msg := err.Error()
+	var se interface{ GRPCStatus() *status.Status }
+	if errors.As(err, &se) {
+		if raw, ok := se.(error); ok {
+			st := se.GRPCStatus()
+			msg = strings.Replace(msg, raw.Error(), st.Code().String()+": "+st.Message(), 1)
+		}
+	}
+	if !strings.HasPrefix(msg, "quotad: ") {
+		msg = "quotad: " + msg
+	}
+	return msg
 }
