@@ -165,10 +165,16 @@ func TestCLIOperatorCommands(t *testing.T) {
 		t.Fatalf("upsert:\n%s", out)
 	}
 	// A concurrency denial says when the lease on that level expires.
+	// The granted TTL is shown: --lease-ttl 10h is capped by the limit's lease_ttl 20s.
 	acq := []string{"acquire", "--domain", "jobs", "--descriptor", "kind=report", "--json"}
-	mustCLI(t, c, acq...)
-	out = wantCLI(t, c, 3, []string{`"concurrency_limited"`}, acq...)
 	var d cliDecision
+	out = mustCLI(t, c, append(acq, "--lease-ttl", "10h")...)
+	if err := json.Unmarshal([]byte(out), &d); err != nil || d.LeaseID == 0 || d.LeaseTTLMs != 20000 {
+		t.Fatalf("acquire --lease-ttl 10h: %v, want lease_ttl_ms 20000 (the limit's lease_ttl)\n%s", err, out)
+	}
+	// Releasing a lease nobody holds says why and fails (user trial: released=false, exit 0).
+	wantCLI(t, c, 1, []string{"lease 999999 was not released", "expired"}, "release", "--lease-id", "999999")
+	out = wantCLI(t, c, 3, []string{`"concurrency_limited"`}, acq...)
 	if err := json.Unmarshal([]byte(out), &d); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}

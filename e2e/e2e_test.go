@@ -107,6 +107,7 @@ type cliDecision struct {
 	ResetAfterMs int64  `json:"reset_after_ms"`
 	RetryAfterMs int64  `json:"retry_after_ms"`
 	LeaseID      uint64 `json:"lease_id"`
+	LeaseTTLMs   int64  `json:"lease_ttl_ms"`
 }
 
 // cliAcquire runs `quotad acquire --json` and returns its decision and exit code.

@@ -119,6 +119,10 @@ type decisionView struct{ client.Decision }
 func (d decisionView) ResetAfterMs() int64 { return ceilMs(d.ResetAfter) }
 func (d decisionView) RetryAfterMs() int64 { return ceilMs(d.RetryAfter) }
 
+// LeaseTTLMs is the TTL granted to the lease (the limit's lease_ttl caps --lease-ttl); 0
+// without a lease.
+func (d decisionView) LeaseTTLMs() int64 { return ceilMs(d.LeaseTTL) }
+
 func ceilMs(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
 
 func printJSON(v any) error {
@@ -181,7 +185,7 @@ func acquireCmd() *cobra.Command {
 				err = printJSON(map[string]any{
 					"admitted": d.Admitted, "reason": d.Reason, "scope": d.Scope, "limit": d.Limit,
 					"remaining": d.Remaining, "reset_after_ms": d.ResetAfterMs(), "retry_after_ms": d.RetryAfterMs(),
-					"lease_id": d.LeaseID, "message": d.Message,
+					"lease_id": d.LeaseID, "lease_ttl_ms": d.LeaseTTLMs(), "message": d.Message,
 				})
 			} else {
 				verdict := "denied"
@@ -190,7 +194,10 @@ func acquireCmd() *cobra.Command {
 				}
 				fmt.Printf("%s  reason=%s scope=%s limit=%d remaining=%d reset_after=%dms retry_after=%dms", verdict, d.Reason, d.Scope, d.Limit, d.Remaining, d.ResetAfterMs(), d.RetryAfterMs())
 				if d.LeaseID != 0 {
-					fmt.Printf(" lease_id=%d", d.LeaseID)
+					fmt.Printf(" lease_id=%d lease_ttl=%dms", d.LeaseID, d.LeaseTTLMs())
+					if leaseTTL > d.LeaseTTL {
+						fmt.Printf(" (--lease-ttl %v capped by the limit's lease_ttl)", leaseTTL)
+					}
 				}
 				if d.Message != "" {
 					fmt.Printf("\n  %s", d.Message)
@@ -239,6 +246,9 @@ func releaseCmd() *cobra.Command {
 			released, err := c.ReleaseLease(ctx, leaseID)
 			if err != nil {
 				return err
+			}
+			if !released {
+				return fmt.Errorf("lease %d was not released: no lease of yours by that ID is held — unknown, already released, another caller's, or expired (its TTL passed without a renew); its permits are free either way", leaseID)
 			}
 			fmt.Printf("released=%v\n", released)
 			return nil
