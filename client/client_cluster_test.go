@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -10,6 +11,8 @@ import (
 	"time"
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"github.com/quotad/quotad/rpc"
+	"github.com/quotad/quotad/rpc/rpctest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -356,5 +359,23 @@ func TestClusterRefusalReadsOnce(t *testing.T) {
 	msg := err.Error()
 	if !strings.HasPrefix(msg, "quotad: Feedback: NotFound: ") || strings.Contains(msg, "rpc error") || strings.Count(msg, "NotFound") != 1 {
 		t.Fatalf("error %q: want \"quotad: Feedback: NotFound: <message>\" with the code once", msg)
+	}
+}
+
+// TestClusterMessageTooLargeIsPermanent: a request above a node's --max-request-bytes is
+// refused at once with what to do, not retried until the deadline (ResourceExhausted is
+// otherwise "not now").
+func TestClusterMessageTooLargeIsPermanent(t *testing.T) {
+	tc := rpctest.Start(t, 1, testLimits, func(_ int, cfg *rpc.AgentConfig) { cfg.MaxRequestBytes = 2048 })
+	qc := newTestClient(t, tc.Addrs(), func(cfg *Config) { cfg.Batch.Disabled = true })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var ds []string
+	for i := range 16 {
+		ds = append(ds, fmt.Sprintf("k%d", i), strings.Repeat("v", 200))
+	}
+	_, err := qc.Allow(ctx, Request{Domain: "fixed", Descriptors: Descriptors(ds...)})
+	if !IsMessageTooLarge(err) || errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "--max-request-bytes") {
+		t.Fatalf("a 3 KB request to a node that accepts 2 KB: %v, want a permanent ResourceExhausted naming --max-request-bytes", err)
 	}
 }

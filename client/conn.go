@@ -181,7 +181,7 @@ func (c *Client) invoke(ctx context.Context, op string, extra time.Duration, cal
 			if ctx.Err() != nil {
 				return c.unavailable(op, attempt+1, err, ctx.Err())
 			}
-			if !retryable(st.Code()) {
+			if !retryable(st.Code()) || IsMessageTooLarge(err) {
 				return permanentError(op, st, err)
 			}
 			c.metrics.retries.Add(1)
@@ -270,6 +270,15 @@ func permanentError(op string, st *status.Status, err error) error {
 	return &callError{op: op, st: st, err: err}
 }
 
+// IsMessageTooLarge reports whether err is a node refusing a request above its message cap
+// (ResourceExhausted "grpc: received message larger than max (N vs. M)", the agent's
+// --max-request-bytes, default 1 MiB). Retrying cannot help: the request must be smaller, or
+// every agent's cap larger.
+func IsMessageTooLarge(err error) bool {
+	st, ok := status.FromError(err)
+	return ok && st.Code() == codes.ResourceExhausted && strings.Contains(st.Message(), "message larger than max")
+}
+
 // callError is a call the cluster refused: "quotad: <op>: <code>: <message>", read once
 // (gRPC's own text, "rpc error: code = … desc = …", repeated the code and read as a second
 // wrapping). It unwraps to the gRPC error, so status.Code and errors.As still find it.
@@ -280,7 +289,11 @@ type callError struct {
 }
 
 func (e *callError) Error() string {
-	return "quotad: " + e.op + ": " + e.st.Code().String() + ": " + e.st.Message()
+	msg := "quotad: " + e.op + ": " + e.st.Code().String() + ": " + e.st.Message()
+	if IsMessageTooLarge(e.err) {
+		msg += " (the request is larger than a node accepts: send less per call, or raise --max-request-bytes on every agent)"
+	}
+	return msg
 }
 
 func (e *callError) Unwrap() error { return e.err }

@@ -165,6 +165,10 @@ func TestCLIOperatorCommands(t *testing.T) {
 		t.Fatalf("upsert:\n%s", out)
 	}
 	// A concurrency denial says when the lease on that level expires.
+	// Limits above a node's message cap (1 MiB) say what to do (user trial: the raw "grpc:
+	// received message larger than max").
+	big := write("big.yaml", concurrencyDomain+strings.Repeat("# padding to 1.2 MB of comments\n", 40000))
+	wantCLI(t, c, 1, []string{"larger than max", "split them into several files", "--max-request-bytes on every agent"}, "limits", "apply", big)
 	// The granted TTL is shown: --lease-ttl 10h is capped by the limit's lease_ttl 20s.
 	acq := []string{"acquire", "--domain", "jobs", "--descriptor", "kind=report", "--json"}
 	var d cliDecision

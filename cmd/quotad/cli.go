@@ -348,9 +348,11 @@ func changeLimits(cmd *cobra.Command, addr string, req *quotadv1.ApplyLimitsRequ
 	return call(ctx, addr, func(ctx context.Context, conn *grpc.ClientConn) error {
 		resp, err := quotadv1.NewAdminClient(conn).ApplyLimits(ctx, req)
 		if err != nil {
-			switch status.Code(err) {
-			case codes.InvalidArgument, codes.NotFound:
+			switch {
+			case status.Code(err) == codes.InvalidArgument || status.Code(err) == codes.NotFound:
 				return fmt.Errorf("%s", status.Convert(err).Message())
+			case client.IsMessageTooLarge(err):
+				return fmt.Errorf("%w\nThe limits (%d bytes of YAML) are more than a node accepts in one request: split them into several files and apply them one at a time (apply adds or replaces only the domains a file names), or raise --max-request-bytes on every agent", err, len(req.Yaml))
 			}
 			return err
 		}
