@@ -7,8 +7,12 @@
 //
 // Run a cluster with `make run`, then:
 //
+//	export GATEWAY_HMAC_KEY=$(head -c 32 /dev/urandom | base64)   # or -key-file PATH
 //	go run ./examples/gateway -listen 127.0.0.1:8080 &
 //	TOKEN=$(go run ./examples/gateway -mint acme:mobile-app)
+//
+// The HMAC key comes from $GATEWAY_HMAC_KEY or a file (-key-file), never from the command
+// line (any local user reads /proc/PID/cmdline); the gateway refuses to start without one.
 //	curl -i -H "Authorization: Bearer $TOKEN" http://127.0.0.1:8080/orders
 //
 // The cluster's limits must define the domain (-domain) with levels keyed "tenant" and
@@ -34,16 +38,45 @@ import (
 	"github.com/quotad/quotad/client/quotahttp"
 )
 
+// keyEnv holds the HMAC key when no -key-file is given.
+const keyEnv = "GATEWAY_HMAC_KEY"
+
+// minKeyBytes is the shortest key accepted: HMAC-SHA256 with a guessable key is no check.
+const minKeyBytes = 16
+
+// loadKey returns the HMAC key from file (if named) or env, refusing none or a short one.
+func loadKey(file, env string) ([]byte, error) {
+	key, from := []byte(strings.TrimSpace(env)), "$"+keyEnv
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("-key-file: %w", err)
+		}
+		key, from = []byte(strings.TrimSpace(string(b))), "-key-file "+file
+	}
+	switch {
+	case len(key) == 0 && file == "":
+		return nil, fmt.Errorf("no HMAC key: set $%s or -key-file PATH to a random secret of %d bytes or more, e.g. export %s=$(head -c 32 /dev/urandom | base64)", keyEnv, minKeyBytes, keyEnv)
+	case len(key) < minKeyBytes:
+		return nil, fmt.Errorf("the HMAC key in %s is %d bytes; use a random secret of %d bytes or more", from, len(key), minKeyBytes)
+	}
+	return key, nil
+}
+
 func main() {
 	conn := client.Flags(flag.CommandLine, "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103") // and $QUOTAD_* (source dev.env)
 	listen := flag.String("listen", "127.0.0.1:8080", "HTTP listen address")
 	domain := flag.String("domain", "platform", "quota domain")
-	secret := flag.String("secret", "demo-secret", "HMAC key that signs bearer tokens")
+	keyFile := flag.String("key-file", "", "file holding the HMAC key that signs bearer tokens (or the key in $"+keyEnv+")")
 	mint := flag.String("mint", "", "print a bearer token for TENANT:CONSUMER and exit")
 	maxWait := flag.Duration("max-wait", 0, "wait up to this long for quota instead of answering 429 at once")
 	flag.Parse()
 
-	v := verifier{key: []byte(*secret)}
+	key, err := loadKey(*keyFile, os.Getenv(keyEnv))
+	if err != nil {
+		log.Fatal(err)
+	}
+	v := verifier{key: key}
 	if *mint != "" {
 		tenant, consumer, _ := strings.Cut(*mint, ":")
 		fmt.Println(v.mint(tenant, consumer))
