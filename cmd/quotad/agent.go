@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/quotad/quotad/auth"
+	"github.com/quotad/quotad/client"
 	"github.com/quotad/quotad/cluster"
 	"github.com/quotad/quotad/internal/agentconfig"
 	"github.com/quotad/quotad/internal/gctune"
@@ -58,6 +59,9 @@ over the environment, which wins over the file (docs/operations.md, "Configurati
 			}
 			if err := agentconfig.Apply(cmd.LocalFlags(), configFile, os.Environ()); err != nil {
 				return err
+			}
+			for _, w := range agentconfig.UnknownEnv(cmd.LocalFlags(), os.Environ(), otherEnv...) {
+				fmt.Fprintln(os.Stderr, "quotad: warning: "+w)
 			}
 			switch {
 			case cc.ID == "":
@@ -215,9 +219,17 @@ func splitList(s string) []string {
 	return out
 }
 
+// otherEnv are the QUOTAD_* variables quotad reads besides $QUOTAD_<FLAG> of the agent's
+// flags: the client commands' connection, secrets, `quotad dev`'s directory.
+var otherEnv = []string{client.EnvAddr, client.EnvToken, client.EnvCACert, client.EnvClientCert, client.EnvClientKey,
+	rpc.EnvBootstrapToken, envGossipKey, "QUOTAD_DEV_DIR"}
+
+// envGossipKey holds the gossip key when --gossip-key-file is not given.
+const envGossipKey = "QUOTAD_GOSSIP_KEY"
+
 // gossipKey reads the gossip key from file, else from $QUOTAD_GOSSIP_KEY (nil if neither).
 func gossipKey(file string) ([]byte, error) {
-	s, what := os.Getenv("QUOTAD_GOSSIP_KEY"), "$QUOTAD_GOSSIP_KEY"
+	s, what := os.Getenv(envGossipKey), "$"+envGossipKey
 	if file != "" {
 		var err error
 		if s, err = pkifiles.ReadSecret(file); err != nil {

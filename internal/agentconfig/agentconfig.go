@@ -84,6 +84,49 @@ func Apply(fs *pflag.FlagSet, file string, environ []string) error {
 	return errors.Join(errs...)
 }
 
+// UnknownEnv returns a warning for each variable of environ that starts with EnvPrefix but
+// sets no settable flag of fs and is not one of known (variables quotad reads elsewhere:
+// $QUOTAD_CONFIG, credentials, client settings), with the closest name it may have meant:
+// a misspelled $QUOTAD_DATADIR is otherwise ignored without a word, and the agent then
+// complains that --data-dir is missing. Sorted; nil if every variable is known.
+func UnknownEnv(fs *pflag.FlagSet, environ []string, known ...string) []string {
+	names := map[string]bool{EnvName(FileFlag): true}
+	for _, k := range known {
+		names[k] = true
+	}
+	fs.VisitAll(func(f *pflag.Flag) {
+		if Settable(f) {
+			names[EnvName(f.Name)] = true
+		}
+	})
+	sorted := make([]string, 0, len(names))
+	for n := range names {
+		sorted = append(sorted, n)
+	}
+	sort.Strings(sorted)
+	var out []string
+	for _, kv := range environ {
+		k, _, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(k, EnvPrefix) || names[k] {
+			continue
+		}
+		best, bestD := "", 3
+		norm := strings.ToUpper(strings.ReplaceAll(k, "-", "_"))
+		for _, n := range sorted {
+			if d := distance(norm, n); d < bestD {
+				best, bestD = n, d
+			}
+		}
+		if best != "" {
+			out = append(out, fmt.Sprintf("$%s is not a quotad setting and is ignored (did you mean $%s?)", k, best))
+		} else {
+			out = append(out, fmt.Sprintf("$%s is not a quotad setting and is ignored (the agent reads $%s<FLAG> for each flag, e.g. $%s)", k, EnvPrefix, EnvName("data-dir")))
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
 // fileValue is one setting read from the file.
 type fileValue struct {
 	value string

@@ -119,6 +119,26 @@ func TestEnvErrorNamesVariable(t *testing.T) {
 	}
 }
 
+// TestUnknownEnvSuggests: a QUOTAD_* variable that sets no flag and is not a known other
+// setting is reported with the name it probably meant (user trial: $QUOTAD_DATADIR was
+// ignored silently and the agent said "--data-dir is required"); known ones and other
+// prefixes are not.
+func TestUnknownEnvSuggests(t *testing.T) {
+	f := newFlags(t)
+	got := UnknownEnv(f.fs, []string{
+		"QUOTAD_MINVOTERS=3", "QUOTAD_MIN_VOTERS=3", "QUOTAD_CONFIG=x", "QUOTAD_TOKEN=t", "QUOTAD_TOKN=t",
+		"QUOTAD_SOMETHING_ELSE_ENTIRELY=1", "HOME=/root", "QUOTADX=1",
+	}, "QUOTAD_TOKEN")
+	want := []string{
+		"$QUOTAD_MINVOTERS is not a quotad setting and is ignored (did you mean $QUOTAD_MIN_VOTERS?)",
+		"$QUOTAD_SOMETHING_ELSE_ENTIRELY is not a quotad setting and is ignored (the agent reads $QUOTAD_<FLAG> for each flag, e.g. $QUOTAD_DATA_DIR)",
+		"$QUOTAD_TOKN is not a quotad setting and is ignored (did you mean $QUOTAD_TOKEN?)",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("UnknownEnv:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
 func TestEmptyFileAndMissingFile(t *testing.T) {
 	f := newFlags(t)
 	if err := Apply(f.fs, writeFile(t, "# nothing\n"), nil); err != nil {
