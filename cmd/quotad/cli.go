@@ -104,6 +104,53 @@ func call(ctx context.Context, addrs string, fn func(ctx context.Context, conn *
 	}
 }
 
+// callOnce runs fn, which is not idempotent (token create: each call makes a new token), on
+// one node: unlike call it moves to the next address only when the request surely never
+// reached a node (connection refused), and never repeats it after a timeout or a lost
+// answer — a repeat could leave a second token nobody holds. Such an ambiguous failure is
+// returned with check, what to look at before trying again.
+func callOnce(ctx context.Context, addrs, check string, fn func(ctx context.Context, conn *grpc.ClientConn) error) error {
+	list := splitList(addrs)
+	if len(list) == 0 {
+		return fmt.Errorf("--addr is empty: give one or more node gRPC addresses, e.g. 127.0.0.1:7101,127.0.0.1:7102")
+	}
+	opts, err := dialOptions()
+	if err != nil {
+		return err
+	}
+	if err := reach(ctx, list); err != nil {
+		return err
+	}
+	var b strings.Builder
+	for _, a := range list {
+		conn, err := grpc.NewClient(a, opts...)
+		if err != nil {
+			return fmt.Errorf("--addr %q: %w", a, err)
+		}
+		err = fn(ctx, conn)
+		conn.Close()
+		code := status.Code(err)
+		switch {
+		case err == nil:
+			return nil
+		case code != codes.Unavailable && code != codes.DeadlineExceeded:
+			return err
+		case neverSent(err):
+			fmt.Fprintf(&b, "\n  %s: %s", a, status.Convert(err).Message())
+			continue
+		}
+		return fmt.Errorf("%w\nThe outcome is unknown (no answer came back) and it was not retried: it may have been done; %s", err, check)
+	}
+	return fmt.Errorf("no node took the request:%s%s", b.String(), plaintextHint())
+}
+
+// neverSent reports whether a failed call surely never reached a node (so repeating it
+// elsewhere cannot do it twice): the connection itself was refused.
+func neverSent(err error) bool {
+	msg := status.Convert(err).Message()
+	return strings.Contains(msg, "connection refused") || strings.Contains(msg, "produced zero addresses")
+}
+
 // plaintextHint explains the likely cause of unanswered plaintext calls: a secure cluster.
 func plaintextHint() string {
 	if tlsCfg, err := connConfig("").TLSConfig(); err == nil && tlsCfg == nil {

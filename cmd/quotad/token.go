@@ -31,7 +31,7 @@ func tokenCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := context.WithTimeout(cmd.Context(), 15*time.Second)
 			defer cancel()
-			return call(ctx, addr, func(ctx context.Context, conn *grpc.ClientConn) error {
+			return callOnce(ctx, addr, "check `quotad token list` (and revoke a token nobody holds) before creating it again", func(ctx context.Context, conn *grpc.ClientConn) error {
 				resp, err := quotadv1.NewAdminClient(conn).CreateToken(ctx, &quotadv1.CreateTokenRequest{
 					Role: role, Domains: domains, Tenant: tenant, Description: description})
 				if err != nil {
