@@ -10,10 +10,10 @@
 //	export GATEWAY_HMAC_KEY=$(head -c 32 /dev/urandom | base64)   # or -key-file PATH
 //	go run ./examples/gateway -listen 127.0.0.1:8080 &
 //	TOKEN=$(go run ./examples/gateway -mint acme:mobile-app)
+//	curl -i -H "Authorization: Bearer $TOKEN" http://127.0.0.1:8080/orders
 //
 // The HMAC key comes from $GATEWAY_HMAC_KEY or a file (-key-file), never from the command
 // line (any local user reads /proc/PID/cmdline); the gateway refuses to start without one.
-//	curl -i -H "Authorization: Bearer $TOKEN" http://127.0.0.1:8080/orders
 //
 // The cluster's limits must define the domain (-domain) with levels keyed "tenant" and
 // "consumer"; see examples/limits.yaml.
