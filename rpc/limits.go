@@ -125,6 +125,10 @@ func mergeLimits(cur, file *quota.Limits, replaceAll bool, del []string) (*quota
 	return next, nil
 }
 
+// RemovalOutcomeUnknown is in the message of a RemoveServer that answers DeadlineExceeded
+// because the leader appended the removal but does not know that it committed.
+const RemovalOutcomeUnknown = "not known to have committed, it may have been applied"
+
 // RemoveServer removes a member from the Raft configuration through the leader. A removal that
 // was handed to Raft but is not known to have committed answers DeadlineExceeded with a
 // message saying it may have been applied: the caller must not report a plain failure (nor
@@ -148,7 +152,7 @@ func (s *Server) RemoveServer(ctx context.Context, req *quotadv1.RemoveServerReq
 	case err == nil:
 		return &quotadv1.RemoveServerResponse{Members: ids}, nil
 	case errors.Is(err, cluster.ErrOutcomeUnknown):
-		return nil, status.Errorf(codes.DeadlineExceeded, "the removal of %q was handed to Raft but is not known to have committed; it may have been applied — check `quotad status` before retrying: %v", req.Id, err)
+		return nil, status.Errorf(codes.DeadlineExceeded, "removing %q: %s (check `quotad status` before retrying): %v", req.Id, RemovalOutcomeUnknown, err)
 	case errors.Is(err, cluster.ErrUnknownServer):
 		return nil, status.Error(codes.NotFound, fmt.Sprintf("%v; quotad status lists the members", err))
 	case errors.Is(err, cluster.ErrNotLeader), errors.Is(err, cluster.ErrShutdown):

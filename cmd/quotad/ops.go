@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -13,6 +14,7 @@ import (
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 	"github.com/quotad/quotad/internal/buildinfo"
+	"github.com/quotad/quotad/rpc"
 )
 
 func versionCmd() *cobra.Command {
@@ -254,7 +256,8 @@ remove it first. --force removes anyway (docs/operations.md, "Removing a member"
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := context.WithTimeout(cmd.Context(), 15*time.Second)
 			defer cancel()
-			var maybe error // an earlier try's answer that says the removal may have been applied
+			// maybe: a try that may have removed it (the call timed out after it was sent).
+			var maybe error
 			err := call(ctx, addr, func(ctx context.Context, conn *grpc.ClientConn) error {
 				resp, err := quotadv1.NewAdminClient(conn).RemoveServer(ctx, &quotadv1.RemoveServerRequest{Id: args[0], Force: force})
 				switch {
@@ -262,15 +265,18 @@ remove it first. --force removes anyway (docs/operations.md, "Removing a member"
 					fmt.Printf("removed %s; members: %s\n", args[0], strings.Join(resp.Members, ", "))
 					return nil
 				case maybe != nil && status.Code(err) == codes.NotFound:
-					fmt.Printf("removed %s (by an earlier try whose answer timed out)\n", args[0])
+					fmt.Printf("removed %s (by an earlier try whose answer timed out; `quotad status` shows whether it committed)\n", args[0])
 					return nil
 				case status.Code(err) == codes.DeadlineExceeded:
-					maybe = err // sent, then no answer in time: it may have been appended
+					if msg := status.Convert(err).Message(); strings.Contains(msg, rpc.RemovalOutcomeUnknown) {
+						return errors.New(msg) // the leader appended it and says so: no retry
+					}
+					maybe = err // sent, then no answer in time
 				}
 				return err
 			})
 			if err != nil && maybe != nil {
-				return fmt.Errorf("the removal of %s may have been applied: the call timed out after the leader got it (%s); check `quotad status` before retrying", args[0], status.Convert(maybe).Message())
+				return fmt.Errorf("the removal of %s may have been applied: a try timed out after it was sent (%s); check `quotad status` before retrying", args[0], status.Convert(maybe).Message())
 			}
 			return err
 		},
