@@ -22,10 +22,10 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"runtime/debug"
 	"time"
 
 	"github.com/quotad/quotad/fsm"
+	"github.com/quotad/quotad/internal/buildinfo"
 )
 
 // Magic is the first line of a snapshot file.
@@ -293,22 +293,7 @@ func NewHasher() Hasher { return Hasher{sha256.New()} }
 // Hex returns the checksum of what was written, as the header writes it.
 func (h Hasher) Hex() string { return hex.EncodeToString(h.Sum(nil)) }
 
-// BuildVersion names the running build: the module version and VCS revision Go recorded.
-func BuildVersion() string {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "unknown"
-	}
-	v := bi.Main.Version
-	for _, s := range bi.Settings {
-		switch s.Key {
-		case "vcs.revision":
-			v += " " + s.Value
-		case "vcs.modified":
-			if s.Value == "true" {
-				v += "+dirty"
-			}
-		}
-	}
-	return v
-}
+// BuildVersion names the running build as `quotad version` does (internal/buildinfo: the
+// version and commit stamped by make build, else what the Go toolchain recorded), without the
+// Go version: "v1.4.0 (commit 1a2b3c)".
+func BuildVersion() string { return buildinfo.Get().Short() }

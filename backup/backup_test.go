@@ -10,6 +10,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/quotad/quotad/fsm"
+	"github.com/quotad/quotad/internal/buildinfo"
 )
 
 // state returns the snapshot bytes of an FSM with one token.
@@ -86,4 +87,15 @@ func flip(b []byte, i int) []byte {
 	c := append([]byte(nil), b...)
 	c[i] ^= 0x40
 	return c
+}
+
+// The header names the build as `quotad version` does (internal/buildinfo), not what
+// debug.ReadBuildInfo says of the module ("(devel)" for every build from a checkout).
+func TestBuildVersionIsQuotadVersion(t *testing.T) {
+	if got, want := BuildVersion(), buildinfo.Get().Short(); got != want {
+		t.Fatalf("BuildVersion() = %q, want %q (what quotad version prints)", got, want)
+	}
+	if strings.Contains(BuildVersion(), "(devel)") {
+		t.Fatalf("BuildVersion() = %q: the Go module placeholder, not quotad's version", BuildVersion())
+	}
 }

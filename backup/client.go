@@ -51,8 +51,9 @@ func (r *streamReader) Read(p []byte) (int, error) {
 }
 
 // Restore checks the snapshot file at path (size, checksum, and that it decodes), then sends
-// it to the cluster (Snapshot.Restore), which installs it on the leader and replicates it.
-func Restore(ctx context.Context, c quotadv1.SnapshotClient, path string) (*quotadv1.SnapshotRestoreResponse, error) {
+// it to the cluster (Snapshot.Restore), which installs it on the leader and replicates it. The
+// cluster keeps its current token table unless restoreTokens (the response says which).
+func Restore(ctx context.Context, c quotadv1.SnapshotClient, path string, restoreTokens bool) (*quotadv1.SnapshotRestoreResponse, error) {
 	if _, err := Inspect(path); err != nil {
 		return nil, err
 	}
@@ -65,7 +66,7 @@ func Restore(ctx context.Context, c quotadv1.SnapshotClient, path string) (*quot
 	if err != nil {
 		return nil, err
 	}
-	if err := stream.Send(&quotadv1.SnapshotChunk{Header: file.Header.Marshal()}); err != nil {
+	if err := stream.Send(&quotadv1.SnapshotChunk{Header: file.Header.Marshal(), RestoreTokens: restoreTokens}); err != nil {
 		_, rerr := stream.CloseAndRecv()
 		return nil, errors.Join(err, rerr)
 	}
@@ -90,4 +91,13 @@ func Restore(ctx context.Context, c quotadv1.SnapshotClient, path string) (*quot
 		}
 	}
 	return stream.CloseAndRecv()
+}
+
+// TokensSummary says what a restore did to the token table, for the operator.
+func TokensSummary(r *quotadv1.SnapshotRestoreResponse) string {
+	if r.TokensRestored {
+		return fmt.Sprintf("tokens: restored the file's %d (+%d added, -%d removed compared with before the restore; a token revoked since the save is valid again)",
+			r.Tokens, r.TokensAdded, r.TokensRemoved)
+	}
+	return fmt.Sprintf("tokens: kept the cluster's current %d (the file's %d were not restored; --restore-tokens restores them)", r.Tokens, r.FileTokens)
 }

@@ -59,6 +59,15 @@ func (n *Node) SaveSnapshot(ctx context.Context) (*raft.SnapshotMeta, io.ReadClo
 // earlier timestamps are applied at the restored clock or later. timeout bounds the enqueue
 // (0: none).
 func (n *Node) RestoreSnapshot(meta *raft.SnapshotMeta, r io.Reader, timeout time.Duration) error {
+	return n.RestoreSnapshotPrepared(func() (*raft.SnapshotMeta, io.Reader, error) { return meta, r, nil }, timeout)
+}
+
+// RestoreSnapshotPrepared is RestoreSnapshot of a state prepare builds at the moment of the
+// restore: it runs while no command can get a timestamp (Now blocks) and after a barrier (every
+// entry appended before has been applied to the FSM), so what it reads from the FSM is the
+// state the restore replaces. The snapshot service uses it to keep the cluster's current token
+// table in the restored state. An error from prepare is returned as is; nothing was restored.
+func (n *Node) RestoreSnapshotPrepared(prepare func() (*raft.SnapshotMeta, io.Reader, error), timeout time.Duration) error {
 	if n.closed.Load() {
 		return ErrShutdown
 	}
@@ -66,6 +75,16 @@ func (n *Node) RestoreSnapshot(meta *raft.SnapshotMeta, r io.Reader, timeout tim
 	defer n.clk.mu.Unlock()
 	if !n.clk.ready || n.raft.State() != raft.Leader || n.raft.CurrentTerm() != n.clk.term {
 		return ErrNotLeader
+	}
+	if err := n.raft.Barrier(timeout).Error(); err != nil {
+		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) {
+			return fmt.Errorf("%w: %w", ErrNotLeader, err)
+		}
+		return fmt.Errorf("cluster: restore: barrier: %w", err)
+	}
+	meta, r, err := prepare()
+	if err != nil {
+		return err
 	}
 	if err := n.raft.Restore(meta, r, timeout); err != nil {
 		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) {

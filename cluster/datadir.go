@@ -34,7 +34,7 @@ func claimDataDir(dir, id string) error {
 		}
 		return nil
 	case errors.Is(err, fs.ErrNotExist):
-		if err := os.WriteFile(path, []byte(id+"\n"), 0o644); err != nil {
+		if err := os.WriteFile(path, []byte(id+"\n"), 0o600); err != nil {
 			return fmt.Errorf("cluster: record node ID in %q: %w", path, err)
 		}
 		return nil
@@ -63,7 +63,7 @@ func saveGossipPeers(dir string, addrs []string) error {
 		return err
 	}
 	tmp := filepath.Join(dir, gossipPeerFile+".tmp")
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
 		return err
 	}
 	return os.Rename(tmp, filepath.Join(dir, gossipPeerFile))
@@ -149,7 +149,7 @@ func (n *Node) learnClusterID() {
 
 func writeFileAtomic(path string, b []byte) error {
 	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
 		return err
 	}
 	return os.Rename(tmp, path)

@@ -19,4 +19,9 @@ var (
 
 	// ErrUnknownServer: a server ID that is not in the Raft configuration.
 	ErrUnknownServer = errors.New("cluster: unknown server")
+
+	// ErrNoLiveMajority: a membership change refused because the voters it would leave do not
+	// have a majority that answered the leader recently; committing it would stop the cluster
+	// until enough of them return. Nothing was changed.
+	ErrNoLiveMajority = errors.New("cluster: the remaining voters would have no live majority")
 )

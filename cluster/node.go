@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -176,8 +175,8 @@ func (n *Node) goLoop(f func()) {
 
 func (n *Node) openRaft() error {
 	cfg := n.cfg
-	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
-		return fmt.Errorf("cluster: create data dir %q: %w", cfg.DataDir, err)
+	if err := secureDataDir(cfg.DataDir, n.log); err != nil {
+		return err
 	}
 	if err := claimDataDir(cfg.DataDir, cfg.ID); err != nil {
 		return err
@@ -205,7 +204,7 @@ func (n *Node) openRaft() error {
 		return fmt.Errorf("cluster: log cache: %w", err)
 	}
 	hl := newHCLog(n.log, "raft", cfg.LibraryLogLevel)
-	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, cfg.SnapshotRetain, hl.Named("snapshots"))
+	snaps, err := openSnapshotStore(cfg.DataDir, cfg.SnapshotRetain, hl.Named("snapshots"))
 	if err != nil {
 		return fmt.Errorf("cluster: snapshot store in %q: %w", cfg.DataDir, err)
 	}

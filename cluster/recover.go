@@ -62,7 +62,7 @@ type offlineStores struct {
 	stable *raftboltdb.BoltStore
 	logs   raft.LogStore
 	walLog *wal.Log
-	snaps  *raft.FileSnapshotStore
+	snaps  *privateSnapshotStore
 }
 
 func (s *offlineStores) Close() {
@@ -101,7 +101,7 @@ func openOffline(dir string, log *slog.Logger) (*offlineStores, error) {
 	if s.stable, s.logs, s.walLog, err = openLogStoreWith(dir, st.LogStore, wal.Options{Logger: log.With("component", "wal")}); err != nil {
 		return nil, fmt.Errorf("%w; stop the node's agent before recovering its data dir", err)
 	}
-	if s.snaps, err = raft.NewFileSnapshotStoreWithLogger(dir, DefaultConfig().SnapshotRetain, newHCLog(log, "snapshots", slog.LevelWarn)); err != nil {
+	if s.snaps, err = openSnapshotStore(dir, DefaultConfig().SnapshotRetain, newHCLog(log, "snapshots", slog.LevelWarn)); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("cluster: snapshot store in %q: %w", dir, err)
 	}

@@ -59,7 +59,7 @@ func startRecovery(id, dir string, hasState bool, log *slog.Logger) (*recovery, 
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
 	if !hasState && !marked {
-		if err := os.WriteFile(path, []byte("this node started without Raft state; it does not vote until it has caught up\n"), 0o644); err != nil {
+		if err := os.WriteFile(path, []byte("this node started without Raft state; it does not vote until it has caught up\n"), 0o600); err != nil {
 			return nil, fmt.Errorf("cluster: mark data dir as recovering: %w", err)
 		}
 		marked = true

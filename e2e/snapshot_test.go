@@ -202,8 +202,10 @@ func TestSnapshotSaveDestroyRestore(t *testing.T) {
 	if out, err := runCLI(t, bc, "snapshot", "restore", "--addr", bc.Nodes[(bl+1)%3].GRPCAddr, damaged); err == nil {
 		t.Fatalf("restore of a damaged file succeeded:\n%s", out)
 	}
-	out, err = runCLI(t, bc, "snapshot", "restore", "--addr", bc.Nodes[(bl+1)%3].GRPCAddr, file)
-	if err != nil || !strings.Contains(out, "restored ") {
+	// A fresh cluster has no tokens of its own: --restore-tokens brings the saved one back (by
+	// default a restore keeps the cluster's current tokens).
+	out, err = runCLI(t, bc, "snapshot", "restore", "--restore-tokens", "--addr", bc.Nodes[(bl+1)%3].GRPCAddr, file)
+	if err != nil || !strings.Contains(out, "restored ") || !strings.Contains(out, "tokens: restored the file's 1 (+1 added, -0 removed") {
 		t.Fatalf("snapshot restore: %v\n%s", err, out)
 	}
 	t.Log(strings.TrimSpace(out))

@@ -252,3 +252,65 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 	c.n += int64(n)
 	return n, err
 }
+
+// WriteSnapshotWithTokens copies the snapshot file read from r to w with its token table
+// replaced by f's current one (written as format 1 when f has no tokens), and a new checksum;
+// the other sections are copied byte for byte. A restore uses it to keep the cluster's tokens
+// and revocations (security state) while the rest of the state goes back to the file's. r's
+// checksum is checked at the end: on an error, what was written to w is unusable. It returns
+// the number of bytes written.
+func (f *FSM) WriteSnapshotWithTokens(w io.Writer, r io.Reader) (int64, error) {
+	s := snapshotReader{r: checksumReader{r: r}}
+	if err := s.readHeader(); err != nil {
+		return 0, err
+	}
+	n, err := s.sectionLen("engine")
+	if err != nil {
+		return 0, err
+	}
+	engine, err := s.readSection(n, "engine")
+	if err != nil {
+		return 0, err
+	}
+	if s.format >= snapshotFormatTokens {
+		n, err := s.sectionLen("tokens")
+		if err != nil {
+			return 0, err
+		}
+		if _, err := io.CopyN(io.Discard, &s.r, int64(n)); err != nil {
+			return 0, fmt.Errorf("fsm: snapshot tokens section truncated: %w", err)
+		}
+	}
+	tokens := f.tokens.Load()
+	format := uint32(snapshotFormat)
+	if len(tokens.byAccessor) > 0 {
+		format = snapshotFormatTokens
+	}
+	b := appendSnapshotHeaderFormat(make([]byte, 0, snapshotHeader+len(engine)), format, s.applied, s.lastSweep)
+	b, start := beginSection(b)
+	b = append(b, engine...)
+	endSection(b, start)
+	if format == snapshotFormatTokens {
+		b, start = beginSection(b)
+		b = tokens.appendTo(b)
+		endSection(b, start)
+	}
+	dedupLen, err := s.sectionLen("dedup")
+	if err != nil {
+		return 0, err
+	}
+	b = binary.LittleEndian.AppendUint64(b, dedupLen)
+	out := &countingWriter{w: w}
+	cw := &checksumWriter{w: out}
+	if _, err := cw.Write(b); err != nil {
+		return out.n, err
+	}
+	if _, err := io.CopyN(cw, &s.r, int64(dedupLen)); err != nil {
+		return out.n, fmt.Errorf("fsm: snapshot dedup section truncated: %w", err)
+	}
+	if err := s.readChecksum(); err != nil {
+		return out.n, err
+	}
+	_, err = out.Write(binary.LittleEndian.AppendUint32(nil, cw.crc))
+	return out.n, err
+}

@@ -61,6 +61,10 @@ type AgentConfig struct {
 	// given. Both empty: admins authenticate by client certificate only.
 	BootstrapTokenFile string
 	BootstrapToken     string
+	// GossipKeyFile names the file Cluster.GossipSecretKey was read from ("" if none). It is
+	// only checked: a warning is logged if group or other can read it (as for TLS.KeyFile and
+	// BootstrapTokenFile).
+	GossipKeyFile string
 	// EnableDebug mounts pprof and /debug/state, /debug/fair on the HTTP port, for the admin
 	// credential only. Off by default.
 	EnableDebug bool
@@ -142,6 +146,7 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 	if cfg.Insecure {
 		log.Warn(insecureWarning)
 	}
+	cfg.warnLooseSecrets(log)
 	cfg.Cluster.Insecure = cfg.Insecure
 	bootstrapToken, err := cfg.loadBootstrapToken()
 	if err != nil {

@@ -125,7 +125,14 @@ func mergeLimits(cur, file *quota.Limits, replaceAll bool, del []string) (*quota
 	return next, nil
 }
 
-// RemoveServer removes a member from the Raft configuration through the leader.
+// RemovalOutcomeUnknown is in the message of a RemoveServer that answers DeadlineExceeded
+// because the leader appended the removal but does not know that it committed.
+const RemovalOutcomeUnknown = "not known to have committed, it may have been applied"
+
+// RemoveServer removes a member from the Raft configuration through the leader. A removal that
+// was handed to Raft but is not known to have committed answers DeadlineExceeded with a
+// message saying it may have been applied: the caller must not report a plain failure (nor
+// retry blindly: a second try finds the member gone).
 func (s *Server) RemoveServer(ctx context.Context, req *quotadv1.RemoveServerRequest) (*quotadv1.RemoveServerResponse, error) {
 	if req.Id == "" {
 		return nil, status.Error(codes.InvalidArgument, "id is empty; name the member to remove (quotad status lists them)")
@@ -140,10 +147,12 @@ func (s *Server) RemoveServer(ctx context.Context, req *quotadv1.RemoveServerReq
 		}
 		return quotadv1.NewAdminClient(conn).RemoveServer(forwardCtx(ctx), req)
 	}
-	ids, err := s.node.RemoveServer(ctx, req.Id)
+	ids, err := s.node.RemoveServer(ctx, req.Id, req.Force)
 	switch {
 	case err == nil:
 		return &quotadv1.RemoveServerResponse{Members: ids}, nil
+	case errors.Is(err, cluster.ErrOutcomeUnknown):
+		return nil, status.Errorf(codes.DeadlineExceeded, "removing %q: %s (check `quotad status` before retrying): %v", req.Id, RemovalOutcomeUnknown, err)
 	case errors.Is(err, cluster.ErrUnknownServer):
 		return nil, status.Error(codes.NotFound, fmt.Sprintf("%v; quotad status lists the members", err))
 	case errors.Is(err, cluster.ErrNotLeader), errors.Is(err, cluster.ErrShutdown):

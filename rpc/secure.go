@@ -4,11 +4,13 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"strings"
 
 	"github.com/quotad/quotad/auth"
+	"github.com/quotad/quotad/internal/pkifiles"
 )
 
 // DefaultClusterName is the cluster name when none is configured (--cluster-name).
@@ -53,6 +55,17 @@ func (c AgentConfig) CheckSecurity() error {
 		return nil
 	}
 	return fmt.Errorf("refusing to start without TLS material and a gossip key (missing %s); %s", strings.Join(missing, ", "), howToSecure)
+}
+
+// warnLooseSecrets logs a warning for each secret file (node key, gossip key, bootstrap token)
+// that group or other can read, naming it, its mode and the chmod that fixes it. Not fatal:
+// a file made by an older `quotad keygen` or copied carelessly should not stop a node.
+func (c AgentConfig) warnLooseSecrets(log *slog.Logger) {
+	for _, l := range pkifiles.LooseSecrets(map[string]string{
+		"--tls-key": c.TLS.KeyFile, "--gossip-key-file": c.GossipKeyFile, "--bootstrap-token-file": c.BootstrapTokenFile,
+	}) {
+		log.Warn("secret file readable by group or other: "+l.String(), "flag", l.Flag, "file", l.Path, "mode", fmt.Sprintf("%04o", uint32(l.Mode)))
+	}
 }
 
 // loadBootstrapToken returns the bootstrap admin token: the content of BootstrapTokenFile,

@@ -55,7 +55,7 @@ type Node interface {
 	VerifyRead(ctx context.Context) error
 	Members() []cluster.Member
 	TransferLeadership(to string) error
-	RemoveServer(ctx context.Context, id string) ([]string, error)
+	RemoveServer(ctx context.Context, id string, force bool) ([]string, error)
 }
 
 // Server implements quotadv1.QuotaServer and quotadv1.AdminServer.

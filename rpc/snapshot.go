@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"time"
@@ -103,7 +104,9 @@ func (x *snapshotService) Save(req *quotadv1.SnapshotSaveRequest, stream grpc.Se
 }
 
 // Restore receives a snapshot file's header and state, checks and decodes it, and installs it
-// through raft.Restore on the leader.
+// through raft.Restore on the leader. Unless the first message sets restore_tokens, the state
+// installed carries the cluster's current token table instead of the file's (tokens and
+// revocations are security state); the answer says which and counts the change.
 func (x *snapshotService) Restore(stream grpc.ClientStreamingServer[quotadv1.SnapshotChunk, quotadv1.SnapshotRestoreResponse]) error {
 	ctx := stream.Context()
 	conn, err := x.s.route(ctx)
@@ -171,21 +174,79 @@ func (x *snapshotService) Restore(stream grpc.ClientStreamingServer[quotadv1.Sna
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
 		return status.Errorf(codes.Internal, "staging the snapshot: %v", err)
 	}
+	var keptFile *os.File // the state with the current tokens, when restore_tokens is not set
 	decoded, err := backup.Decode(h, tmp)
 	if err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
-	info := backup.Describe(h, decoded) // decoded is garbage once described
+	info := backup.Describe(h, decoded)
+	fileTokens := accessorSet(decoded.Tokens())
+	decoded = nil // garbage from here
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
 		return status.Errorf(codes.Internal, "staging the snapshot: %v", err)
 	}
 	meta := &raft.SnapshotMeta{Version: raft.SnapshotVersion(h.RaftSnapshotVersion), Index: h.Index, Term: h.Term, Size: h.Size}
-	if err := x.node.RestoreSnapshot(meta, tmp, time.Minute); err != nil {
+	resp := &quotadv1.SnapshotRestoreResponse{LimitsVersion: info.LimitsVersion, Buckets: uint64(info.Buckets), Leases: uint64(info.Leases),
+		DedupEntries: uint64(info.DedupEntries), FileTokens: uint64(len(fileTokens)), TokensRestored: first.RestoreTokens}
+	// Tokens and revocations are security state: unless asked, the restored state carries the
+	// token table the cluster has at the moment of the restore (read under the leader clock,
+	// after a barrier: no token op slips between the read and the restore), not the file's.
+	prepare := func() (*raft.SnapshotMeta, io.Reader, error) {
+		current := accessorSet(x.s.fsm.Tokens())
+		if first.RestoreTokens {
+			resp.Tokens = uint64(len(fileTokens))
+			resp.TokensAdded, resp.TokensRemoved = countMissing(fileTokens, current), countMissing(current, fileTokens)
+			return meta, tmp, nil
+		}
+		resp.Tokens = uint64(len(current))
+		kept, err := os.CreateTemp(x.tempDir, "snapshot-restore-tokens-*.tmp")
+		if err != nil {
+			return nil, nil, fmt.Errorf("staging the snapshot with the current tokens: %w", err)
+		}
+		keptFile = kept
+		n, err := x.s.fsm.WriteSnapshotWithTokens(kept, tmp)
+		if err != nil {
+			return nil, nil, fmt.Errorf("replacing the snapshot's tokens with the current ones: %w", err)
+		}
+		if _, err := kept.Seek(0, io.SeekStart); err != nil {
+			return nil, nil, fmt.Errorf("staging the snapshot with the current tokens: %w", err)
+		}
+		m := *meta
+		m.Size = n
+		return &m, kept, nil
+	}
+	defer func() {
+		if keptFile != nil {
+			keptFile.Close()
+			os.Remove(keptFile.Name())
+		}
+	}()
+	if err := x.node.RestoreSnapshotPrepared(prepare, time.Minute); err != nil {
 		if errors.Is(err, cluster.ErrNotLeader) {
 			return x.s.applyError(err)
 		}
 		return status.Errorf(codes.Internal, "restoring: %v", err)
 	}
-	return stream.SendAndClose(&quotadv1.SnapshotRestoreResponse{Index: x.node.Raft().LastIndex(), LimitsVersion: info.LimitsVersion,
-		Buckets: uint64(info.Buckets), Leases: uint64(info.Leases), DedupEntries: uint64(info.DedupEntries), Tokens: uint64(info.Tokens)})
+	resp.Index = x.node.Raft().LastIndex()
+	return stream.SendAndClose(resp)
+}
+
+// accessorSet returns the tokens' accessors.
+func accessorSet(ts []fsm.Token) map[string]bool {
+	out := make(map[string]bool, len(ts))
+	for _, t := range ts {
+		out[t.Accessor] = true
+	}
+	return out
+}
+
+// countMissing counts the accessors of a that b lacks.
+func countMissing(a, b map[string]bool) uint64 {
+	var n uint64
+	for k := range a {
+		if !b[k] {
+			n++
+		}
+	}
+	return n
 }

@@ -58,7 +58,7 @@ rate_limit: {unit: second, requests_per_unit: 100000, burst: 100000}
 	if _, err := quotadv1.NewAdminClient(lconn).ApplyLimits(ctx, &quotadv1.ApplyLimitsRequest{Yaml: "domain: e\nrate_limit: {unit: second, requests_per_unit: 1}\n"}); err != nil {
 		t.Fatal(err)
 	}
-	resp, err := backup.Restore(ctx, quotadv1.NewSnapshotClient(fconn), file)
+	resp, err := backup.Restore(ctx, quotadv1.NewSnapshotClient(fconn), file, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -128,7 +128,7 @@ func Open(dir string, opts Options) (*Log, error) {
 	if lg == nil {
 		lg = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("wal: create %s: %w", dir, err)
 	}
 	d, err := os.Open(dir)
@@ -431,7 +431,7 @@ func (l *Log) newSegment(base uint64) (*segment, error) {
 	h := segHeader{salt: rand.Uint32(), seq: seq, base: base}
 	path := filepath.Join(l.dir, segName(seq, base))
 	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("wal: create segment %s: %w", tmp, err)
 	}

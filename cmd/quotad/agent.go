@@ -86,6 +86,7 @@ over the environment, which wins over the file (docs/operations.md, "Configurati
 				return err
 			}
 			cc.GossipSecretKey = key
+			acfg.GossipKeyFile = gossipKeyFile
 			if acfg.BootstrapTokenFile == "" {
 				acfg.BootstrapToken = os.Getenv(rpc.EnvBootstrapToken)
 			}

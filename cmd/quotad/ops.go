@@ -2,15 +2,19 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 	"github.com/quotad/quotad/internal/buildinfo"
+	"github.com/quotad/quotad/rpc"
 )
 
 func versionCmd() *cobra.Command {
@@ -235,28 +239,50 @@ func operatorCmd() *cobra.Command {
 func membersCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "members", Short: "Cluster membership (admin)"}
 	var addr string
+	var force bool
 	remove := &cobra.Command{
 		Use:   "remove ID",
 		Short: "Remove a member from the Raft configuration (a node gone for good; stop it first)",
 		Long: `Remove a member from the Raft configuration through the leader, as consul operator raft
 remove-peer does: for a node that is gone for good, before --dead-node-timeout removes it. A node
 that is still running and in gossip is added back (as a non-voter, promoted once caught up):
-stop it first.`,
+stop it first.
+
+The leader refuses a removal that would leave voters without a live majority by its own recent
+contact (e.g. removing a healthy voter of three while another is down): the cluster could not
+commit and would stop leading until the down voter returns. Bring the down voter back, or
+remove it first. --force removes anyway (docs/operations.md, "Removing a member").`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := context.WithTimeout(cmd.Context(), 15*time.Second)
 			defer cancel()
-			return call(ctx, addr, func(ctx context.Context, conn *grpc.ClientConn) error {
-				resp, err := quotadv1.NewAdminClient(conn).RemoveServer(ctx, &quotadv1.RemoveServerRequest{Id: args[0]})
-				if err != nil {
-					return err
+			// maybe: a try that may have removed it (the call timed out after it was sent).
+			var maybe error
+			err := call(ctx, addr, func(ctx context.Context, conn *grpc.ClientConn) error {
+				resp, err := quotadv1.NewAdminClient(conn).RemoveServer(ctx, &quotadv1.RemoveServerRequest{Id: args[0], Force: force})
+				switch {
+				case err == nil:
+					fmt.Printf("removed %s; members: %s\n", args[0], strings.Join(resp.Members, ", "))
+					return nil
+				case maybe != nil && status.Code(err) == codes.NotFound:
+					fmt.Printf("removed %s (by an earlier try whose answer timed out; `quotad status` shows whether it committed)\n", args[0])
+					return nil
+				case status.Code(err) == codes.DeadlineExceeded:
+					if msg := status.Convert(err).Message(); strings.Contains(msg, rpc.RemovalOutcomeUnknown) {
+						return errors.New(msg) // the leader appended it and says so: no retry
+					}
+					maybe = err // sent, then no answer in time
 				}
-				fmt.Printf("removed %s; members: %s\n", args[0], strings.Join(resp.Members, ", "))
-				return nil
+				return err
 			})
+			if err != nil && maybe != nil {
+				return fmt.Errorf("the removal of %s may have been applied: a try timed out after it was sent (%s); check `quotad status` before retrying", args[0], status.Convert(maybe).Message())
+			}
+			return err
 		},
 	}
 	addrFlag(remove.Flags(), &addr)
+	remove.Flags().BoolVar(&force, "force", false, "remove even if the voters left have no live majority (the cluster stops committing until enough of them return)")
 	cmd.AddCommand(remove)
 	return cmd
 }

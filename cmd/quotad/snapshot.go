@@ -61,26 +61,29 @@ func snapshotCmd() *cobra.Command {
 		},
 	}
 	inspect.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	var restoreTokens bool
 	restore := &cobra.Command{
 		Use:   "restore FILE",
 		Short: "Replace the cluster's whole state with a saved snapshot (admin; disaster recovery)",
-		Long: `Replace the cluster's whole state with a saved snapshot: limits, buckets, leases, pauses,
-tokens and the dedup window become what they were when it was saved, and every decision made
-since is forgotten. The file is checked (size, checksum, decodes) before it is sent; the leader
+		Long: `Replace the cluster's whole state with a saved snapshot: limits, buckets, leases, pauses
+and the dedup window become what they were when it was saved, and every decision made since is
+forgotten. Tokens are security state, not quota state: the cluster keeps its current tokens and
+revocations (a token revoked since the save stays revoked, one created since stays valid) unless
+--restore-tokens is given, which installs the file's tokens too (revoked tokens come back). The file is checked (size, checksum, decodes) before it is sent; the leader
 installs it through Raft and replicates it to every node. Meant for a fresh cluster after a
 loss of every data dir (docs/operations.md, "Backup and restore").`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var resp *quotadv1.SnapshotRestoreResponse
 			err := onLeader(cmd.Context(), addr, timeout, func(ctx context.Context, conn *grpc.ClientConn) (err error) {
-				resp, err = backup.Restore(ctx, quotadv1.NewSnapshotClient(conn), args[0])
+				resp, err = backup.Restore(ctx, quotadv1.NewSnapshotClient(conn), args[0], restoreTokens)
 				return err
 			})
 			if err != nil {
 				return err
 			}
-			fmt.Printf("restored %s at index %d: limits version %d, %d buckets, %d leases, %d dedup entries, %d tokens\n",
-				args[0], resp.Index, resp.LimitsVersion, resp.Buckets, resp.Leases, resp.DedupEntries, resp.Tokens)
+			fmt.Printf("restored %s at index %d: limits version %d, %d buckets, %d leases, %d dedup entries\n%s\n",
+				args[0], resp.Index, resp.LimitsVersion, resp.Buckets, resp.Leases, resp.DedupEntries, backup.TokensSummary(resp))
 			return nil
 		},
 	}
@@ -88,6 +91,7 @@ loss of every data dir (docs/operations.md, "Backup and restore").`,
 		c.Flags().StringVar(&addr, "addr", defaultAddrs(), "comma-separated node gRPC addresses (or $QUOTAD_ADDR); any node relays to the leader")
 		c.Flags().DurationVar(&timeout, "timeout", 5*time.Minute, "give up after this long")
 	}
+	restore.Flags().BoolVar(&restoreTokens, "restore-tokens", false, "also restore the file's tokens (tokens revoked since the save become valid again, tokens created since are dropped); default: keep the cluster's current tokens")
 	cmd.AddCommand(save, inspect, restore)
 	return cmd
 }

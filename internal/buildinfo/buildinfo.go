@@ -61,10 +61,12 @@ func read(version, commit string) Info {
 }
 
 // String is the one-line form `quotad version` prints.
-func (i Info) String() string {
-	s := "quotad " + i.Version
-	if i.Commit != "" {
-		s += " (commit " + i.Commit + ")"
+func (i Info) String() string { return "quotad " + i.Short() + " " + i.GoVersion }
+
+// Short is the version and commit, as snapshot headers record them: "v1.4.0 (commit 1a2b3c)".
+func (i Info) Short() string {
+	if i.Commit == "" {
+		return i.Version
 	}
-	return s + " " + i.GoVersion
+	return i.Version + " (commit " + i.Commit + ")"
 }

@@ -10,9 +10,11 @@ package pkifiles
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -186,6 +188,37 @@ func ReadSecret(path string) (string, error) {
 		return "", fmt.Errorf("%s holds more than one line", path)
 	}
 	return s, nil
+}
+
+// LooseSecret is a secret file (a private key, a gossip key, a token) that group or other may
+// read.
+type LooseSecret struct {
+	Flag string // the flag that named it, e.g. --tls-key
+	Path string
+	Mode fs.FileMode
+}
+
+// String says what is wrong and how to fix it.
+func (l LooseSecret) String() string {
+	return fmt.Sprintf("%s %s is mode %04o: group or other can read this secret; run `chmod 600 %s`", l.Flag, l.Path, uint32(l.Mode.Perm()), l.Path)
+}
+
+// LooseSecrets returns the secret files (flag -> path; empty paths skipped) that group or
+// other may read, sorted by flag. A file it cannot stat is skipped: reading it reports that.
+func LooseSecrets(files map[string]string) []LooseSecret {
+	var out []LooseSecret
+	for flag, path := range files {
+		if path == "" {
+			continue
+		}
+		fi, err := os.Stat(path)
+		if err != nil || fi.Mode().Perm()&0o077 == 0 {
+			continue
+		}
+		out = append(out, LooseSecret{Flag: flag, Path: path, Mode: fi.Mode().Perm()})
+	}
+	slices.SortFunc(out, func(a, b LooseSecret) int { return strings.Compare(a.Flag, b.Flag) })
+	return out
 }
 
 func exists(p string) bool {

@@ -2008,7 +2008,11 @@ func (x *TransferLeadershipResponse) GetLeaderId() string {
 type RemoveServerRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// id is the member to remove from the Raft configuration (quotad status lists them).
-	Id            string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// force removes it even if the voters left would not have a live majority by the leader's
+	// recent contact (the leader refuses such a removal otherwise: the cluster could not commit
+	// until enough of them return).
+	Force         bool `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2048,6 +2052,13 @@ func (x *RemoveServerRequest) GetId() string {
 		return x.Id
 	}
 	return ""
+}
+
+func (x *RemoveServerRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
 }
 
 type RemoveServerResponse struct {
@@ -3684,9 +3695,10 @@ const file_quotad_v1_quotad_proto_rawDesc = "" +
 	"\x19TransferLeadershipRequest\x12\x0e\n" +
 	"\x02to\x18\x01 \x01(\tR\x02to\"9\n" +
 	"\x1aTransferLeadershipResponse\x12\x1b\n" +
-	"\tleader_id\x18\x01 \x01(\tR\bleaderId\"%\n" +
+	"\tleader_id\x18\x01 \x01(\tR\bleaderId\";\n" +
 	"\x13RemoveServerRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"0\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\"0\n" +
 	"\x14RemoveServerResponse\x12\x18\n" +
 	"\amembers\x18\x01 \x03(\tR\amembers\"|\n" +
 	"\x12CreateTokenRequest\x12\x12\n" +

@@ -62,8 +62,12 @@ func (*SnapshotSaveRequest) Descriptor() ([]byte, []int) {
 type SnapshotChunk struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// header is the JSON snapshot header (backup.Header) in the first message only.
-	Header        []byte `protobuf:"bytes,1,opt,name=header,proto3" json:"header,omitempty"`
-	Data          []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	Header []byte `protobuf:"bytes,1,opt,name=header,proto3" json:"header,omitempty"`
+	Data   []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	// restore_tokens (Restore, first message only): install the file's token table too. By default
+	// a restore keeps the cluster's current tokens and revocations (security state, not quota
+	// state): a token revoked since the save stays revoked, one created since stays valid.
+	RestoreTokens bool `protobuf:"varint,3,opt,name=restore_tokens,json=restoreTokens,proto3" json:"restore_tokens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -112,6 +116,13 @@ func (x *SnapshotChunk) GetData() []byte {
 	return nil
 }
 
+func (x *SnapshotChunk) GetRestoreTokens() bool {
+	if x != nil {
+		return x.RestoreTokens
+	}
+	return false
+}
+
 type SnapshotRestoreResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// index is the Raft index the restored state was installed at.
@@ -120,7 +131,18 @@ type SnapshotRestoreResponse struct {
 	Buckets       uint64 `protobuf:"varint,3,opt,name=buckets,proto3" json:"buckets,omitempty"`
 	Leases        uint64 `protobuf:"varint,4,opt,name=leases,proto3" json:"leases,omitempty"`
 	DedupEntries  uint64 `protobuf:"varint,5,opt,name=dedup_entries,json=dedupEntries,proto3" json:"dedup_entries,omitempty"`
-	Tokens        uint64 `protobuf:"varint,6,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	// tokens is the number of tokens after the restore.
+	Tokens uint64 `protobuf:"varint,6,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	// tokens_restored: the file's token table was installed (restore_tokens); otherwise the
+	// cluster's current one was kept and the file's ignored.
+	TokensRestored bool `protobuf:"varint,7,opt,name=tokens_restored,json=tokensRestored,proto3" json:"tokens_restored,omitempty"`
+	// tokens_added and tokens_removed compare the token table after the restore with the one
+	// before, by accessor (both 0 when the current table was kept). A token revoked since the
+	// save and restored counts as added.
+	TokensAdded   uint64 `protobuf:"varint,8,opt,name=tokens_added,json=tokensAdded,proto3" json:"tokens_added,omitempty"`
+	TokensRemoved uint64 `protobuf:"varint,9,opt,name=tokens_removed,json=tokensRemoved,proto3" json:"tokens_removed,omitempty"`
+	// file_tokens is the number of tokens in the file.
+	FileTokens    uint64 `protobuf:"varint,10,opt,name=file_tokens,json=fileTokens,proto3" json:"file_tokens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -197,22 +219,57 @@ func (x *SnapshotRestoreResponse) GetTokens() uint64 {
 	return 0
 }
 
+func (x *SnapshotRestoreResponse) GetTokensRestored() bool {
+	if x != nil {
+		return x.TokensRestored
+	}
+	return false
+}
+
+func (x *SnapshotRestoreResponse) GetTokensAdded() uint64 {
+	if x != nil {
+		return x.TokensAdded
+	}
+	return 0
+}
+
+func (x *SnapshotRestoreResponse) GetTokensRemoved() uint64 {
+	if x != nil {
+		return x.TokensRemoved
+	}
+	return 0
+}
+
+func (x *SnapshotRestoreResponse) GetFileTokens() uint64 {
+	if x != nil {
+		return x.FileTokens
+	}
+	return 0
+}
+
 var File_quotad_v1_snapshot_proto protoreflect.FileDescriptor
 
 const file_quotad_v1_snapshot_proto_rawDesc = "" +
 	"\n" +
 	"\x18quotad/v1/snapshot.proto\x12\tquotad.v1\"\x15\n" +
-	"\x13SnapshotSaveRequest\";\n" +
+	"\x13SnapshotSaveRequest\"b\n" +
 	"\rSnapshotChunk\x12\x16\n" +
 	"\x06header\x18\x01 \x01(\fR\x06header\x12\x12\n" +
-	"\x04data\x18\x02 \x01(\fR\x04data\"\xc5\x01\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\x12%\n" +
+	"\x0erestore_tokens\x18\x03 \x01(\bR\rrestoreTokens\"\xd9\x02\n" +
 	"\x17SnapshotRestoreResponse\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12%\n" +
 	"\x0elimits_version\x18\x02 \x01(\x04R\rlimitsVersion\x12\x18\n" +
 	"\abuckets\x18\x03 \x01(\x04R\abuckets\x12\x16\n" +
 	"\x06leases\x18\x04 \x01(\x04R\x06leases\x12#\n" +
 	"\rdedup_entries\x18\x05 \x01(\x04R\fdedupEntries\x12\x16\n" +
-	"\x06tokens\x18\x06 \x01(\x04R\x06tokens2\x99\x01\n" +
+	"\x06tokens\x18\x06 \x01(\x04R\x06tokens\x12'\n" +
+	"\x0ftokens_restored\x18\a \x01(\bR\x0etokensRestored\x12!\n" +
+	"\ftokens_added\x18\b \x01(\x04R\vtokensAdded\x12%\n" +
+	"\x0etokens_removed\x18\t \x01(\x04R\rtokensRemoved\x12\x1f\n" +
+	"\vfile_tokens\x18\n" +
+	" \x01(\x04R\n" +
+	"fileTokens2\x99\x01\n" +
 	"\bSnapshot\x12B\n" +
 	"\x04Save\x12\x1e.quotad.v1.SnapshotSaveRequest\x1a\x18.quotad.v1.SnapshotChunk0\x01\x12I\n" +
 	"\aRestore\x12\x18.quotad.v1.SnapshotChunk\x1a\".quotad.v1.SnapshotRestoreResponse(\x01B1Z/github.com/quotad/quotad/api/quotad/v1;quotadv1b\x06proto3"

@@ -40,7 +40,8 @@ type SnapshotClient interface {
 	// header of the file (as Save sent it), the following ones its bytes. The leader checks size and
 	// checksum and decodes the state before it installs it through Raft (raft.Restore), which
 	// replicates it to the followers. Meant for disaster recovery: every decision made since the
-	// snapshot is forgotten.
+	// snapshot is forgotten. The cluster keeps its current tokens and revocations unless the first
+	// message sets restore_tokens.
 	Restore(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[SnapshotChunk, SnapshotRestoreResponse], error)
 }
 
@@ -99,7 +100,8 @@ type SnapshotServer interface {
 	// header of the file (as Save sent it), the following ones its bytes. The leader checks size and
 	// checksum and decodes the state before it installs it through Raft (raft.Restore), which
 	// replicates it to the followers. Meant for disaster recovery: every decision made since the
-	// snapshot is forgotten.
+	// snapshot is forgotten. The cluster keeps its current tokens and revocations unless the first
+	// message sets restore_tokens.
 	Restore(grpc.ClientStreamingServer[SnapshotChunk, SnapshotRestoreResponse]) error
 	mustEmbedUnimplementedSnapshotServer()
 }

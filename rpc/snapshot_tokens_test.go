@@ -1,0 +1,104 @@
+package rpc_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"github.com/quotad/quotad/auth"
+	"github.com/quotad/quotad/backup"
+	"github.com/quotad/quotad/rpc"
+)
+
+// TestSnapshotRestoreKeepsTokens: tokens are security state. A restore keeps the cluster's
+// current token table (a token revoked after the save stays refused, one created after stays
+// valid) unless restore_tokens is set, which installs the file's (the revoked token is admitted
+// again, the newer one refused); the answer says which, with the counts.
+func TestSnapshotRestoreKeepsTokens(t *testing.T) {
+	bootstrapFile := filepath.Join(t.TempDir(), "bootstrap")
+	bootstrap, _, err := auth.NewToken()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bootstrapFile, []byte(bootstrap+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, p := authCluster(t, tokenLimits, func(_ int, cfg *rpc.AgentConfig) { cfg.BootstrapTokenFile = bootstrapFile })
+	ctx := context.Background()
+	as := func(tok string) context.Context {
+		return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tok)
+	}
+	leader := c.WaitLeader(10 * time.Second)
+	lconn := p.dialAs(c.Addrs()[leader], "")
+	fconn := p.dialAs(c.Addrs()[(leader+1)%3], "")
+	admin := quotadv1.NewAdminClient(lconn)
+	q := quotadv1.NewQuotaClient(lconn)
+	create := func() (token, accessor string) {
+		t.Helper()
+		resp, err := admin.CreateToken(as(bootstrap), &quotadv1.CreateTokenRequest{Role: "worker", Domains: []string{"provider"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Token, resp.Accessor
+	}
+	id := uint64(0)
+	admitted := func(token string) error {
+		id++
+		_, err := acquireOne(as(token), q, "c", admission(id, 1, "endpoint=search"))
+		return err
+	}
+
+	revoked, racc := create()
+	kept, _ := create()
+	file := filepath.Join(t.TempDir(), "s.snap")
+	if _, err := backup.Save(as(bootstrap), quotadv1.NewSnapshotClient(fconn), file); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.RevokeToken(as(bootstrap), &quotadv1.RevokeTokenRequest{Accessor: racc}); err != nil {
+		t.Fatal(err)
+	}
+	newer, _ := create()
+
+	// Default: the current tokens stay.
+	resp, err := backup.Restore(as(bootstrap), quotadv1.NewSnapshotClient(fconn), file, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.TokensRestored || resp.Tokens != 2 || resp.FileTokens != 2 || resp.TokensAdded != 0 || resp.TokensRemoved != 0 {
+		t.Fatalf("default restore answered tokens_restored %v tokens %d file_tokens %d +%d -%d, want the current 2 kept",
+			resp.TokensRestored, resp.Tokens, resp.FileTokens, resp.TokensAdded, resp.TokensRemoved)
+	}
+	if s := backup.TokensSummary(resp); !strings.Contains(s, "kept the cluster's current 2") || !strings.Contains(s, "--restore-tokens") {
+		t.Errorf("summary %q", s)
+	}
+	wantCode(t, admitted(revoked), codes.Unauthenticated, racc)
+	for name, tok := range map[string]string{"kept": kept, "created after the save": newer} {
+		if err := admitted(tok); err != nil {
+			t.Fatalf("token %s refused after a restore that keeps tokens: %v", name, err)
+		}
+	}
+
+	// --restore-tokens: the file's table, the revoked token back, the newer one gone.
+	resp, err = backup.Restore(as(bootstrap), quotadv1.NewSnapshotClient(fconn), file, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !resp.TokensRestored || resp.Tokens != 2 || resp.TokensAdded != 1 || resp.TokensRemoved != 1 {
+		t.Fatalf("restore_tokens answered tokens_restored %v tokens %d +%d -%d, want the file's 2, +1 -1",
+			resp.TokensRestored, resp.Tokens, resp.TokensAdded, resp.TokensRemoved)
+	}
+	if s := backup.TokensSummary(resp); !strings.Contains(s, "restored the file's 2") || !strings.Contains(s, "+1 added, -1 removed") {
+		t.Errorf("summary %q", s)
+	}
+	if err := admitted(revoked); err != nil {
+		t.Fatalf("with restore_tokens the token revoked after the save is refused: %v", err)
+	}
+	wantCode(t, admitted(newer), codes.Unauthenticated)
+}
