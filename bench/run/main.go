@@ -143,6 +143,7 @@ func main() {
 		snapProf    = flag.String("snapshot-cpuprofile", "", "write a CPU profile of the snapshot step's timed part to this file")
 		profDir     = flag.String("profile-dir", "", "serial_profile: where the traces and profiles go (default: a new directory under the system's temp dir, logged)")
 		profBackend = flag.String("profile-backend", "wal", "serial_profile: the --raft-log-store backend to trace")
+		profConc    = flag.Int("profile-concurrency", 1, "serial_profile: concurrent callers of the profiled runs (e.g. 64 for the c=64 runs of log_store_compare)")
 		abBase      = flag.String("ab-base", "", "ab: the source tree of the base to compare this tree against (e.g. git archive of the commit before a change)")
 	)
 	flag.Parse()
@@ -280,7 +281,7 @@ func main() {
 			*profDir, err = os.MkdirTemp("", "quotad-serial-profile-")
 			check(err)
 		}
-		serialProfile(bin, loadgen, limits, dir, *profBackend, *profDir, strings.Fields(*agentArgs), *duration)
+		serialProfile(bin, loadgen, limits, dir, *profBackend, *profDir, strings.Fields(*agentArgs), *duration, max(1, *profConc))
 	}
 	if want("memory") {
 		// A fresh cluster, so the dedup records of the load above (a 2-minute window of

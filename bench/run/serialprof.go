@@ -21,7 +21,10 @@ import (
 // net, sync and syscall profiles) and of the load generator (loadgen.trace). A second serial
 // run without tracing is logged beside it, so the tracing's own cost is visible, and a run with
 // every node's CPU profile over the middle of it (node<i>.cpu.pprof, loadgen.cpu.pprof).
-func serialProfile(bin, loadgen, limits, dir, backend, outDir string, extra []string, dur time.Duration) {
+// With conc > 1 (-profile-concurrency) the same runs happen at that many concurrent callers,
+// e.g. 64 to see where the CPU of the c=64 runs of log_store_compare goes.
+func serialProfile(bin, loadgen, limits, dir, backend, outDir string, extra []string, dur time.Duration, conc int) {
+	cs := strconv.Itoa(conc)
 	check(os.MkdirAll(outDir, 0o755))
 	cdir := filepath.Join(dir, "serialprof-"+backend)
 	check(os.MkdirAll(cdir, 0o755))
@@ -38,10 +41,23 @@ func serialProfile(bin, loadgen, limits, dir, backend, outDir string, extra []st
 	}
 	addrs := strings.Join(c.GRPCAddrs(), ",")
 	var plain loadResult
-	runLoadgen(loadgen, &plain, "-addrs", addrs, "-mode", "load", "-concurrency", "1",
+	runLoadgen(loadgen, &plain, "-addrs", addrs, "-mode", "load", "-concurrency", cs,
 		"-duration", dur.String(), "-warmup", "1s")
-	logf("serial_profile %s: untraced c=1 p50 %.3f ms p99 %.3f ms (%.0f/s)", backend, plain.P50Ms, plain.P99Ms, plain.PerSec)
+	logf("serial_profile %s: untraced c=%d p50 %.3f ms p99 %.3f ms (%.0f/s)", backend, conc, plain.P50Ms, plain.P99Ms, plain.PerSec)
 
+	var profiles sync.WaitGroup
+	for i := range c.Nodes {
+		name := filepath.Join(outDir, fmt.Sprintf("node%d.cpu.pprof", i))
+		profiles.Go(func() { cpuProfile(c, i, name, time.Second+dur/4, dur/2) })
+	}
+	var profiled loadResult
+	runLoadgen(loadgen, &profiled, "-addrs", addrs, "-mode", "load", "-concurrency", cs,
+		"-duration", dur.String(), "-warmup", "1s", "-cpuprofile", filepath.Join(outDir, "loadgen.cpu.pprof"))
+	profiles.Wait()
+	logf("serial_profile %s: CPU-profiled c=%d p50 %.3f ms p99 %.3f ms (%.0f/s, %d decisions)", backend, conc, profiled.P50Ms, profiled.P99Ms, profiled.PerSec, profiled.Decisions)
+
+	// The nodes' traces start only now: overlapping the CPU-profiled run, tracing's own cost
+	// would show up in those profiles.
 	secs := max(1, int(dur/time.Second)/2)
 	var wg sync.WaitGroup
 	for i := range c.Nodes {
@@ -52,22 +68,11 @@ func serialProfile(bin, loadgen, limits, dir, backend, outDir string, extra []st
 		name := filepath.Join(outDir, fmt.Sprintf("node%d-%s.trace", i, role))
 		wg.Go(func() { fetchTrace(c, i, name, time.Second+dur/4, secs) })
 	}
-	var profiles sync.WaitGroup
-	for i := range c.Nodes {
-		name := filepath.Join(outDir, fmt.Sprintf("node%d.cpu.pprof", i))
-		profiles.Go(func() { cpuProfile(c, i, name, time.Second+dur/4, dur/2) })
-	}
-	var profiled loadResult
-	runLoadgen(loadgen, &profiled, "-addrs", addrs, "-mode", "load", "-concurrency", "1",
-		"-duration", dur.String(), "-warmup", "1s", "-cpuprofile", filepath.Join(outDir, "loadgen.cpu.pprof"))
-	profiles.Wait()
-	logf("serial_profile %s: CPU-profiled c=1 p50 %.3f ms p99 %.3f ms (%.0f/s, %d decisions)", backend, profiled.P50Ms, profiled.P99Ms, profiled.PerSec, profiled.Decisions)
-
 	var traced loadResult
-	runLoadgen(loadgen, &traced, "-addrs", addrs, "-mode", "load", "-concurrency", "1",
+	runLoadgen(loadgen, &traced, "-addrs", addrs, "-mode", "load", "-concurrency", cs,
 		"-duration", dur.String(), "-warmup", "1s", "-trace", filepath.Join(outDir, "loadgen.trace"))
 	wg.Wait()
-	logf("serial_profile %s: traced c=1 p50 %.3f ms p99 %.3f ms (%.0f/s); traces in %s", backend, traced.P50Ms, traced.P99Ms, traced.PerSec, outDir)
+	logf("serial_profile %s: traced c=%d p50 %.3f ms p99 %.3f ms (%.0f/s); traces in %s", backend, conc, traced.P50Ms, traced.P99Ms, traced.PerSec, outDir)
 }
 
 // fetchTrace writes node i's execution trace of secs seconds, starting after wait, to name.
