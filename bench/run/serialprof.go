@@ -41,9 +41,14 @@ func serialProfile(bin, loadgen, limits, dir, backend, outDir string, extra []st
 	}
 	addrs := strings.Join(c.GRPCAddrs(), ",")
 	var plain loadResult
+	entries0, _ := scrapeMetric(c, leader, "quotad_entry_ops_count")
 	runLoadgen(loadgen, &plain, "-addrs", addrs, "-mode", "load", "-concurrency", cs,
 		"-duration", dur.String(), "-warmup", "1s")
-	logf("serial_profile %s: untraced c=%d p50 %.3f ms p99 %.3f ms (%.0f/s)", backend, conc, plain.P50Ms, plain.P99Ms, plain.PerSec)
+	entries1, _ := scrapeMetric(c, leader, "quotad_entry_ops_count")
+	// Both counts include the warm-up's RPCs and entries: per-decision ratios are a little low.
+	logf("serial_profile %s: untraced c=%d p50 %.3f ms p99 %.3f ms (%.0f/s; %.1f decisions per RPC, %.1f per log entry, %d of %d batches held for the window)",
+		backend, conc, plain.P50Ms, plain.P99Ms, plain.PerSec, float64(plain.Decisions)/float64(max(plain.RPCs, 1)),
+		float64(plain.Decisions)/max(entries1-entries0, 1), plain.Held, plain.Batches)
 
 	var profiles sync.WaitGroup
 	for i := range c.Nodes {
