@@ -88,8 +88,9 @@ type rlsServer struct {
 	// the agent's authentication, and a forwarded call acts as the forwarding caller).
 	authn *authenticator
 
-	lanesMu sync.Mutex
-	lanes   map[*grpc.ClientConn]*forwardLane // a follower's batching, per leader connection
+	lanesMu  sync.Mutex
+	lanes    map[*grpc.ClientConn]*forwardLane // a follower's batching, per leader connection
+	lastLane *forwardLane                      // the lane of the leader calls went to last
 	// batchBytes bounds the encoded requests of one forwarded batch: half the node's
 	// --max-request-bytes (0: of DefaultMaxRequestBytes), so a batch is never refused whole
 	// by the leader's message cap; a request above a quarter of it goes alone.
