@@ -138,3 +138,49 @@ func TestRLSForwardRegionalConcurrent(t *testing.T) {
 		t.Fatalf("%d calls decided from the shares; want 4", n)
 	}
 }
+
+const benchForwardRegionalLimits = `
+domain: edge
+descriptors:
+  - key: route
+    value: orders
+    rate_limit: {unit: second, requests_per_unit: 1000000, scope: global}
+    shares: {lease: 3s, reserve_percent: 1}
+`
+
+// BenchmarkForwardRegionalBatch: one op is a follower's batch of 256 Envoy calls on a scope:
+// global rule, decided by the leader of a 3-node regional cluster (under a 1-node global
+// one) through Peer/ForwardRateLimit; each call is a commit of its own.
+func BenchmarkForwardRegionalBatch(b *testing.B) {
+	global := rpctest.Start(b, 1, benchForwardRegionalLimits)
+	g := client.Config{Addrs: global.Addrs(), Insecure: true}
+	rc := rpctest.Start(b, 3, benchForwardRegionalLimits, func(_ int, c *rpc.AgentConfig) { c.Region = region.Agent("ra", g) })
+	conn, err := grpc.NewClient(rc.Addrs()[rc.Leader()], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	data, err := proto.Marshal(rlsReq("edge", []string{"route", "orders"}))
+	if err != nil {
+		b.Fatal(err)
+	}
+	req := &quotadv1.ForwardRateLimitRequest{}
+	for range rpc.MaxForwardBatch {
+		req.Calls = append(req.Calls, &quotadv1.ForwardedCall{Request: data})
+	}
+	peer := quotadv1.NewPeerClient(conn)
+	ctx := context.Background()
+	b.ResetTimer()
+	for b.Loop() {
+		resp, err := peer.ForwardRateLimit(ctx, req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for i, r := range resp.Results {
+			if r.Code != 0 {
+				b.Fatalf("call %d: %v %s", i, codes.Code(r.Code), r.Message)
+			}
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/batch")
+}
