@@ -279,16 +279,25 @@ func (l *Limiter) LendSlice(r SliceRequest) SliceGrant {
 	return SliceGrant{OK: true, Rate: rate, Burst: burst, Initial: initial, First: first, Term: term}
 }
 
-// EndSlices ends holder's slices of the Limiter's level (it released its shares: its local
-// buckets are sealed). Their unused tokens are not returned.
-func (l *Limiter) EndSlices(holder string) {
-	l.reclaim(holder)
+// EndSlices ends holder's slices of the Limiter's level granted at or before seq, the seq of
+// its release (it released its shares: its local buckets are sealed). Their unused tokens are
+// not returned.
+//
+// The regional FSM orders a holder's requests by seq: it applies a release only when its seq
+// is newer than every share request applied before it, and after it a share request only
+// when its seq is newer than the release's. So the slices granted at or before seq are the
+// ones the release ended; a slice granted for a later seq answers a share request the FSM
+// applied after the release — its holder renewed — and stays charged even when this call
+// runs after it was lent (the release's handler and the renewal's run concurrently on the
+// leader: ending it would let the leader re-lend capacity that is still being spent).
+func (l *Limiter) EndSlices(holder string, seq uint64) {
+	l.reclaim(holder, seq)
 }
 
 // Reclaim gives the rate and burst of ended slices back to the local bucket.
-func (l *Limiter) Reclaim() { l.reclaim("") }
+func (l *Limiter) Reclaim() { l.reclaim("", 0) }
 
-func (l *Limiter) reclaim(holder string) {
+func (l *Limiter) reclaim(holder string, seq uint64) {
 	p := l.p
 	if p == nil {
 		return
@@ -307,11 +316,23 @@ func (l *Limiter) reclaim(holder string) {
 	}
 	slow, fast := h.clock.now()
 	before := len(ll.holders)
-	if holder != "" {
-		delete(ll.holders, holder)
+	ended := false
+	if lh := ll.holders[holder]; holder != "" && lh != nil {
+		keep := lh.grants[:0]
+		for _, g := range lh.grants {
+			if g.seq > seq {
+				keep = append(keep, g)
+			}
+		}
+		ended = len(keep) != len(lh.grants)
+		clear(lh.grants[len(keep):])
+		lh.grants = keep
+		if len(lh.grants) == 0 {
+			delete(ll.holders, holder)
+		}
 	}
 	h.lentCharged(key, fast, "") // drops what ended
-	if len(ll.holders) != before {
+	if ended || len(ll.holders) != before {
 		h.rebuild(key, slow, fast, 0)
 		h.setLentDemand(p, key)
 	}

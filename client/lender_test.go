@@ -118,3 +118,45 @@ func TestLenderClampsTheAck(t *testing.T) {
 		}
 	}
 }
+
+// TestLenderEndSlicesKeepsNewerSlices: a release ends only the slices granted at or before its
+// seq. The regional FSM applies a holder's release (seq 2) before its renewal (seq 3), but the
+// leader's handlers of the two run concurrently: the release's EndSlices can run after the
+// renewal's slice was lent. Ending that newer slice (review: EndSlices carried no seq) let the
+// leader rebuild its local bucket at the whole upstream rate while the holder spends the slice.
+func TestLenderEndSlicesKeepsNewerSlices(t *testing.T) {
+	_, h, p, l := newLender()
+	_, sent := h.clock.now()
+	h.apply(lentGrant(1, 100e6, 100e6, true), []*sharePath{p}, sent)
+	old := l.LendSlice(SliceRequest{Holder: "x", Seq: 1, Demand: 60e6, MaxCost: 1})
+	if !old.OK || old.Rate != 60e6 {
+		t.Fatalf("slice for seq 1: %+v, want 60/s", old)
+	}
+	// The renewal after the release (seq 3), lent before the release's handler ends slices.
+	sl := l.LendSlice(SliceRequest{Holder: "x", Seq: 3, Ack: 1, Demand: 20e6, MaxCost: 1})
+	if !sl.OK || sl.Rate != 20e6 {
+		t.Fatalf("slice for seq 3: %+v, want 20/s", sl)
+	}
+	l.EndSlices("x", 2)
+	r, b := l.Lent()
+	if r != sl.Rate || b != sl.Burst {
+		t.Fatalf("after the release of seq 2: slices charged %d/s burst %d; want the seq-3 slice's %d/s burst %d still charged (and the seq-1 one ended)",
+			r, b, sl.Rate, sl.Burst)
+	}
+	if g := h.levels["k"]; g.rate+r > 100e6 || g.burst+b > 100e6 {
+		t.Fatalf("local bucket %d/s burst %d beside the live slice %d/s burst %d: over the 100/s grant", g.rate, g.burst, r, b)
+	}
+	// A stale release (an older seq) ends nothing more.
+	l.EndSlices("x", 1)
+	if r2, _ := l.Lent(); r2 != sl.Rate {
+		t.Fatalf("a release of seq 1 changed the charge to %d/s; want %d/s", r2, sl.Rate)
+	}
+	// A release of the renewal's seq ends it, and the local bucket gets the grant back.
+	l.EndSlices("x", 3)
+	if r, b := l.Lent(); r != 0 || b != 0 {
+		t.Fatalf("after the release of seq 3: %d/s burst %d still charged", r, b)
+	}
+	if g := h.levels["k"]; g.rate != 100e6 {
+		t.Fatalf("local bucket %d/s after every slice ended; want the whole 100/s", g.rate)
+	}
+}

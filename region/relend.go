@@ -187,15 +187,19 @@ func (h *Holder) CapDemand(req *quotadv1.ShareRequest) *quotadv1.ShareRequest {
 	return out
 }
 
-// EndRelends ends holder's slices (it released its shares).
-func (h *Holder) EndRelends(holder string) {
+// EndRelends ends holder's slices granted at or before seq, its release's seq (it released
+// its shares); a slice lent for a later seq — a renewal the regional FSM applied after the
+// release, whose answer may be lent before this runs — stays charged (client.Limiter.EndSlices).
+func (h *Holder) EndRelends(holder string, seq uint64) {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	for _, s := range h.shares {
-		s.lim.EndSlices(holder)
+		s.lim.EndSlices(holder, seq)
 	}
 	h.relendMu.Lock()
-	delete(h.answers, holder)
+	if a := h.answers[holder]; a != nil && a.seq <= seq {
+		delete(h.answers, holder)
+	}
 	h.relendMu.Unlock()
 }
 

@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 	"github.com/quotad/quotad/client"
 	"github.com/quotad/quotad/cluster/clustertest"
 	"github.com/quotad/quotad/region"
@@ -244,5 +246,89 @@ func TestRegionsRelend(t *testing.T) {
 	}
 	if checked < 100 {
 		t.Errorf("only %d samples of a lent slice", checked)
+	}
+}
+
+// TestRegionsReleaseEndsOnlyOlderSlices: through a regional leader's Share and ReleaseShare, a
+// downstream holder is lent a slice, releases it (seq r), and renews (a newer seq) with a new
+// slice; the release's handler running late — after the renewal's slice was lent, as the
+// leader's concurrent handlers may — ends only the slices at or before seq r. Before, it ended
+// the holder's newer slice too, and the leader re-lent capacity the holder was still spending.
+func TestRegionsReleaseEndsOnlyOlderSlices(t *testing.T) {
+	global := rpctest.Start(t, 1, relendLimits)
+	g := client.Config{Addrs: global.Addrs(), Insecure: true}
+	ra := rpctest.Start(t, 1, relendLimits, func(_ int, c *rpc.AgentConfig) { c.Region = region.Agent("ra", g) })
+	c, err := client.New(client.Config{Addrs: ra.Addrs(), Insecure: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	conn, err := grpc.NewClient(ra.Addrs()[0], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	qc := quotadv1.NewQuotaClient(conn)
+	req := client.Request{Domain: "rl", Descriptors: []client.Entry{{Key: "route", Value: "a"}}, Cost: 1}
+	// Acquire callers give the regional leader demand, so its upstream share is worth lending.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	wg.Go(func() {
+		for ctx.Err() == nil {
+			c.Allow(ctx, req)
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+	holder := func() *region.Holder {
+		h, _ := ra.Agent(ra.Leader()).Region().(*region.Holder)
+		return h
+	}
+	const id = "h"
+	name := region.HolderName("insecure", id, 1)
+	seq := uint64(0)
+	// lend sends share requests (a new seq each) until the holder is lent a slice of rl.
+	lend := func() uint64 {
+		t.Helper()
+		clustertest.Eventually(t, 15*time.Second, func() error {
+			seq++
+			resp, err := qc.Share(ctx, &quotadv1.ShareRequest{HolderId: id, Incarnation: 1, Seq: seq, AckSeq: seq - 1,
+				Paths: []*quotadv1.SharePath{{Domain: "rl", Descriptors: []*quotadv1.Entry{{Key: "route", Value: "a"}}, Demand: 20e6, MaxCost: 1}}})
+			if err != nil {
+				return err
+			}
+			h := holder()
+			if h == nil {
+				return fmt.Errorf("no regional holder")
+			}
+			if lent := h.Lent()["rl"]; lent[0] == 0 {
+				return fmt.Errorf("seq %d: nothing lent (%s: %s)", seq, resp.Paths[0].Status, resp.Paths[0].Message)
+			}
+			return nil
+		})
+		return seq
+	}
+	lend()
+	seq++
+	rel := seq
+	if _, err := qc.ReleaseShare(ctx, &quotadv1.ReleaseShareRequest{HolderId: id, Incarnation: 1, Seq: rel}); err != nil {
+		t.Fatal(err)
+	}
+	if lent := holder().Lent()["rl"]; lent[0] != 0 || lent[1] != 0 {
+		t.Fatalf("after the release: %.1f/s burst %.1f still lent", lent[0], lent[1])
+	}
+	renewed := lend()
+	before := holder().Lent()["rl"]
+	// The release's handler, late: it must not end the renewal's slice.
+	holder().EndRelends(name, rel)
+	if after := holder().Lent()["rl"]; after != before {
+		t.Fatalf("a late release of seq %d changed the slices lent for seq %d from %.1f/s burst %.1f to %.1f/s burst %.1f: the renewal's slice ended while the holder spends it",
+			rel, renewed, before[0], before[1], after[0], after[1])
+	}
+	holder().EndRelends(name, renewed+1)
+	if after := holder().Lent()["rl"]; after[0] != 0 {
+		t.Fatalf("a release of seq %d left %.1f/s lent", renewed+1, after[0])
 	}
 }

@@ -2,6 +2,7 @@ package region_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/quotad/quotad/cluster/clustertest"
 	"github.com/quotad/quotad/region"
 )
 
@@ -275,6 +277,23 @@ func TestRegionsRLSCeilingGivenBack(t *testing.T) {
 		t.Fatal("no share of gate's ceiling")
 		return 0, 0
 	}
+	// The region holds a lent share of gate's ceiling that admits before the counts start: with
+	// no demand yet its first share may be too small (CI under -race: the first blocked request
+	// was refused by the ceiling, "want OVER_LIMIT with the other descriptor OK").
+	ok := &rlsv3.RateLimitRequest{Domain: "gate", Descriptors: []*ratelimitv3.RateLimitDescriptor{rlsDesc("user", "u1")}}
+	clustertest.Eventually(t, 15*time.Second, func() error {
+		resp, err := c.ShouldRateLimit(ctx, ok)
+		if err != nil {
+			return err
+		}
+		h, _ := rc.Agent(rc.Leader()).Region().(*region.Holder)
+		for _, s := range h.Shares() {
+			if s.Domain == "gate" && (s.Status != "lent" || resp.OverallCode != rlsv3.RateLimitResponse_OK) {
+				return fmt.Errorf("gate's share %s (%s), warm-up request %v", s.Status, s.Message, resp.OverallCode)
+			}
+		}
+		return nil
+	})
 	a0, u0 := gate()
 	blocked := &rlsv3.RateLimitRequest{Domain: "gate", Descriptors: []*ratelimitv3.RateLimitDescriptor{rlsDesc("user", "u1"), {
 		Entries: rlsDesc("user", "u2").Entries, Limit: &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 0, Unit: 1}}}}
@@ -287,7 +306,6 @@ func TestRegionsRLSCeilingGivenBack(t *testing.T) {
 			t.Fatalf("a request with a blocking descriptor: %v, want OVER_LIMIT with the other descriptor OK", resp)
 		}
 	}
-	ok := &rlsv3.RateLimitRequest{Domain: "gate", Descriptors: []*ratelimitv3.RateLimitDescriptor{rlsDesc("user", "u1")}}
 	for range 5 {
 		if resp, err := c.ShouldRateLimit(ctx, ok); err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
 			t.Fatalf("an OK request: %v, %v", resp, err)

@@ -110,8 +110,9 @@ type rlsServer struct {
 	// the agent's authentication, and a forwarded call acts as the forwarding caller).
 	authn *authenticator
 
-	lanesMu sync.Mutex
-	lanes   map[*grpc.ClientConn]*forwardLane // a follower's batching, per leader connection
+	lanesMu  sync.Mutex
+	lanes    map[*grpc.ClientConn]*forwardLane // a follower's batching, per leader connection
+	lastLane *forwardLane                      // the lane of the leader calls went to last
 	// unknown logs requests for domains the limits do not define (nil: not logged).
 	unknown *keyLogger
 	// batchBytes bounds the encoded requests of one forwarded batch: half the node's

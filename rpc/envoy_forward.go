@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	fsmv1 "github.com/quotad/quotad/api/quotad/fsm/v1"
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 	"github.com/quotad/quotad/auth"
 )
@@ -39,10 +40,27 @@ const (
 	MaxForwardBatch = 256
 	// forwardTimeout bounds a batch whose calls carry no deadline.
 	forwardTimeout = 30 * time.Second
+	// MaxForwardQueue caps the calls waiting on a follower for a batch to one leader: a burst
+	// of callers beyond it is refused (RESOURCE_EXHAUSTED) instead of growing the queue
+	// without bound while the leader is slow. So are calls whose requests would take the
+	// queue past forwardQueueBatches batches' bytes.
+	MaxForwardQueue     = 8 * MaxForwardBatch
+	forwardQueueBatches = 8
+	// legacyRecheck is how long a follower forwards calls one by one to a leader that said it
+	// does not serve ForwardRateLimit before it tries a batch again (a rolling upgrade ends).
+	legacyRecheck = 30 * time.Second
+	// regionalParallel bounds the calls of one batch a regional leader decides at once from
+	// its shares (each is a commit of its own).
+	regionalParallel = 32
+	// notLeaderTrailer, in the trailer of a ForwardRateLimit refused because the peer does
+	// not lead, says nothing in the batch was decided (its value: the leader the peer knows,
+	// may be empty): the follower may send the batch once more, to the leader.
+	notLeaderTrailer = "x-quotad-forward-not-leader"
 )
 
 // forwardedCall is one caller's call waiting for its batch.
 type forwardedCall struct {
+	ctx      context.Context // the caller's: once done, the call is not sent
 	req      *rlsv3.RateLimitRequest
 	call     *quotadv1.ForwardedCall
 	deadline time.Time // the caller's (zero: none)
@@ -51,22 +69,35 @@ type forwardedCall struct {
 	err      error
 }
 
+// gone reports whether the call's caller has given up (its context ended).
+func (fc *forwardedCall) gone() bool { return fc.ctx != nil && fc.ctx.Err() != nil }
+
 // forwardLane batches the calls forwarded over one leader connection.
 type forwardLane struct {
 	r    *rlsServer
 	peer quotadv1.PeerClient
 	rls  rlsv3.RateLimitServiceClient
 
-	// legacy: the leader does not serve ForwardRateLimit (an older version, during a rolling
-	// upgrade); calls go to it one by one as before. A new leader gets a new lane.
-	legacy atomic.Bool
+	// legacyUntil (unix ns; 0: not legacy): the leader said it does not serve
+	// ForwardRateLimit (an older version, during a rolling upgrade); until then calls go to it
+	// one by one as before, after it the next batch asks again. Cleared when the follower
+	// switches to this lane from another leader's.
+	legacyUntil atomic.Int64
 
-	mu       sync.Mutex
-	queue    []*forwardedCall
-	inflight int
+	mu         sync.Mutex
+	queue      []*forwardedCall
+	queueBytes int // Σ len(call.Request) over queue
+	inflight   int
 }
 
-// lane returns the batching lane of conn.
+// legacy reports whether calls go to the lane's leader one by one now.
+func (l *forwardLane) legacy() bool {
+	u := l.legacyUntil.Load()
+	return u != 0 && time.Now().UnixNano() < u
+}
+
+// lane returns the batching lane of conn. A lane the follower switches to from another
+// (the leader changed) asks its leader for ForwardRateLimit again.
 func (r *rlsServer) lane(conn *grpc.ClientConn) *forwardLane {
 	r.lanesMu.Lock()
 	defer r.lanesMu.Unlock()
@@ -78,6 +109,12 @@ func (r *rlsServer) lane(conn *grpc.ClientConn) *forwardLane {
 		l = &forwardLane{r: r, peer: quotadv1.NewPeerClient(conn), rls: rlsv3.NewRateLimitServiceClient(conn)}
 		r.lanes[conn] = l
 	}
+	if r.lastLane != l {
+		if r.lastLane != nil {
+			l.legacyUntil.Store(0)
+		}
+		r.lastLane = l
+	}
 	return l
 }
 
@@ -85,7 +122,7 @@ func (r *rlsServer) lane(conn *grpc.ClientConn) *forwardLane {
 // for ctx; the batch goes on without it).
 func (r *rlsServer) forward(ctx context.Context, conn *grpc.ClientConn, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	l := r.lane(conn)
-	if l.legacy.Load() {
+	if l.legacy() {
 		return rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(forwardCtx(ctx), req)
 	}
 	data, err := proto.Marshal(req)
@@ -97,7 +134,7 @@ func (r *rlsServer) forward(ctx context.Context, conn *grpc.ClientConn, req *rls
 		// message cap and fail the other callers' requests with it (review finding).
 		return l.rls.ShouldRateLimit(forwardCtx(ctx), req)
 	}
-	fc := &forwardedCall{req: req, call: &quotadv1.ForwardedCall{Request: data}, done: make(chan struct{})}
+	fc := &forwardedCall{ctx: ctx, req: req, call: &quotadv1.ForwardedCall{Request: data}, done: make(chan struct{})}
 	c := callerFrom(ctx)
 	switch {
 	case c.viaToken:
@@ -107,7 +144,9 @@ func (r *rlsServer) forward(ctx context.Context, conn *grpc.ClientConn, req *rls
 		fc.call.Principal = auth.EncodePrincipal(c.id)
 	}
 	fc.deadline, _ = ctx.Deadline()
-	l.add(fc)
+	if err := l.add(fc); err != nil {
+		return nil, err
+	}
 	select {
 	case <-fc.done:
 		return fc.resp, fc.err
@@ -116,18 +155,51 @@ func (r *rlsServer) forward(ctx context.Context, conn *grpc.ClientConn, req *rls
 	}
 }
 
-// add queues fc; if a batch may leave now, it leaves with everything queued.
-func (l *forwardLane) add(fc *forwardedCall) {
+// add queues fc; if a batch may leave now, it leaves with everything queued. A full queue
+// (MaxForwardQueue calls, or forwardQueueBatches batches' bytes, once the calls whose callers
+// are gone are dropped) refuses fc with RESOURCE_EXHAUSTED.
+func (l *forwardLane) add(fc *forwardedCall) error {
+	size := len(fc.call.Request)
+	maxBytes := forwardQueueBatches * l.r.forwardBatchBytes()
 	l.mu.Lock()
+	if len(l.queue) >= MaxForwardQueue || l.queueBytes+size > maxBytes {
+		l.dropGone()
+	}
+	if n := len(l.queue); n >= MaxForwardQueue || l.queueBytes+size > maxBytes {
+		b := l.queueBytes
+		l.mu.Unlock()
+		l.r.s.metrics.observeForwardDropped("queue_full", 1)
+		return status.Errorf(codes.ResourceExhausted, "%d calls (%d bytes) already wait on this node to be forwarded to the leader, the most it queues (%d calls, %d bytes): the leader is not keeping up; retry with backoff, send Envoy's calls to the leader itself, or give the cluster more capacity", n, b, MaxForwardQueue, maxBytes)
+	}
 	l.queue = append(l.queue, fc)
+	l.queueBytes += size
 	if l.inflight >= forwardInflight {
 		l.mu.Unlock()
-		return
+		return nil
 	}
 	l.inflight++
 	batch := l.take()
 	l.mu.Unlock()
 	go l.run(batch)
+	return nil
+}
+
+// dropGone removes from the queue the calls whose callers are gone (the lock held); their
+// callers returned already.
+func (l *forwardLane) dropGone() {
+	keep := l.queue[:0]
+	for _, fc := range l.queue {
+		if fc.gone() {
+			l.queueBytes -= len(fc.call.Request)
+			continue
+		}
+		keep = append(keep, fc)
+	}
+	if n := len(l.queue) - len(keep); n > 0 {
+		l.r.s.metrics.observeForwardDropped("caller_gone", n)
+	}
+	clear(l.queue[len(keep):])
+	l.queue = keep
 }
 
 // take removes the next batch from the queue (the lock held): at most MaxForwardBatch calls
@@ -137,6 +209,7 @@ func (l *forwardLane) take() []*forwardedCall {
 	for n < len(l.queue) && n < MaxForwardBatch {
 		size += len(l.queue[n].call.Request)
 		if n > 0 && size > limit {
+			size -= len(l.queue[n].call.Request)
 			break
 		}
 		n++
@@ -146,6 +219,7 @@ func (l *forwardLane) take() []*forwardedCall {
 	rest := copy(l.queue, l.queue[n:])
 	clear(l.queue[rest:])
 	l.queue = l.queue[:rest]
+	l.queueBytes -= size
 	return batch
 }
 
@@ -164,22 +238,41 @@ func (l *forwardLane) run(batch []*forwardedCall) {
 	}
 }
 
-// send forwards one batch and answers its calls. Calls whose caller's deadline has passed are
-// not sent.
+// send forwards one batch and answers its calls. Calls whose caller is gone (its context
+// ended, its deadline passed) are not sent.
 func (l *forwardLane) send(batch []*forwardedCall) {
+	req, sent, deadline := l.prepareBatch(batch)
+	if len(sent) == 0 {
+		return
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	ctx = metadata.AppendToOutgoingContext(ctx, forwardedHeader, "1")
+	l.r.s.metrics.observeForward(len(sent))
+	l.deliver(ctx, req, sent, deadline, true)
+}
+
+// prepareBatch answers the calls of batch whose caller is gone and returns the request of the
+// others, with each call's time left, and the batch's deadline: its last caller's, at most
+// forwardTimeout away.
+func (l *forwardLane) prepareBatch(batch []*forwardedCall) (*quotadv1.ForwardRateLimitRequest, []*forwardedCall, time.Time) {
 	now := time.Now()
 	req := &quotadv1.ForwardRateLimitRequest{Calls: make([]*quotadv1.ForwardedCall, 0, len(batch))}
 	sent := batch[:0:0]
-	// The batch runs until its last caller's deadline, at most forwardTimeout.
 	var deadline time.Time
 	limit := now.Add(forwardTimeout)
 	for _, fc := range batch {
-		if !fc.deadline.IsZero() && !fc.deadline.After(now) {
-			fc.err = status.Error(codes.DeadlineExceeded, "the deadline passed before the call was forwarded to the leader")
+		if fc.gone() || !fc.deadline.IsZero() && !fc.deadline.After(now) {
+			fc.err = status.Error(codes.DeadlineExceeded, "the caller's deadline passed (or it gave up) before the call was forwarded to the leader; nothing was charged")
 			close(fc.done)
+			l.r.s.metrics.observeForwardDropped("caller_gone", 1)
 			continue
 		}
 		d := fc.deadline
+		fc.call.TimeoutNs = 0
+		if !d.IsZero() {
+			fc.call.TimeoutNs = int64(d.Sub(now))
+		}
 		if d.IsZero() || d.After(limit) {
 			d = limit
 		}
@@ -189,18 +282,30 @@ func (l *forwardLane) send(batch []*forwardedCall) {
 		req.Calls = append(req.Calls, fc.call)
 		sent = append(sent, fc)
 	}
-	if len(sent) == 0 {
-		return
-	}
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	defer cancel()
-	ctx = metadata.AppendToOutgoingContext(ctx, forwardedHeader, "1")
-	l.r.s.metrics.observeForward(len(sent))
-	resp, err := l.peer.ForwardRateLimit(ctx, req)
+	return req, sent, deadline
+}
+
+// deliver sends req (the calls sent) to the lane's leader and answers them. A peer that says
+// it does not lead, having decided nothing, gets the batch sent once more to the leader
+// (mayReroute: not yet re-sent).
+func (l *forwardLane) deliver(ctx context.Context, req *quotadv1.ForwardRateLimitRequest, sent []*forwardedCall, deadline time.Time, mayReroute bool) {
+	var trailer metadata.MD
+	resp, err := l.peer.ForwardRateLimit(ctx, req, grpc.Trailer(&trailer))
 	if status.Code(err) == codes.Unimplemented {
-		l.legacy.Store(true)
+		l.legacyUntil.Store(time.Now().Add(legacyRecheck).UnixNano())
 		l.sendEach(sent, deadline)
 		return
+	}
+	if err != nil && mayReroute && len(trailer.Get(notLeaderTrailer)) > 0 {
+		if to := l.r.rerouteLane(l, trailer.Get(notLeaderTrailer)[0]); to != nil {
+			req, sent, _ = l.prepareBatch(sent) // the callers' time left, now
+			if len(sent) == 0 {
+				return
+			}
+			l.r.s.metrics.observeForwardRerouted(len(sent))
+			to.deliver(ctx, req, sent, deadline, false)
+			return
+		}
 	}
 	if err == nil && len(resp.Results) != len(sent) {
 		err = status.Errorf(codes.Internal, "the leader answered %d of %d forwarded calls", len(resp.Results), len(sent))
@@ -224,11 +329,42 @@ func (l *forwardLane) send(batch []*forwardedCall) {
 	}
 }
 
+// rerouteLane is the lane of the leader to send a batch to after from's peer said it does
+// not lead (hint: the leader it knows, may be empty): this node's view of the leader first,
+// else the hint; nil when neither is another node's lane (this node leads now, or no leader
+// is known: the batch fails as it did).
+func (r *rlsServer) rerouteLane(from *forwardLane, hint string) *forwardLane {
+	s := r.s
+	if s.node == nil || s.fwd == nil || s.node.IsLeader() {
+		return nil
+	}
+	_, own := s.node.Leader()
+	for _, addr := range []string{own, hint} {
+		if addr == "" {
+			continue
+		}
+		conn, err := s.fwd.conn(addr)
+		if err != nil {
+			continue
+		}
+		if to := r.lane(conn); to != from {
+			return to
+		}
+	}
+	return nil
+}
+
 // sendEach forwards calls one RPC each, with their callers as forwardCtx passes them (to a
 // leader that does not serve ForwardRateLimit).
 func (l *forwardLane) sendEach(calls []*forwardedCall, limit time.Time) {
 	var wg sync.WaitGroup
 	for _, fc := range calls {
+		if fc.gone() {
+			fc.err = status.Error(codes.DeadlineExceeded, "the caller gave up before the call was forwarded to the leader; nothing was charged")
+			close(fc.done)
+			l.r.s.metrics.observeForwardDropped("caller_gone", 1)
+			continue
+		}
 		wg.Go(func() {
 			defer close(fc.done)
 			d := fc.deadline
@@ -259,15 +395,21 @@ type peerServer struct {
 // ForwardRateLimit decides a follower's batch of Envoy calls on the leader: each is
 // authenticated (its token) or identified (its principal, believed from a server-role peer),
 // authorized and validated on its own; the valid ones go into the group commit as one call's
-// ops; every call gets its own answer or status, in order.
+// ops; every call gets its own answer or status, in order. A call whose caller's time
+// (timeout_ns) ran out before it is decided is answered DEADLINE_EXCEEDED, nothing charged.
+// A regional leader decides the calls with scope: global rules from its shares, up to
+// regionalParallel at once. A node that does not lead refuses the batch, nothing decided, and
+// says so in the notLeaderTrailer (the follower sends it once more, to the leader).
 func (p *peerServer) ForwardRateLimit(ctx context.Context, req *quotadv1.ForwardRateLimitRequest) (*quotadv1.ForwardRateLimitResponse, error) {
 	r, s := p.r, p.r.s
 	conn, err := s.route(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if conn != nil { // route refuses a second forward; a caller that is not a peer gets here
+	if err != nil || conn != nil {
+		// route refuses a second forward; a caller that is not a peer gets conn.
 		_, addr := s.node.Leader()
+		_ = grpc.SetTrailer(ctx, metadata.Pairs(notLeaderTrailer, addr))
+		if err != nil {
+			return nil, err
+		}
 		return nil, status.Errorf(codes.Unavailable, "not the leader (leader is %s); ForwardRateLimit is for the leader", addr)
 	}
 	switch n := len(req.Calls); {
@@ -278,13 +420,15 @@ func (p *peerServer) ForwardRateLimit(ctx context.Context, req *quotadv1.Forward
 	}
 	start := time.Now()
 	outer := callerFrom(ctx)
-	out := &quotadv1.ForwardRateLimitResponse{Results: make([]*quotadv1.ForwardedResult, len(req.Calls))}
-	reqs := make([]*rlsv3.RateLimitRequest, len(req.Calls))
-	var ops [][]byte
-	var which []int // ops[k] is call which[k]
+	n := len(req.Calls)
+	out := &quotadv1.ForwardRateLimitResponse{Results: make([]*quotadv1.ForwardedResult, n)}
+	reqs := make([]*rlsv3.RateLimitRequest, n)
+	ops := make([]*fsmv1.RateLimit, n)
+	deadlines := make([]time.Time, n)
+	batchDeadline, _ := ctx.Deadline()
 	for i, call := range req.Calls {
-		var regional *rlsv3.RateLimitResponse
-		data, err := func() ([]byte, error) {
+		deadlines[i] = callDeadline(start, call.TimeoutNs, batchDeadline)
+		op, err := func() (*fsmv1.RateLimit, error) {
 			id, err := r.forwardedCaller(outer, call)
 			if err != nil {
 				return nil, err
@@ -294,32 +438,72 @@ func (p *peerServer) ForwardRateLimit(ctx context.Context, req *quotadv1.Forward
 				return nil, status.Errorf(codes.InvalidArgument, "calls[%d].request is not an envoy RateLimitRequest: %v", i, err)
 			}
 			reqs[i] = rr
-			op, err := r.authorize(id, rr)
-			if err != nil {
-				return nil, err
-			}
-			// A regional leader decides scope: global rules from its shares, one call at a time.
-			if resp, handled, err := r.regional(ctx, rr, op, start); handled {
-				regional = resp
-				return nil, err
-			}
-			return encodeRLS(op)
+			return r.authorize(id, rr)
 		}()
-		if err == nil && regional != nil {
-			out.Results[i] = forwardedAnswer(regional)
-			continue
-		}
 		if err != nil {
 			out.Results[i] = forwardedStatus(err)
 			continue
 		}
-		ops = append(ops, data)
+		ops[i] = op
+	}
+	// expired answers call i DEADLINE_EXCEEDED if its caller's time has run out.
+	expired := func(i int) bool {
+		if d := deadlines[i]; d.IsZero() || time.Now().Before(d) {
+			return false
+		}
+		s.metrics.observeForwardDropped("expired", 1)
+		out.Results[i] = forwardedStatus(status.Error(codes.DeadlineExceeded, "the caller's deadline passed before the leader decided the forwarded call; nothing was charged"))
+		return true
+	}
+	if s.region != nil {
+		// A regional leader decides scope: global rules from its shares, each call a commit
+		// of its own: at most regionalParallel at once.
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, regionalParallel)
+		for i, op := range ops {
+			if op == nil {
+				continue
+			}
+			sem <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-sem }()
+				if expired(i) {
+					ops[i] = nil
+					return
+				}
+				if hook := forwardRegionalHook.Load(); hook != nil {
+					(*hook)()
+				}
+				if resp, handled, err := r.regional(ctx, reqs[i], op, start); handled {
+					ops[i] = nil
+					if err != nil {
+						out.Results[i] = forwardedStatus(err)
+					} else {
+						out.Results[i] = forwardedAnswer(resp)
+					}
+				}
+			})
+		}
+		wg.Wait()
+	}
+	var data [][]byte
+	var which []int // data[k] is call which[k]
+	for i, op := range ops {
+		if op == nil || expired(i) {
+			continue
+		}
+		b, err := encodeRLS(op)
+		if err != nil {
+			out.Results[i] = forwardedStatus(err)
+			continue
+		}
+		data = append(data, b)
 		which = append(which, i)
 	}
-	if len(ops) == 0 {
+	if len(data) == 0 {
 		return out, nil
 	}
-	c, err := s.prop.submit(ctx, ops)
+	c, err := s.prop.submit(ctx, data)
 	if err == nil {
 		err = s.prop.wait(ctx, c)
 	}
@@ -338,6 +522,27 @@ func (p *peerServer) ForwardRateLimit(ctx context.Context, req *quotadv1.Forward
 		out.Results[i] = forwardedAnswer(resp)
 	}
 	return out, nil
+}
+
+// forwardRegionalHook, when set (tests), is called as a regional leader starts deciding a
+// forwarded call from its shares.
+var forwardRegionalHook atomic.Pointer[func()]
+
+// maxCallTimeout bounds a forwarded call's timeout_ns (a larger one is taken as this).
+const maxCallTimeout = 24 * time.Hour
+
+// callDeadline is a forwarded call's deadline on the leader: timeout (timeout_ns) after the
+// batch arrived at start, no later than the batch's own deadline (zero: none); timeout 0
+// means none given, the batch's; a negative one is already past.
+func callDeadline(start time.Time, timeout int64, batch time.Time) time.Time {
+	if timeout == 0 {
+		return batch
+	}
+	d := start.Add(time.Duration(min(timeout, int64(maxCallTimeout))))
+	if !batch.IsZero() && batch.Before(d) {
+		return batch
+	}
+	return d
 }
 
 // forwardedAnswer is a call's result carrying Envoy's answer.

@@ -82,7 +82,7 @@ func TestRLSForwardToOldLeader(t *testing.T) {
 	if h[forwardedHeader] != "1" || h[auth.PrincipalHeader] != auth.EncodePrincipal(envoy) || h["domain"] != "d" {
 		t.Errorf("the old leader got %v; want the forwarded mark, the caller's principal and the request", h)
 	}
-	if !r.lane(conn).legacy.Load() {
+	if !r.lane(conn).legacy() {
 		t.Error("the lane did not remember that the leader lacks ForwardRateLimit")
 	}
 	// A token caller, now on the direct path: its authorization header goes along.

@@ -36,8 +36,12 @@ type rlsMetrics struct {
 	okReqs, overReqs, unknownReqs                            prometheus.Counter // requests' series
 	latency                                                  prometheus.Histogram
 	dropped                                                  *prometheus.CounterVec
-	// A follower's forwarding: calls and the ForwardRateLimit RPCs that carried them.
+	// A follower's forwarding: calls and the ForwardRateLimit RPCs that carried them; calls
+	// not forwarded or not decided (forwardDropped, by reason); batches sent again to a new
+	// leader (forwardRerouted, in calls).
 	forwarded, forwardBatches prometheus.Counter
+	forwardDropped            *prometheus.CounterVec
+	forwardRerouted           prometheus.Counter
 
 	mu   sync.Mutex
 	keys map[string]map[string]*ruleCounters // domain → key → its series
@@ -67,10 +71,17 @@ func newRLSMetrics(reg *prometheus.Registry) *rlsMetrics {
 			Help: "Envoy RLS ShouldRateLimit calls this node forwarded to the leader (as a follower)."}),
 		forwardBatches: prometheus.NewCounter(prometheus.CounterOpts{Name: "quotad_rls_forward_batches_total",
 			Help: "ForwardRateLimit RPCs that carried them (several calls each under load)."}),
+		forwardDropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "quotad_rls_forward_dropped_total",
+			Help: "Forwarded Envoy RLS calls answered without a decision, nothing charged: queue_full (a follower's queue to the leader was full), caller_gone (the caller gave up before its batch left), expired (on the leader: the caller's deadline passed before the call was decided)."}, []string{"reason"}),
+		forwardRerouted: prometheus.NewCounter(prometheus.CounterOpts{Name: "quotad_rls_forward_rerouted_total",
+			Help: "Forwarded Envoy RLS calls sent again, to the new leader, after the peer they went to said it no longer leads (nothing decided)."}),
 		keys: make(map[string]map[string]*ruleCounters),
 	}
 	reg.MustRegister(m.totalHits, m.overLimit, m.nearLimit, m.withinLimit, m.shadowMode, m.requests, m.latency, m.dropped,
-		m.forwarded, m.forwardBatches)
+		m.forwarded, m.forwardBatches, m.forwardDropped, m.forwardRerouted)
+	for _, r := range []string{"queue_full", "caller_gone", "expired"} {
+		m.forwardDropped.WithLabelValues(r)
+	}
 	m.okReqs, m.overReqs = m.requests.WithLabelValues("ok"), m.requests.WithLabelValues("over_limit")
 	m.unknownReqs = m.requests.WithLabelValues("unknown_domain")
 	return m
@@ -137,9 +148,6 @@ func countRLS(st *quota.RLSStatus, ratio float64) rlsCounts {
 	return c
 }
 
-// observeRLS records a decided request: per-rule counters (keys from the matcher of the
-// limits the decision was made under, which the FSM hands back with it), the overall code and
-// the latency.
 // observeForward counts a ForwardRateLimit RPC of calls calls.
 func (m *Metrics) observeForward(calls int) {
 	if m == nil || m.rls == nil {
@@ -149,6 +157,25 @@ func (m *Metrics) observeForward(calls int) {
 	m.rls.forwarded.Add(float64(calls))
 }
 
+// observeForwardDropped counts n forwarded calls answered without a decision, for reason.
+func (m *Metrics) observeForwardDropped(reason string, n int) {
+	if m == nil || m.rls == nil {
+		return
+	}
+	m.rls.forwardDropped.WithLabelValues(reason).Add(float64(n))
+}
+
+// observeForwardRerouted counts n calls sent again to a new leader.
+func (m *Metrics) observeForwardRerouted(n int) {
+	if m == nil || m.rls == nil {
+		return
+	}
+	m.rls.forwardRerouted.Add(float64(n))
+}
+
+// observeRLS records a decided request: per-rule counters (keys from the matcher of the
+// limits the decision was made under, which the FSM hands back with it), the overall code and
+// the latency.
 func (m *Metrics) observeRLS(match *quota.Matcher, req *rlsv3.RateLimitRequest, d *quota.RLSDecision,
 	code rlsv3.RateLimitResponse_Code, ratio float64, took time.Duration) {
 	if m == nil || m.rls == nil {

@@ -1,5 +1,11 @@
 package rpc
 
+import (
+	"context"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+)
+
 // HoldLane takes every commit slot of one of a leader's two group commits — the waiting
 // path's own (waiting true: fair.prop) or the shared one of everything else (Server.prop) —
 // once the entries it has in flight are committed, so nothing more of that lane reaches the
@@ -26,3 +32,23 @@ type FairTrace = fairTrace
 // SetFairTrace makes the scheduler report every admission of the waiting path to fn (nil:
 // stop). Set it before the cluster starts and clear it after the test.
 func SetFairTrace(fn func(FairTrace)) { fairTraceHook = fn }
+
+// ForwardVia forwards req from agent a's Envoy service to the node at addr in a batch, as a
+// follower that believes addr leads would.
+func ForwardVia(ctx context.Context, a *Agent, addr string, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	conn, err := a.server.fwd.conn(addr)
+	if err != nil {
+		return nil, err
+	}
+	return a.server.rls.forward(ctx, conn, req)
+}
+
+// SetForwardRegionalHook makes a regional leader call fn as it starts deciding a forwarded
+// call from its shares (nil: stop). Set it before the calls and clear it after the test.
+func SetForwardRegionalHook(fn func()) {
+	if fn == nil {
+		forwardRegionalHook.Store(nil)
+		return
+	}
+	forwardRegionalHook.Store(&fn)
+}

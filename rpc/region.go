@@ -52,8 +52,9 @@ type RegionHolder interface {
 	// CapDemand lowers the demand of req's paths to the upstream share rate of the global
 	// levels they cross (the regional FSM then lends its own bucket of them no more).
 	CapDemand(req *quotadv1.ShareRequest) *quotadv1.ShareRequest
-	// EndRelends ends a downstream holder's slices (it released its shares).
-	EndRelends(holder string)
+	// EndRelends ends a downstream holder's slices granted at or before seq, the seq of its
+	// release (it released its shares); slices lent for a later seq stay.
+	EndRelends(holder string, seq uint64)
 	// Shares describes the share of every global level (quotad status, metrics).
 	Shares() []RegionShare
 	// Close releases the shares; later Admits at global levels refuse.
@@ -292,10 +293,12 @@ func (s *Server) regionRelend(owner string, req *quotadv1.ShareRequest, resp *qu
 	return resp
 }
 
-// regionReleased ends a released downstream holder's slices on the regional leader.
+// regionReleased ends a released downstream holder's slices on the regional leader: those
+// granted at or before the release's seq. It runs after the release committed, concurrently
+// with the holder's next share request, whose slice (a newer seq) must stay charged.
 func (s *Server) regionReleased(owner string, req *quotadv1.ReleaseShareRequest) {
 	if h := s.Region(); h != nil {
-		h.EndRelends(relendHolderName(owner, req.HolderId, req.Incarnation))
+		h.EndRelends(relendHolderName(owner, req.HolderId, req.Incarnation), req.Seq)
 	}
 }
 

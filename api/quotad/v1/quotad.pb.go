@@ -39,7 +39,13 @@ type ForwardedCall struct {
 	Authorization []string `protobuf:"bytes,2,rep,name=authorization,proto3" json:"authorization,omitempty"`
 	// principal is the caller's identity (auth.EncodePrincipal) when it did not call with a
 	// token; empty for an unauthenticated caller.
-	Principal     string `protobuf:"bytes,3,opt,name=principal,proto3" json:"principal,omitempty"`
+	Principal string `protobuf:"bytes,3,opt,name=principal,proto3" json:"principal,omitempty"`
+	// timeout_ns is the caller's time left when the follower sent the batch (relative, so the
+	// nodes' clocks need not agree); the leader answers a call whose time ran out before it was
+	// decided DEADLINE_EXCEEDED and charges nothing. 0: none given (a follower of an older
+	// version, or a caller without a deadline): the batch's deadline applies. Negative: already
+	// past.
+	TimeoutNs     int64 `protobuf:"varint,4,opt,name=timeout_ns,json=timeoutNs,proto3" json:"timeout_ns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -93,6 +99,13 @@ func (x *ForwardedCall) GetPrincipal() string {
 		return x.Principal
 	}
 	return ""
+}
+
+func (x *ForwardedCall) GetTimeoutNs() int64 {
+	if x != nil {
+		return x.TimeoutNs
+	}
+	return 0
 }
 
 type ForwardRateLimitRequest struct {
@@ -3546,11 +3559,13 @@ var File_quotad_v1_quotad_proto protoreflect.FileDescriptor
 
 const file_quotad_v1_quotad_proto_rawDesc = "" +
 	"\n" +
-	"\x16quotad/v1/quotad.proto\x12\tquotad.v1\"m\n" +
+	"\x16quotad/v1/quotad.proto\x12\tquotad.v1\"\x8c\x01\n" +
 	"\rForwardedCall\x12\x18\n" +
 	"\arequest\x18\x01 \x01(\fR\arequest\x12$\n" +
 	"\rauthorization\x18\x02 \x03(\tR\rauthorization\x12\x1c\n" +
-	"\tprincipal\x18\x03 \x01(\tR\tprincipal\"I\n" +
+	"\tprincipal\x18\x03 \x01(\tR\tprincipal\x12\x1d\n" +
+	"\n" +
+	"timeout_ns\x18\x04 \x01(\x03R\ttimeoutNs\"I\n" +
 	"\x17ForwardRateLimitRequest\x12.\n" +
 	"\x05calls\x18\x01 \x03(\v2\x18.quotad.v1.ForwardedCallR\x05calls\"[\n" +
 	"\x0fForwardedResult\x12\x1a\n" +
