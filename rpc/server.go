@@ -74,6 +74,10 @@ type Server struct {
 	limitsMu sync.Mutex // serializes ApplyLimits' read-merge-propose on the leader (limits.go)
 
 	region *regionGate // a regional cluster's scope: global levels (region.go); nil: not regional
+
+	// insecure: the agent runs with --insecure, so callers without a credential are all
+	// insecureIdentity (the waiter caps then count them by client_id only).
+	insecure bool
 }
 
 // NewServer returns a server for node, whose state machine is f. forwardCreds secure calls
