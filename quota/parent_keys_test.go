@@ -129,3 +129,25 @@ func TestMaxKeysPerParentInvalid(t *testing.T) {
 		t.Fatal("invalid limits were installed")
 	}
 }
+
+// TestMaxKeysPerParentRLS: Envoy's RLS stores buckets under the same cap: a tenant's fourth
+// consumer is over limit (too many keys), another tenant's first is not.
+func TestMaxKeysPerParentRLS(t *testing.T) {
+	e := mustEngine(t, perParentLimits(3))
+	for i := range 3 {
+		if d := e.RateLimit(0, rls("t7", ent("tenant", "acme", "consumer", fmt.Sprint("c", i)))); d.Code != RLSOK {
+			t.Fatalf("acme consumer %d: %+v", i, d)
+		}
+	}
+	before := e.Hash()
+	d := e.RateLimit(0, rls("t7", ent("tenant", "acme", "consumer", "c3")))
+	if d.Code != RLSOverLimit || !d.Statuses[0].TooManyKeys {
+		t.Fatalf("acme's fourth consumer over RLS: %+v", d)
+	}
+	if e.Hash() != before {
+		t.Fatal("a refused RLS request changed the state")
+	}
+	if d := e.RateLimit(0, rls("t7", ent("tenant", "globex", "consumer", "c0"))); d.Code != RLSOK {
+		t.Fatalf("globex's first consumer over RLS: %+v", d)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
@@ -186,5 +187,84 @@ func TestWaiterSlotOnlyToWait(t *testing.T) {
 	d, err = acquireOne(gctx, tt.q, "g", &quotadv1.Admission{RequestId: 3, Domain: "w9", Descriptors: globex, MaxWaitMs: 120000})
 	if err != nil || d.Reason != "too_many_waiters" || d.Scope != "domain" {
 		t.Fatalf("globex, its bucket empty: %+v %v; want too_many_waiters at scope domain", d, err)
+	}
+}
+
+// w9 with consumers under tenants: each tenant's consumers fill at most 3 buckets, the
+// domain holds at most 8.
+const parentKeysLimits = `
+domain: w9
+max_keys: 8
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 100}
+    descriptors:
+      - key: consumer
+        rate_limit: {unit: minute, requests_per_unit: 1}
+        max_keys_per_parent: 3
+`
+
+// TestMaxKeysPerParentAcrossTenants: acme's worker token inventing consumers fills only its
+// own part (max_keys_per_parent); globex, which had no bucket yet, is still served.
+func TestMaxKeysPerParentAcrossTenants(t *testing.T) {
+	tt := startTenants(t, parentKeysLimits)
+	consumer := func(tok, tenant, c string, id uint64) (*quotadv1.Decision, error) {
+		return acquireOne(tt.as(tok), tt.q, "flood", &quotadv1.Admission{RequestId: id, Domain: "w9",
+			Descriptors: []*quotadv1.Entry{{Key: "tenant", Value: tenant}, {Key: "consumer", Value: c}}})
+	}
+	var acme []*quotadv1.Decision
+	for i := range 20 {
+		d, err := consumer(tt.acme, "acme", fmt.Sprintf("rotating-%d", i), uint64(i+1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		acme = append(acme, d)
+	}
+	for i := range 3 {
+		if d, err := consumer(tt.globex, "globex", fmt.Sprint("c", i), uint64(i+1)); err != nil || !d.Admitted {
+			t.Fatalf("globex's consumer %d after acme's flood: %+v %v; want admitted", i, d, err)
+		}
+	}
+	for i, d := range acme {
+		switch {
+		case d.Admitted && i < 3:
+		case d.Reason == "too_many_keys" && i >= 3 && d.Scope == "consumer" && d.Limit == 3 &&
+			strings.Contains(d.Message, `"w9/tenant=acme" holds 3 active "consumer" buckets and that level's max_keys_per_parent is 3`):
+		default:
+			t.Fatalf("acme's consumer %d: %+v; want the first 3 admitted, the rest too_many_keys at max_keys_per_parent", i, d)
+		}
+	}
+}
+
+// TestMaxKeysPerParentNeedsEveryNode: while a node advertises an fsm command version before
+// 6 (a build that would ignore max_keys_per_parent), ApplyLimits refuses limits that use it,
+// naming the field, the node and what to do, and nothing is replicated; limits without it
+// still apply. Node 2 stands in for the older build (cluster.Config.AdvertisedCommandVersion).
+func TestMaxKeysPerParentNeedsEveryNode(t *testing.T) {
+	c := rpctest.Start(t, 3, waiterTenantLimits, func(i int, cfg *rpc.AgentConfig) {
+		if i == 2 {
+			cfg.Cluster.AdvertisedCommandVersion = 5
+		}
+	})
+	leader := c.Leader()
+	admin := quotadv1.NewAdminClient(dial(t, c.Addrs()[leader]))
+	ctx := context.Background()
+	clustertest.Eventually(t, 10*time.Second, func() error {
+		for _, m := range c.Agent(leader).Node().Members() {
+			if m.Suffrage == "" || (m.ID == c.ClusterConfig(2).ID) != (m.CommandVersion == 5) || m.CommandVersion == 0 {
+				return fmt.Errorf("members not all seen yet: %+v", m)
+			}
+		}
+		return nil
+	})
+	before := c.Agent(leader).FSM().Limits().Version
+	_, err := admin.ApplyLimits(ctx, &quotadv1.ApplyLimitsRequest{Yaml: parentKeysLimits})
+	wantCode(t, err, codes.FailedPrecondition, "max_keys_per_parent", "fsm command version 6 on every node",
+		"node "+c.ClusterConfig(2).ID+" advertises command version 5", "upgrade it first")
+	if v := c.Agent(leader).FSM().Limits().Version; v != before {
+		t.Fatalf("refused limits were replicated: version %d -> %d", before, v)
+	}
+	if _, err := admin.ApplyLimits(ctx, &quotadv1.ApplyLimitsRequest{Yaml: strings.ReplaceAll(parentKeysLimits, "max_keys_per_parent: 3", "")}); err != nil {
+		t.Fatalf("the same limits without max_keys_per_parent: %v", err)
 	}
 }
