@@ -109,10 +109,13 @@ const (
 	ReasonInvalid              Reason = "invalid"
 	ReasonRetryBudgetExhausted Reason = "retry_budget_exhausted"
 	// ReasonTooManyKeys: the domain already holds its max_keys buckets and this request would
-	// add one (a new tenant value, say). RetryAfter says when idle ones will have made room.
+	// add one (a new tenant value, say), or the level named by Scope holds its
+	// max_keys_per_parent buckets under this request's parent (a tenant's consumers, say).
+	// RetryAfter says when idle ones will have made room.
 	ReasonTooManyKeys Reason = "too_many_keys"
-	// ReasonTooManyWaiters: this client_id (or the domain) already has as many admissions
-	// waiting on the leader as it may; retry after RetryAfter or send without MaxWait.
+	// ReasonTooManyWaiters: this client_id, this credential in the domain, or the domain (Scope
+	// client, identity or domain) already has as many admissions waiting on the leader as it
+	// may, and this one would have had to wait; retry after RetryAfter or send without MaxWait.
 	ReasonTooManyWaiters Reason = "too_many_waiters"
 	// ReasonRequestIDConflict: the request ID was already used for a different request. Allow
 	// returns it as an error matching ErrInvalid (the client library never reuses an ID).

@@ -49,6 +49,11 @@ type Config struct {
 	// picks a free port; read the actual one from Node.GossipAddr.
 	GossipAddr string
 
+	// AdvertisedCommandVersion, if above 0, is the FSM command version this node advertises
+	// in gossip instead of its FSM's own (Member.CommandVersion). Only for tests that stand
+	// in for an older build in a mixed-version cluster; never set it in production.
+	AdvertisedCommandVersion int
+
 	// GRPCAddr and HTTPAddr are only advertised to other nodes through gossip, so that any
 	// node can tell clients where the leader's API is. Either may be empty.
 	GRPCAddr string

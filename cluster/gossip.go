@@ -28,6 +28,25 @@ type nodeMeta struct {
 	Applied  uint64 `json:"a,omitempty"` // FSM applied index (informational: never decides membership)
 	Cluster  string `json:"c,omitempty"` // cluster ID from the data dir ("" until known)
 	Nonce    string `json:"n,omitempty"` // random per start without state; feeds the cluster ID at bootstrap
+	// Cmd is the newest FSM command version this node applies (0: not advertised, a build
+	// from before fsm command version 6). A leader asks it before replicating limits that
+	// older nodes would decide differently.
+	Cmd int `json:"cv,omitempty"`
+}
+
+// commandVersioned is the optional ability of an FSM to say the newest command version it
+// applies (fsm.FSM has it).
+type commandVersioned interface{ CommandVersion() int }
+
+// commandVersion is the FSM command version this node advertises (see nodeMeta.Cmd).
+func (n *Node) commandVersion() int {
+	if n.cfg.AdvertisedCommandVersion > 0 {
+		return n.cfg.AdvertisedCommandVersion
+	}
+	if v, ok := n.fsm.(commandVersioned); ok {
+		return v.CommandVersion()
+	}
+	return 0
 }
 
 const metaVersion = 1
@@ -69,6 +88,7 @@ func (n *Node) startGossip() error {
 			Applied:  n.fsm.AppliedIndex(),
 			Cluster:  n.clusterID(),
 			Nonce:    n.nonce,
+			Cmd:      n.commandVersion(),
 		}
 	})
 

@@ -21,6 +21,10 @@ type Member struct {
 	// AppliedIndex is the member's FSM applied index: exact for this node, as last
 	// advertised through gossip (about Config.MetaInterval stale) for others.
 	AppliedIndex uint64
+	// CommandVersion is the newest FSM command version the member applies, as advertised
+	// through gossip; 0 if it advertises none (a build before command version 6) or was not
+	// seen in gossip.
+	CommandVersion int
 }
 
 // Member suffrages and states.
@@ -49,6 +53,7 @@ func (n *Node) Members() []Member {
 	fill := func(m *Member) {
 		if p, ok := peers[m.ID]; ok {
 			m.GossipAddr, m.GRPCAddr, m.HTTPAddr, m.AppliedIndex = p.gossipAddr, p.meta.GRPC, p.meta.HTTP, p.meta.Applied
+			m.CommandVersion = p.meta.Cmd
 			switch {
 			case p.alive:
 				m.State = StateFollower
@@ -63,6 +68,7 @@ func (n *Node) Members() []Member {
 		if m.ID == n.cfg.ID {
 			m.GossipAddr, m.GRPCAddr, m.HTTPAddr = n.gossipAddr, n.cfg.GRPCAddr, n.cfg.HTTPAddr
 			m.AppliedIndex = n.fsm.AppliedIndex()
+			m.CommandVersion = n.commandVersion()
 			m.State = StateFollower
 			if n.raft.State() == raft.Candidate {
 				m.State = StateCandidate

@@ -114,6 +114,7 @@ func diffLevels(out []string, parent string, old, new []quota.Node) []string {
 			{"detailed_metric", strconv.FormatBool(o.DetailedMetric), strconv.FormatBool(n.DetailedMetric)},
 			{"value_to_metric", strconv.FormatBool(o.ValueToMetric), strconv.FormatBool(n.ValueToMetric)},
 			{"weight", describeWeight(o.Weight), describeWeight(n.Weight)},
+			{"max_keys_per_parent", describePerParent(o.MaxKeysPerParent), describePerParent(n.MaxKeysPerParent)},
 			{"adaptive", describeAdaptive(o.Adaptive), describeAdaptive(n.Adaptive)},
 			{"name", strconv.Quote(o.Name), strconv.Quote(n.Name)},
 			{"replaces", describeNames(o.Replaces), describeNames(n.Replaces)},
@@ -209,6 +210,9 @@ func levelSettings(n *quota.Node) []string {
 	if n.Weight != 0 {
 		s = append(s, "weight "+describeWeight(n.Weight))
 	}
+	if n.MaxKeysPerParent != 0 {
+		s = append(s, "max_keys_per_parent "+describePerParent(n.MaxKeysPerParent))
+	}
 	if n.Adaptive != nil {
 		s = append(s, "adaptive "+describeAdaptive(n.Adaptive))
 	}
@@ -282,6 +286,13 @@ func describeWorkClasses(wcs []quota.WorkClass) string {
 		parts[i] = fmt.Sprintf("%s %d%%", wc.Name, wc.ReservePercent)
 	}
 	return "[" + strings.Join(parts, ", ") + "]"
+}
+
+func describePerParent(n uint64) string {
+	if n == 0 {
+		return "none"
+	}
+	return strconv.FormatUint(n, 10)
 }
 
 func describeMaxKeys(n uint64) string {

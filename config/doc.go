@@ -22,6 +22,10 @@
 //	    weight: 2                         # quotad: fair-share weight
 //	    concurrency: {max_in_flight: 10, lease_ttl: 30s}
 //	    adaptive: {floor: 2}              # quotad: AIMD under this level's rate_limit
+//	    descriptors:
+//	      - key: consumer
+//	        rate_limit: {unit: second, requests_per_unit: 5}
+//	        max_keys_per_parent: 1000     # quotad: buckets per value of the level above
 //	    descriptors: [...]                # nested levels
 //
 // Envoy fields (envoyproxy/ratelimit's loader accepts them; quotad gives them the same
@@ -60,6 +64,10 @@
 // min_per_second defaults to 0; both 0 is an error. max_keys (1..2^30, default
 // quota.DefaultMaxKeys) caps the buckets the domain stores at once (a bucket is stored while it
 // is not full); an admission that would store more is refused with reason too_many_keys.
+// max_keys_per_parent (1..2^30, on a rate-limited level without a value) caps the buckets that
+// level stores under one path of its parent (e.g. the consumers of one tenant), so callers who
+// may invent values there fill only their own part of max_keys; beyond it, too_many_keys. It
+// needs every node at fsm command version 6 (ApplyLimits refuses it before).
 // strict_keys: true (default false) refuses, as invalid and naming it, a request's descriptor
 // key the domain does not define at that point of its tree; without it, matching stops there
 // and the levels below are not charged (envoy's behaviour), so a typo (endpont=charges) skips

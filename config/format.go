@@ -143,6 +143,9 @@ func descriptorNode(n *quota.Node) *yaml.Node {
 	if n.ShareThreshold {
 		add(m, "share_threshold", scalar("!!bool", "true"))
 	}
+	if n.MaxKeysPerParent != 0 {
+		add(m, "max_keys_per_parent", uintNode(n.MaxKeysPerParent))
+	}
 	if n.Weight != 0 {
 		add(m, "weight", uintNode(uint64(n.Weight)))
 	}

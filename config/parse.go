@@ -46,7 +46,7 @@ const unitChoices = "second, minute, hour, day, week, month or year"
 // Keys allowed at each level. Order is the order used in messages.
 var (
 	documentKeys    = []string{"domain", "rate_limit", "concurrency", "adaptive", "retry_budget", "work_classes", "resume_jitter", "max_pause", "max_keys", "strict_keys", "shares", "descriptors"}
-	descriptorKeys  = []string{"key", "value", "rate_limit", "unlimited", "shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "name", "replaces", "weight", "concurrency", "adaptive", "shares", "descriptors"}
+	descriptorKeys  = []string{"key", "value", "rate_limit", "unlimited", "shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "max_keys_per_parent", "name", "replaces", "weight", "concurrency", "adaptive", "shares", "descriptors"}
 	domainRateKeys  = []string{"unit", "requests_per_unit", "unit_multiplier", "burst", "scope"}
 	levelRateKeys   = []string{"unit", "requests_per_unit", "unit_multiplier", "burst", "scope", "unlimited", "name", "replaces"}
 	concurrencyKeys = []string{"max_in_flight", "lease_ttl"}
@@ -419,6 +419,19 @@ func (p *parser) descriptor(n *yaml.Node, path string, depth int) (quota.Node, b
 			p.errorf(tf.key, join(path, "share_threshold"), "needs a wildcard value (ending in *, e.g. value: files/*), not %q; remove share_threshold or make the value a wildcard", d.Value)
 		} else {
 			d.ShareThreshold = st
+		}
+	}
+	if kf, has := f["max_keys_per_parent"]; has {
+		kp := join(path, "max_keys_per_parent")
+		if v, ok := p.count(kf.val, kp, quota.MaxMaxKeys, "; it caps this level's buckets under one value of its parent (omit it for no cap but max_keys)"); ok {
+			switch {
+			case d.Value != "" && !quota.IsWildcard(d.Value):
+				p.errorf(kf.key, kp, "is set on a level with value %q, which is one bucket; set it on a level without a value (one bucket per distinct value, e.g. key: consumer under key: tenant)", d.Value)
+			case d.Rate == nil:
+				p.errorf(kf.key, kp, "needs a rate_limit on its level (only rate-limited levels store buckets); add one or remove max_keys_per_parent")
+			default:
+				d.MaxKeysPerParent = v
+			}
 		}
 	}
 	if wf, has := f["weight"]; has {

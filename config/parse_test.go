@@ -191,6 +191,8 @@ func TestParseEnvoyCases(t *testing.T) {
 		{"envoy_domain_rate_limit.yaml", &quota.Limits{Domains: []quota.Domain{{Name: "test-domain",
 			Rate: rate(time.Second, 1000), Descriptors: []quota.Node{{Key: "key1", Rate: rate(time.Second, 10)}}}}}},
 		{"quotad_unit_multiplier.yaml", dom(quota.Node{Key: "key1", Rate: rate(5*time.Minute, 20)})},
+		{"quotad_max_keys_per_parent.yaml", &quota.Limits{Domains: []quota.Domain{{Name: "test-domain", MaxKeys: 1000,
+			Descriptors: []quota.Node{{Key: "tenant", Children: []quota.Node{{Key: "consumer", Rate: rate(time.Second, 5), MaxKeysPerParent: 50}}}}}}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.file, func(t *testing.T) {
@@ -285,6 +287,9 @@ func TestParseInvalid(t *testing.T) {
 		{"zero_rpu_burst.yaml", []string{`zero_rpu_burst.yaml:4: descriptors[0].rate_limit.burst: cannot be combined with requests_per_unit 0, which blocks every request`}},
 		{"max_keys_zero.yaml", []string{`max_keys_zero.yaml:2: max_keys: 0 is not allowed; use at least 1; it caps the buckets the domain holds at once (default 100000)`}},
 		{"max_keys_too_large.yaml", []string{`max_keys_too_large.yaml:2: max_keys: 2000000000 is too large; use at most 1073741824`}},
+		{"max_keys_per_parent_exact.yaml", []string{`max_keys_per_parent_exact.yaml:5: descriptors[0].max_keys_per_parent: is set on a level with value "acme", which is one bucket`}},
+		{"max_keys_per_parent_no_rate.yaml", []string{`max_keys_per_parent_no_rate.yaml:6: descriptors[0].descriptors[0].max_keys_per_parent: needs a rate_limit on its level`}},
+		{"max_keys_per_parent_zero.yaml", []string{`max_keys_per_parent_zero.yaml:5: descriptors[0].max_keys_per_parent: 0 is not allowed; use at least 1; it caps this level's buckets under one value of its parent`}},
 		{"many_errors.yaml", []string{
 			`many_errors.yaml:5: descriptors[0].rate_limit.unit: "seconds" is not a unit`,
 			`many_errors.yaml:7: descriptors[1].rate_limit.burst: cannot be combined with requests_per_unit 0`,

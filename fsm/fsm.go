@@ -50,7 +50,18 @@ import (
 // central part left after the lends, and its hits count as central demand
 // (quota.RLSRequest.LentRate), as an Acquire is; version 1–4 RateLimit entries are decided at
 // the level's full rate, as their leaders decided them.
-const CommandVersion = 5
+//
+// Version 6: limits may carry a level's max_keys_per_parent (quota.Node.MaxKeysPerParent),
+// which an older build would ignore (json drops the field) and so admit buckets a newer one
+// refuses. Older nodes stop at their first version 6 entry; a SetLimits in a version 1–5
+// entry that uses it is refused (ErrInvalidLimits), as no leader of those versions
+// could have written it. Leaders replicate such limits only once every node advertises
+// version 6 (cluster.Member.CommandVersion, rpc's applyLimits).
+const CommandVersion = 6
+
+// MaxKeysPerParentVersion is the first command version whose nodes decide
+// max_keys_per_parent.
+const MaxKeysPerParentVersion = 6
 
 // MaxScheduleAhead bounds how far after its entry's time a scheduled grant may take effect.
 // It is part of the replicated semantics of version 2 commands: never change it without a
@@ -306,6 +317,10 @@ func (f *FSM) applyOp(now quota.Time, op *fsmv1.Op) OpResult {
 		if err := json.Unmarshal(o.SetLimits.LimitsJson, &l); err != nil {
 			return other(OtherResult{Err: fmt.Errorf("%w: %v", ErrInvalidLimits, err)})
 		}
+		if f.scratch.version < MaxKeysPerParentVersion && l.UsesMaxKeysPerParent() {
+			return other(OtherResult{Err: fmt.Errorf("%w: max_keys_per_parent in a version %d entry; it needs command version %d",
+				ErrInvalidLimits, f.scratch.version, MaxKeysPerParentVersion)})
+		}
 		if err := f.engine.SetLimits(now, &l); err != nil {
 			return other(OtherResult{Err: fmt.Errorf("%w: %w", ErrInvalidLimits, err)})
 		}
@@ -433,6 +448,10 @@ func (f *FSM) Clock() int64 {
 	defer f.mu.RUnlock()
 	return int64(f.engine.Clock())
 }
+
+// CommandVersion returns the newest command version this FSM applies (CommandVersion); the
+// cluster advertises it so that a leader knows what every node can decide.
+func (f *FSM) CommandVersion() int { return CommandVersion }
 
 // AppliedIndex returns the index of the last applied log entry.
 func (f *FSM) AppliedIndex() uint64 {

@@ -1,6 +1,7 @@
 package quota
 
 import (
+	"fmt"
 	"runtime"
 	"strconv"
 	"testing"
@@ -74,6 +75,38 @@ func BenchmarkAcquireManyKeys(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(e.Stats().Buckets), "buckets")
+}
+
+// BenchmarkAcquireManyKeysPerParent: as BenchmarkAcquireManyKeys one level down: 1M consumers
+// under 1024 tenants, with and without max_keys_per_parent on the consumer level (the cost of
+// counting each new bucket under its tenant and checking the count).
+func BenchmarkAcquireManyKeysPerParent(b *testing.B) {
+	const keys, tenants = 1 << 20, 1 << 10
+	values := make([][2]string, keys)
+	for i := range values {
+		values[i] = [2]string{"t" + strconv.Itoa(i%tenants), "c" + strconv.Itoa(i)}
+	}
+	for _, perParent := range []uint64{0, keys} {
+		b.Run(fmt.Sprintf("max_keys_per_parent=%d", perParent), func(b *testing.B) {
+			l := benchLimits()
+			l.Domains[0].Descriptors[0].Children[0].MaxKeysPerParent = perParent
+			e := mustEngine(b, l)
+			req := Request{Domain: "api", Descriptors: []Entry{{"tenant", ""}, {"consumer", ""}}}
+			now := Time(0)
+			i := 0
+			b.ReportAllocs()
+			for b.Loop() {
+				now += Time(time.Microsecond)
+				v := &values[i&(keys-1)]
+				req.Descriptors[0].Value, req.Descriptors[1].Value = v[0], v[1]
+				i++
+				if d := e.Acquire(now, req); !d.Admitted {
+					b.Fatalf("refused: %+v", d)
+				}
+			}
+			b.ReportMetric(float64(e.Stats().Buckets), "buckets")
+		})
+	}
 }
 
 // engineWithBuckets returns an engine holding n stored per-tenant buckets (plus the ceiling)

@@ -494,14 +494,28 @@ func (e *Engine) Acquire(now Time, req Request) Decision {
 }
 
 // checkKeys refuses (ok false) an admission that would store new buckets in a domain that
-// already holds max_keys of them. It runs once the admission would otherwise be admitted, so
+// already holds max_keys of them, or a new bucket at a level whose parent path already holds
+// its max_keys_per_parent there. It runs once the admission would otherwise be admitted, so
 // a request refused for another reason is refused for that one.
 func (e *Engine) checkKeys(root *level, steps []step, cost uint64, shadow []string) (Decision, bool) {
 	added, first := 0, -1
 	for i := range steps {
-		if s := &steps[i]; s.lv.rate != nil && !s.skipRate && s.slot == noSlot {
-			if added++; first < 0 {
-				first = i
+		s := &steps[i]
+		if s.lv.rate == nil || s.skipRate || s.slot != noSlot {
+			continue
+		}
+		if added++; first < 0 {
+			first = i
+		}
+		if s.lv.maxPerParent > 0 && i > 0 {
+			if held := e.buckets.underParent(s.lv.idx, e.keybuf[:s.end]); held >= s.lv.maxPerParent {
+				wait := s.r.timeFor(s.r.capMicro)
+				parent := e.keybuf[:steps[i-1].end]
+				return Decision{Reason: ReasonTooManyKeys, Scope: s.lv.scope, Limit: uint64(s.lv.maxPerParent), RetryAfter: wait,
+					Cost: cost, ShadowDenials: shadow,
+					Message: fmt.Sprintf("%.80q holds %d active %q buckets and that level's max_keys_per_parent is %d, so bucket %.80q cannot be added; "+
+						"buckets are dropped once idle and full again (within %v), or raise max_keys_per_parent",
+						parent, held, s.lv.scope, s.lv.maxPerParent, e.keybuf[:s.end], wait)}, false
 			}
 		}
 	}

@@ -439,7 +439,8 @@ func (e *Engine) rlsBucket(lv *level, key []byte, now Time) (*rateParams, uint64
 }
 
 // rlsDebit takes hits from lv's bucket key, which rlsCheck found able to pay. It returns false,
-// changing nothing, when the bucket is not stored and the domain already holds max_keys.
+// changing nothing, when the bucket is not stored and the domain already holds max_keys (or
+// its parent path its level's max_keys_per_parent).
 func (e *Engine) rlsDebit(root, lv *level, key []byte, hits uint64, now Time, seq uint64) bool {
 	st := &e.buckets
 	h := st.hash(key)
@@ -450,6 +451,9 @@ func (e *Engine) rlsDebit(root, lv *level, key []byte, hits uint64, now Time, se
 	added := slot == noSlot
 	if added {
 		if st.domKeys[root.dom] >= root.maxKeys {
+			return false
+		}
+		if lv.maxPerParent > 0 && st.underParent(lv.idx, key) >= lv.maxPerParent {
 			return false
 		}
 		slot = st.add(key, h, lv.idx)

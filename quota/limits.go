@@ -37,6 +37,9 @@ type level struct {
 	shares *shareParams
 	// adaptive: the rate adapts to provider feedback (AIMD); nil: fixed. Only with rate.
 	adaptive *adaptiveParams
+	// maxPerParent > 0 caps this level's stored buckets under one parent path
+	// (Node.MaxKeysPerParent, counted by bucketStore.parentKeys).
+	maxPerParent int
 	// Domain (root) levels only:
 	domain  string
 	retry   *retryParams  // nil: retries are not budgeted
@@ -291,11 +294,52 @@ func (c *compiled) compileChildren(parent *level, domain, path string, nodes []N
 			}
 			cs.exact[n.Value] = lv
 		}
+		if lv.maxPerParent, err = maxKeysPerParent(where, n, lv); err != nil {
+			return err
+		}
 		if err := c.compileChildren(lv, domain, name, n.Children); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// maxKeysPerParent checks n's max_keys_per_parent and returns it (0: none).
+func maxKeysPerParent(where string, n *Node, lv *level) (int, error) {
+	m := n.MaxKeysPerParent
+	switch {
+	case m == 0:
+		return 0, nil
+	case m > MaxMaxKeys:
+		return 0, fmt.Errorf("%w: %s: max_keys_per_parent must be at most %d (got %d)", ErrInvalidLimits, where, uint64(MaxMaxKeys), m)
+	case (n.Value != "" && !IsWildcard(n.Value)) || lv.shareKey != "":
+		return 0, fmt.Errorf("%w: %s: max_keys_per_parent %d on a level that is one bucket (value %q); set it on a level without a value, which stores one bucket per distinct value",
+			ErrInvalidLimits, where, m, n.Value)
+	case lv.rate == nil:
+		return 0, fmt.Errorf("%w: %s: max_keys_per_parent %d on a level without a rate_limit, which stores no buckets; add a rate_limit or remove max_keys_per_parent",
+			ErrInvalidLimits, where, m)
+	}
+	return int(m), nil
+}
+
+// UsesMaxKeysPerParent reports whether any level of l sets max_keys_per_parent (which nodes
+// before fsm command version 6 would ignore).
+func (l *Limits) UsesMaxKeysPerParent() bool {
+	var walk func(ns []Node) bool
+	walk = func(ns []Node) bool {
+		for i := range ns {
+			if ns[i].MaxKeysPerParent > 0 || walk(ns[i].Children) {
+				return true
+			}
+		}
+		return false
+	}
+	for i := range l.Domains {
+		if walk(l.Domains[i].Descriptors) {
+			return true
+		}
+	}
+	return false
 }
 
 // match returns the level that the key's full path selects, or nil.

@@ -1,6 +1,7 @@
 package quota
 
 import (
+	"bytes"
 	"encoding/binary"
 	"hash/maphash"
 	"math"
@@ -139,6 +140,45 @@ type bucketStore struct {
 	// maps a level index to its domain's ordinal. Both follow the installed limits (setDomains).
 	domKeys []int
 	lvlDom  []uint32
+	// parentKeys counts the stored buckets of each level with max_keys_per_parent under one
+	// parent path (by parentKey: the level and the key up to its last entry); capped marks
+	// those levels. An entry lives while its count is above 0. Both follow the installed
+	// limits (setDomains); pkBuf is parentKey's scratch for lookups.
+	parentKeys map[string]int
+	capped     []bool
+	pkBuf      []byte
+}
+
+// parentKey appends to b the parentKeys key of a bucket of level lvl whose key is key.
+func parentKey(b []byte, lvl uint32, key []byte) []byte {
+	b = binary.LittleEndian.AppendUint32(b, lvl)
+	if i := bytes.LastIndexByte(key, '/'); i >= 0 {
+		key = key[:i] // '/' in names is escaped: the last one ends the parent path
+	}
+	return append(b, key...)
+}
+
+// underParent returns how many buckets of level lvl are stored under the parent path of
+// key (0 for a level without max_keys_per_parent).
+func (st *bucketStore) underParent(lvl uint32, key []byte) int {
+	if int(lvl) >= len(st.capped) || !st.capped[lvl] {
+		return 0
+	}
+	st.pkBuf = parentKey(st.pkBuf[:0], lvl, key)
+	return st.parentKeys[string(st.pkBuf)]
+}
+
+// countParent adds delta to the count of key's parent path at level lvl, if it is capped.
+func (st *bucketStore) countParent(lvl uint32, key []byte, delta int) {
+	if int(lvl) >= len(st.capped) || !st.capped[lvl] {
+		return
+	}
+	st.pkBuf = parentKey(st.pkBuf[:0], lvl, key)
+	if n := st.parentKeys[string(st.pkBuf)] + delta; n > 0 {
+		st.parentKeys[string(st.pkBuf)] = n
+	} else {
+		delete(st.parentKeys, string(st.pkBuf))
+	}
 }
 
 // setDomains installs the level → domain mapping of c and recounts the buckets per domain.
@@ -148,7 +188,17 @@ func (st *bucketStore) setDomains(c *compiled) {
 		st.lvlDom = append(st.lvlDom, lv.dom)
 	}
 	st.domKeys = make([]int, len(c.limits.Domains))
-	st.eachLive(func(_ uint32, r *bucketRec) { st.domKeys[st.lvlDom[r.lvl]]++ })
+	st.capped, st.parentKeys = st.capped[:0], nil
+	for _, lv := range c.levels {
+		st.capped = append(st.capped, lv.maxPerParent > 0)
+		if lv.maxPerParent > 0 && st.parentKeys == nil {
+			st.parentKeys = make(map[string]int)
+		}
+	}
+	st.eachLive(func(s uint32, r *bucketRec) {
+		st.domKeys[st.lvlDom[r.lvl]]++
+		st.countParent(r.lvl, st.key(s), 1)
+	})
 }
 
 func newBucketStore() bucketStore {
@@ -318,6 +368,7 @@ func (st *bucketStore) add(key []byte, h uint32, lvl uint32) uint32 {
 	r := &c.recs[s&chunkMask]
 	*r = bucketRec{key: r.key, lvl: lvl}
 	st.domKeys[st.lvlDom[lvl]]++
+	st.countParent(lvl, key, 1)
 	st.indexAdd(s, h)
 	return s
 }
@@ -410,6 +461,7 @@ func (st *bucketStore) release(s uint32) {
 	r := &c.recs[s&chunkMask]
 	c.dead += keySize(len(arenaKey(c.arena, r.key)))
 	st.domKeys[st.lvlDom[r.lvl]]--
+	st.countParent(r.lvl, arenaKey(c.arena, r.key), -1)
 	c.live--
 	st.live--
 	r.lvl, r.pos = freeLevel, st.free
@@ -428,7 +480,8 @@ func (st *bucketStore) release(s uint32) {
 func (st *bucketStore) settle() {
 	if st.live == 0 {
 		if st.slots > 0 {
-			*st = bucketStore{base: st.base, seed: st.seed, caps: st.caps, lvlDom: st.lvlDom, domKeys: st.domKeys}
+			*st = bucketStore{base: st.base, seed: st.seed, caps: st.caps, lvlDom: st.lvlDom, domKeys: st.domKeys,
+				capped: st.capped, parentKeys: st.parentKeys}
 		}
 		return
 	}

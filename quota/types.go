@@ -225,8 +225,15 @@ type Node struct {
 	DetailedMetric bool `json:"detailed_metric,omitempty"`
 	ValueToMetric  bool `json:"value_to_metric,omitempty"`
 	// Shares makes this level lendable to share holders (see Shares). Nil: it does not lend.
-	Shares   *Shares `json:"shares,omitempty"`
-	Children []Node  `json:"descriptors,omitempty"`
+	Shares *Shares `json:"shares,omitempty"`
+	// MaxKeysPerParent caps the buckets this level stores under one path of its parent (e.g.
+	// the consumers of one tenant): a new bucket beyond it is refused with ReasonTooManyKeys,
+	// so callers who can invent values below their parent (a tenant-scoped worker, its
+	// consumers) fill only their own part of the domain's MaxKeys. 0: no cap but MaxKeys.
+	// Only on a level that stores one bucket per distinct value: no Value (or a wildcard
+	// without ShareThreshold) and a Rate. Needs fsm command version 6 on every node.
+	MaxKeysPerParent uint64 `json:"max_keys_per_parent,omitempty"`
+	Children         []Node `json:"descriptors,omitempty"`
 }
 
 // Rate is a token bucket: Burst units of capacity, refilled at RequestsPerUnit per Unit.

@@ -77,8 +77,9 @@ type AgentConfig struct {
 	// MaxRequestBytes caps one gRPC message a node accepts (--max-request-bytes); a larger one
 	// is refused with ResourceExhausted before it is decoded. 0 means DefaultMaxRequestBytes.
 	MaxRequestBytes int
-	// Waiters caps the admissions waiting on the leader per client and per domain
-	// (--max-waiters-per-client, --max-waiters-per-domain); zero fields mean the defaults.
+	// Waiters caps the admissions waiting on the leader per client, per identity and per
+	// domain (--max-waiters-per-client, --max-waiters-per-identity, --max-waiters-per-domain);
+	// zero fields mean the defaults.
 	Waiters WaiterCaps
 	// UnaryInterceptors are chained innermost on the gRPC server, after authentication (the
 	// chaos build adds one that loses replies of committed admissions).
@@ -223,6 +224,7 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 	}
 	a.server = NewServer(a.node, a.fsm, cfg.Proposer, forwardCreds, a.metrics)
 	a.server.SetWaiterCaps(cfg.Waiters)
+	a.server.insecure = cfg.Insecure
 	a.server.SetRLSOptions(cfg.RLS)
 	a.server.setLogger(log)
 	a.server.rls.batchBytes = maxRequest / 2

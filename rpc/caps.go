@@ -2,7 +2,6 @@ package rpc
 
 import (
 	"fmt"
-	"strings"
 	"sync"
 
 	"google.golang.org/grpc/codes"
@@ -17,7 +16,8 @@ import (
 // Per request (checked here, before anything reaches the log, and again by the FSM and the
 // engine for what a leader proposes): a gRPC message of at most MaxRequestBytes, strings of at
 // most quota.MaxFieldBytes, at most MaxDescriptors entries and MaxAdmissionsPerCall admissions.
-// Per caller on the leader: waiting admissions per client_id and per domain (WaiterCaps).
+// Per caller on the leader: waiting admissions per client_id, per authenticated identity and
+// domain, and per domain (WaiterCaps).
 // In the replicated state: buckets per domain (the limits' max_keys, quota.ReasonTooManyKeys)
 // and lease TTLs (clamped to the configured lease_ttl by the engine).
 
@@ -32,13 +32,28 @@ const (
 )
 
 // WaiterCaps cap the admissions waiting on the leader (max_wait_ms > 0), each of which holds
-// a goroutine and a queue entry until it is decided. 0 means the default.
+// a goroutine and a queue entry until it is decided. An admission takes a slot only when it
+// is about to queue: one its buckets can pay at once (nobody queued on its path) is decided
+// without a slot, so a full domain never refuses a caller who would not have waited. 0 means
+// the default. Not reloadable (flags read at start).
 type WaiterCaps struct {
-	// PerClient caps the waiting admissions of one client_id (--max-waiters-per-client).
+	// PerClient caps the waiting admissions of one client_id of one identity
+	// (--max-waiters-per-client).
 	PerClient int
+	// PerIdentity caps the waiting admissions of one authenticated identity (a token or a
+	// client certificate) in one domain, whatever client_ids it sends
+	// (--max-waiters-per-identity). The default, DefaultPerIdentity, is a quarter of
+	// PerDomain: one credential cannot fill a domain's slots by rotating client_id. An agent
+	// run with --insecure has no identities (every caller is "insecure"), so there only
+	// PerClient and PerDomain apply.
+	PerIdentity int
 	// PerDomain caps the waiting admissions in one domain (--max-waiters-per-domain).
 	PerDomain int
 }
+
+// DefaultPerIdentity is the default per-identity waiter cap for a per-domain cap: a quarter
+// of it (at least 1), so filling a domain's waiting slots takes at least four credentials.
+func DefaultPerIdentity(perDomain int) int { return max(1, (perDomain+3)/4) }
 
 func (c WaiterCaps) withDefaults() WaiterCaps {
 	if c.PerClient <= 0 {
@@ -46,6 +61,9 @@ func (c WaiterCaps) withDefaults() WaiterCaps {
 	}
 	if c.PerDomain <= 0 {
 		c.PerDomain = DefaultMaxWaitersPerDomain
+	}
+	if c.PerIdentity <= 0 {
+		c.PerIdentity = DefaultPerIdentity(c.PerDomain)
 	}
 	return c
 }
@@ -57,56 +75,76 @@ func (s *Server) SetWaiterCaps(c WaiterCaps) {
 	s.fair.slots.mu.Unlock()
 }
 
-// waiterSlots counts the admissions waiting on this leader by client (a caller identity's
-// client_id: clientKey) and domain. Its maps
-// hold only callers with waiters now, so they are bounded by the caps.
+// waiterSlots counts the admissions waiting on this leader by client (an identity's
+// client_id), by identity in a domain, and by domain. Its maps hold only callers with waiters
+// now, so they are bounded by the caps.
 type waiterSlots struct {
-	mu       sync.Mutex
-	caps     WaiterCaps
-	byClient map[string]int
-	byDomain map[string]int
+	mu         sync.Mutex
+	caps       WaiterCaps
+	byClient   map[string]int
+	byIdentity map[string]int
+	byDomain   map[string]int
 }
 
-// take reserves a waiting slot for one admission of client in domain, or returns why not.
-func (w *waiterSlots) take(client, domain string) (problem string, scope string) {
+// waiterSlot names whose slot one waiting admission holds (see waiterSlots.take).
+type waiterSlot struct {
+	// identity is the authenticated caller ("" when the agent has no identities: --insecure).
+	identity, clientID, domain string
+}
+
+func (k waiterSlot) clientKey() string   { return k.identity + "\x00" + k.clientID }
+func (k waiterSlot) identityKey() string { return k.identity + "\x00" + k.domain }
+
+// take reserves a waiting slot for one admission, or returns why not.
+func (w *waiterSlots) take(k waiterSlot) (problem string, scope string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.byClient == nil {
-		w.byClient, w.byDomain = make(map[string]int), make(map[string]int)
+		w.byClient, w.byIdentity, w.byDomain = make(map[string]int), make(map[string]int), make(map[string]int)
 		w.caps = w.caps.withDefaults()
 	}
-	if n := w.byClient[client]; n >= w.caps.PerClient {
-		_, clientID, _ := strings.Cut(client, "\x00")
+	ck, ik := k.clientKey(), k.identityKey()
+	if n := w.byClient[ck]; n >= w.caps.PerClient {
 		return fmt.Sprintf("client_id %.64q already has %d admissions waiting on the leader, its limit (--max-waiters-per-client %d); "+
-			"wait for some to be decided, or send without max_wait_ms", clientID, n, w.caps.PerClient), "client"
+			"wait for some to be decided, or send without max_wait_ms", k.clientID, n, w.caps.PerClient), ScopeClientWaiters
 	}
-	if n := w.byDomain[domain]; n >= w.caps.PerDomain {
+	if n := w.byIdentity[ik]; k.identity != "" && n >= w.caps.PerIdentity {
+		return fmt.Sprintf("identity %.64q already has %d admissions waiting on the leader in domain %.64q, its limit (--max-waiters-per-identity %d), "+
+			"whatever its client_ids; wait for some to be decided, or send without max_wait_ms", k.identity, n, k.domain, w.caps.PerIdentity), ScopeIdentityWaiters
+	}
+	if n := w.byDomain[k.domain]; n >= w.caps.PerDomain {
 		return fmt.Sprintf("domain %.64q already has %d admissions waiting on the leader, its limit (--max-waiters-per-domain %d); "+
-			"retry later, or send without max_wait_ms", domain, n, w.caps.PerDomain), ScopeDomainWaiters
+			"retry later, or send without max_wait_ms", k.domain, n, w.caps.PerDomain), ScopeDomainWaiters
 	}
-	w.byClient[client]++
-	w.byDomain[domain]++
+	w.byClient[ck]++
+	if k.identity != "" {
+		w.byIdentity[ik]++
+	}
+	w.byDomain[k.domain]++
 	return "", ""
 }
 
-// clientKey is the waiter-count key of a client: client IDs are the caller's choice, so they
-// count per authenticated identity (one identity cannot exhaust another's slots).
-func clientKey(owner, clientID string) string { return owner + "\x00" + clientID }
-
-// ScopeDomainWaiters is the scope of a too_many_waiters denial by the per-domain cap ("client"
-// for the per-client one).
-const ScopeDomainWaiters = "domain"
+// Scopes of a too_many_waiters denial: which cap refused it.
+const (
+	ScopeClientWaiters   = "client"
+	ScopeIdentityWaiters = "identity"
+	ScopeDomainWaiters   = "domain"
+)
 
 // put returns a slot taken by take.
-func (w *waiterSlots) put(client, domain string) {
+func (w *waiterSlots) put(k waiterSlot) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.byClient[client]--; w.byClient[client] <= 0 {
-		delete(w.byClient, client)
+	dec := func(m map[string]int, key string) {
+		if m[key]--; m[key] <= 0 {
+			delete(m, key)
+		}
 	}
-	if w.byDomain[domain]--; w.byDomain[domain] <= 0 {
-		delete(w.byDomain, domain)
+	dec(w.byClient, k.clientKey())
+	if k.identity != "" {
+		dec(w.byIdentity, k.identityKey())
 	}
+	dec(w.byDomain, k.domain)
 }
 
 // waiterRetryAfterMs is the retry_after of a too_many_waiters denial: soon, since a waiter is

@@ -265,14 +265,12 @@ func (f *fair) acquire(ctx context.Context, req *quotadv1.AcquireRequest, owner 
 		// log, never the scheduler's fresh opinion: no gate, no queue.
 		known := s.fsm.Remembers(owner, req.ClientId, adm.RequestId)
 		if adm.MaxWaitMs > 0 && !known {
-			waiter := clientKey(owner, req.ClientId)
-			if msg, scope := f.slots.take(waiter, adm.Domain); msg != "" {
-				resp.Decisions[i] = f.tooManyWaiters(adm.Domain, msg, scope)
-				continue
+			slot := waiterSlot{identity: owner, clientID: req.ClientId, domain: adm.Domain}
+			if f.s.insecure && owner == insecureIdentity {
+				slot.identity = "" // everyone's name: count by client_id only
 			}
 			wg.Go(func() {
-				defer f.slots.put(waiter, adm.Domain)
-				resp.Decisions[i], errs[i] = f.wait(ctx, owner, req.ClientId, adm)
+				resp.Decisions[i], errs[i] = f.wait(ctx, owner, slot, adm)
 			})
 			continue
 		}
@@ -538,8 +536,19 @@ func itoa(u uint64) string {
 	}
 }
 
-// wait decides one admission that may wait up to its max_wait_ms.
-func (f *fair) wait(ctx context.Context, owner, clientID string, adm *quotadv1.Admission) (*quotadv1.Decision, error) {
+// wait decides one admission that may wait up to its max_wait_ms. It takes a waiter slot
+// of its caller (slot, for the waiter caps) only when it is about to queue, and holds it until it
+// returns: an admission its buckets can pay now with nobody queued on its path is decided at
+// once, as a non-waiting one would be (the gate's rule: only capacity no waiter is entitled
+// to), so it never needs a slot, and a full domain does not refuse it.
+func (f *fair) wait(ctx context.Context, owner string, slot waiterSlot, adm *quotadv1.Admission) (*quotadv1.Decision, error) {
+	clientID := slot.clientID
+	slotted := false
+	defer func() {
+		if slotted {
+			f.slots.put(slot)
+		}
+	}()
 	arrived := time.Now()
 	deadline := arrived.Add(time.Duration(adm.MaxWaitMs) * time.Millisecond)
 	w := &waiter{owner: owner, clientID: clientID, adm: adm, cost: max(adm.Cost, 1), pathKey: pathKey(adm),
@@ -583,8 +592,11 @@ func (f *fair) wait(ctx context.Context, owner, clientID string, adm *quotadv1.A
 		at, blocking := f.admitAt(v, w.cost, false)
 		direct := q == nil && !requeue && at <= now
 		if direct {
+			// As of the view's own now (read after now, under f.mu): against the earlier
+			// now, a bucket that could pay at once was always a few µs short, and every
+			// waiting admission queued (and needed a waiter slot).
 			atNow, _ := f.admitAt(v, w.cost, true)
-			direct = atNow <= now
+			direct = atNow <= max(now, v.now)
 		}
 		if direct {
 			// Nobody waits on this path and every bucket can pay now, grants pending
@@ -610,6 +622,19 @@ func (f *fair) wait(ctx context.Context, owner, clientID string, adm *quotadv1.A
 				f.mu.Unlock()
 				return f.denial(adm.Domain, v, blocking, time.Duration(at-now)), nil
 			}
+		}
+		if !slotted {
+			// It is going to queue: it needs a slot now.
+			if msg, scope := f.slots.take(slot); msg != "" {
+				f.mu.Unlock()
+				if last != nil {
+					return last, nil // the FSM's decision, as a retry of its request ID gets
+				}
+				return f.tooManyWaiters(adm.Domain, msg, scope), nil
+			}
+			slotted = true
+		}
+		if q == nil {
 			q = f.newQueue(adm.Domain, v, es, blocking, time.Now())
 		}
 		urgent := f.push(q, w, v, es, requeue)

@@ -74,6 +74,10 @@ type Server struct {
 	limitsMu sync.Mutex // serializes ApplyLimits' read-merge-propose on the leader (limits.go)
 
 	region *regionGate // a regional cluster's scope: global levels (region.go); nil: not regional
+
+	// insecure: the agent runs with --insecure, so callers without a credential are all
+	// insecureIdentity (the waiter caps then count them by client_id only).
+	insecure bool
 }
 
 // NewServer returns a server for node, whose state machine is f. forwardCreds secure calls
@@ -487,6 +491,11 @@ func (s *Server) Status(ctx context.Context, req *quotadv1.StatusRequest) (*quot
 }
 
 func (s *Server) applyLimits(ctx context.Context, limits *quota.Limits) (uint64, error) {
+	if limits.UsesMaxKeysPerParent() {
+		if err := s.everyNodeApplies(fsm.MaxKeysPerParentVersion, "max_keys_per_parent"); err != nil {
+			return 0, err
+		}
+	}
 	data, err := json.Marshal(limits)
 	if err != nil {
 		return 0, status.Errorf(codes.Internal, "encoding limits: %v", err)
@@ -499,6 +508,24 @@ func (s *Server) applyLimits(ctx context.Context, limits *quota.Limits) (uint64,
 		return 0, status.Error(codes.InvalidArgument, err.Error())
 	}
 	return r.Other.LimitsVersion, nil
+}
+
+// everyNodeApplies refuses (FailedPrecondition) limits using feature unless every node of the
+// Raft configuration advertises fsm command version version or newer: an older node would
+// ignore the feature and decide differently from the others (fsm.CommandVersion).
+func (s *Server) everyNodeApplies(version int, feature string) error {
+	for _, m := range s.node.Members() {
+		if m.Suffrage == "" || m.CommandVersion >= version {
+			continue
+		}
+		has := fmt.Sprintf("advertises command version %d", m.CommandVersion)
+		if m.CommandVersion == 0 {
+			has = "advertises no command version (a build before version 6, or not seen in gossip)"
+		}
+		return status.Errorf(codes.FailedPrecondition, "the limits use %s, which needs fsm command version %d on every node, and node %s %s; "+
+			"upgrade it first (docs/operations.md, Upgrades) or remove %s", feature, version, m.ID, has, feature)
+	}
+	return nil
 }
 
 // GetLimits returns the limits in force, linearizably, as YAML that ApplyLimits accepts (to a

@@ -1,0 +1,153 @@
+package quota
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// perParentLimits: consumers under a tenant, at most perParent consumer buckets per tenant,
+// max_keys 10 for the domain.
+func perParentLimits(perParent uint64) *Limits {
+	return &Limits{Domains: []Domain{{
+		Name:    "t7",
+		MaxKeys: 10,
+		Descriptors: []Node{{Key: "tenant", Rate: &Rate{Unit: time.Second, RequestsPerUnit: 100},
+			Children: []Node{{Key: "consumer", MaxKeysPerParent: perParent, Rate: &Rate{Unit: time.Second, RequestsPerUnit: 1}}}}},
+	}}}
+}
+
+func consumerReq(tenant, consumer string) Request {
+	return Request{Domain: "t7", Descriptors: []Entry{{"tenant", tenant}, {"consumer", consumer}}}
+}
+
+// TestMaxKeysPerParent: one tenant inventing consumers fills only its own part
+// (max_keys_per_parent); another tenant still gets new buckets; a refusal changes nothing;
+// sweeps, snapshots and new limits keep the per-parent counts.
+func TestMaxKeysPerParent(t *testing.T) {
+	e := mustEngine(t, perParentLimits(3))
+	for i := range 3 {
+		if d := e.Acquire(0, consumerReq("acme", fmt.Sprint("c", i))); !d.Admitted {
+			t.Fatalf("acme consumer %d: %+v", i, d)
+		}
+	}
+	before, stats := e.Hash(), e.Stats()
+	d := e.Acquire(0, consumerReq("acme", "c3"))
+	if d.Admitted || d.Reason != ReasonTooManyKeys || d.Scope != "consumer" || d.Limit != 3 || d.RetryAfter != time.Second ||
+		!strings.Contains(d.Message, `"t7/tenant=acme" holds 3 active "consumer" buckets`) ||
+		!strings.Contains(d.Message, "max_keys_per_parent is 3") || !strings.Contains(d.Message, `"t7/tenant=acme/consumer=c3"`) {
+		t.Fatalf("acme's fourth consumer: %+v", d)
+	}
+	if e.Hash() != before || e.Stats() != stats {
+		t.Fatal("a too_many_keys denial changed the state")
+	}
+	// Another tenant is not affected: its consumers have their own part.
+	for i := range 3 {
+		if d := e.Acquire(0, consumerReq("globex", fmt.Sprint("c", i))); !d.Admitted {
+			t.Fatalf("globex consumer %d after acme filled its part: %+v", i, d)
+		}
+	}
+	// An existing consumer of acme is decided as before.
+	if d := e.Acquire(0, consumerReq("acme", "c0")); d.Reason != ReasonRateLimited {
+		t.Fatalf("acme's existing consumer: %+v", d)
+	}
+	// The domain's max_keys still holds over everything: 8 stored, a third tenant adds 2.
+	if d := e.Acquire(0, consumerReq("initech", "c0")); !d.Admitted {
+		t.Fatalf("initech: %+v", d)
+	}
+	if d := e.Acquire(0, consumerReq("umbrella", "c0")); d.Reason != ReasonTooManyKeys || d.Scope != "tenant" || d.Limit != 10 {
+		t.Fatalf("a fourth tenant beyond max_keys 10: %+v", d)
+	}
+
+	// A restored replica counts the same.
+	snap, err := e.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := NewEngine()
+	if err := r.UnmarshalBinary(snap); err != nil {
+		t.Fatal(err)
+	}
+	if d := r.Acquire(0, consumerReq("acme", "c3")); d.Reason != ReasonTooManyKeys || d.Scope != "consumer" {
+		t.Fatalf("restored engine, acme's fourth consumer: %+v", d)
+	}
+	// Swept buckets make room in their parent's part.
+	for _, x := range []*Engine{e, r} {
+		x.Tick(1 * s)
+		if d := x.Acquire(1*s, consumerReq("acme", "c3")); !d.Admitted {
+			t.Fatalf("after the sweep: %+v", d)
+		}
+	}
+	if e.Hash() != r.Hash() {
+		t.Fatal("restored replica diverged")
+	}
+	// New limits recount: lowering the cap below what a parent holds refuses its new keys only.
+	e.Acquire(1*s, consumerReq("acme", "c4"))
+	if err := e.SetLimits(1*s, perParentLimits(1)); err != nil {
+		t.Fatal(err)
+	}
+	if d := e.Acquire(1*s, consumerReq("acme", "c5")); d.Reason != ReasonTooManyKeys || d.Limit != 1 {
+		t.Fatalf("after lowering max_keys_per_parent: %+v", d)
+	}
+	if d := e.Acquire(1*s, consumerReq("globex", "c0")); !d.Admitted {
+		t.Fatalf("globex's first consumer after the sweep: %+v", d)
+	}
+	if err := e.SetLimits(1*s, perParentLimits(0)); err != nil { // 0: no per-parent cap
+		t.Fatal(err)
+	}
+	if d := e.Acquire(1*s, consumerReq("acme", "c5")); !d.Admitted {
+		t.Fatalf("without max_keys_per_parent: %+v", d)
+	}
+}
+
+// TestMaxKeysPerParentInvalid: a bad max_keys_per_parent names the field, the value and the
+// descriptor, and installs nothing.
+func TestMaxKeysPerParentInvalid(t *testing.T) {
+	e := mustEngine(t, perParentLimits(3))
+	v := e.Stats().LimitsVersion
+	exact := perParentLimits(0)
+	exact.Domains[0].Descriptors[0].Children[0].Value = "bob"
+	exact.Domains[0].Descriptors[0].Children[0].MaxKeysPerParent = 5
+	noRate := perParentLimits(5)
+	noRate.Domains[0].Descriptors[0].Children[0].Rate = nil
+	for name, tc := range map[string]struct {
+		l    *Limits
+		want string
+	}{
+		"too large": {perParentLimits(MaxMaxKeys + 1), fmt.Sprintf("descriptor tenant/consumer: max_keys_per_parent must be at most %d (got %d)", MaxMaxKeys, MaxMaxKeys+1)},
+		"exact":     {exact, `descriptor tenant/consumer=bob: max_keys_per_parent 5 on a level that is one bucket (value "bob")`},
+		"no rate":   {noRate, "descriptor tenant/consumer: max_keys_per_parent 5 on a level without a rate_limit"},
+	} {
+		err := e.SetLimits(0, tc.l)
+		if !errors.Is(err, ErrInvalidLimits) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", name, err, tc.want)
+		}
+	}
+	if e.Stats().LimitsVersion != v {
+		t.Fatal("invalid limits were installed")
+	}
+}
+
+// TestMaxKeysPerParentRLS: Envoy's RLS stores buckets under the same cap: a tenant's fourth
+// consumer is over limit (too many keys), another tenant's first is not.
+func TestMaxKeysPerParentRLS(t *testing.T) {
+	e := mustEngine(t, perParentLimits(3))
+	for i := range 3 {
+		if d := e.RateLimit(0, rls("t7", ent("tenant", "acme", "consumer", fmt.Sprint("c", i)))); d.Code != RLSOK {
+			t.Fatalf("acme consumer %d: %+v", i, d)
+		}
+	}
+	before := e.Hash()
+	d := e.RateLimit(0, rls("t7", ent("tenant", "acme", "consumer", "c3")))
+	if d.Code != RLSOverLimit || !d.Statuses[0].TooManyKeys {
+		t.Fatalf("acme's fourth consumer over RLS: %+v", d)
+	}
+	if e.Hash() != before {
+		t.Fatal("a refused RLS request changed the state")
+	}
+	if d := e.RateLimit(0, rls("t7", ent("tenant", "globex", "consumer", "c0"))); d.Code != RLSOK {
+		t.Fatalf("globex's first consumer over RLS: %+v", d)
+	}
+}
