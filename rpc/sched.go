@@ -66,14 +66,10 @@ const (
 	// The release horizon: how far ahead of a bucket's next unit its grant is released. It
 	// must cover the time from release to the entry's timestamp (waiting for a commit slot),
 	// or the bucket fills meanwhile and units are lost; beyond that it only delays newcomers.
-	// It follows 1.5 × the longest recent release-to-stamp delay + the pump's longest recent
-	// lateness + fairPassMin, within these bounds (setHorizon).
+	// It follows 1.5 × the longest recent release-to-stamp delay + 2 ms, within these bounds.
 	fairHorizonMin     = 2 * time.Millisecond
 	fairHorizonMax     = 100 * time.Millisecond
 	fairHorizonInitial = 10 * time.Millisecond
-	// fairLateInitial is the pump's timer lateness assumed until passes measure it (it was
-	// the fixed allowance before session 7).
-	fairLateInitial = 2 * time.Millisecond
 	// fairLaneInflight is how many log entries of the waiting path may be committing at once.
 	// Its admissions have their own group commit beside the one of everything else
 	// (Server.prop, --max-entries-in-flight): a released batch waits for a commit slot, and
@@ -120,7 +116,6 @@ type fair struct {
 	usageSwept  time.Time               // last pruneUsage pass
 	horizon     time.Duration           // release horizon (see fairHorizonMin)
 	stampMax    float64                 // decaying max of release-to-stamp delays, ns
-	lateMax     float64                 // decaying max of the pump's timer lateness, ns
 
 	// subMu serializes flush (held from taking the outbox until its batches are submitted),
 	// so batches reach the waiting lane in the order they were released. Order: subMu, then
@@ -228,7 +223,6 @@ func newFair(s *Server) *fair {
 		usage:       make(map[string]*shareWindow),
 		prop:        newProposer(s.node, ProposerConfig{MaxBatch: s.prop.cfg.MaxBatch, MaxInflight: fairLaneInflight, ApplyTimeout: s.prop.cfg.ApplyTimeout}),
 		horizon:     fairHorizonInitial,
-		lateMax:     float64(fairLateInitial),
 		kick:        make(chan struct{}, 1),
 		stop:        make(chan struct{}),
 		done:        make(chan struct{}),
@@ -950,28 +944,13 @@ func (f *fair) submit(ws []*waiter) {
 	}()
 }
 
-// observeStamp feeds the release horizon with one release-to-stamp delay (ns). It is not
+// observeStamp feeds the release horizon with one release-to-stamp delay (ns). The horizon
+// also covers the pump's own lateness (timers on a loaded machine), a fixed 2 ms. It is not
 // measured from when a grant was due: a longer horizon makes larger entries, which commit
 // slower, which would lengthen it again. f.mu held.
 func (f *fair) observeStamp(d int64) {
 	f.stampMax = max(float64(max(d, 0)), f.stampMax*0.99)
-	f.setHorizon()
-}
-
-// observeLate feeds the release horizon with how late a pass the pump's timer started began
-// (timers and f.mu on a loaded machine). It was a fixed 2 ms: on a quiet machine that was
-// lead every newcomer waited out for nothing, on a loaded one (lateness p-max 40-80 ms at
-// 1000/s, traced) late passes were where the bucket's units were lost. f.mu held.
-func (f *fair) observeLate(d time.Duration) {
-	f.lateMax = max(float64(max(d, 0)), f.lateMax*0.99)
-	f.setHorizon()
-}
-
-// setHorizon: the release horizon covers the release-to-stamp delay (1.5 × its decaying
-// max), the pump's lateness (its decaying max) and the least time between the timer's
-// passes. f.mu held.
-func (f *fair) setHorizon() {
-	h := time.Duration(1.5*f.stampMax+f.lateMax) + fairPassMin
+	h := time.Duration(1.5*f.stampMax) + 2*time.Millisecond + fairPassMin
 	f.horizon = min(max(h, fairHorizonMin), fairHorizonMax)
 }
 
@@ -1152,7 +1131,6 @@ func (f *fair) loop() {
 	defer close(f.done)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
-	var due time.Time // when the armed timer's pass is due (zero: only the idle poll)
 	type leaderNotifier interface{ LeaderChanged() <-chan struct{} }
 	ln, _ := f.s.node.(leaderNotifier)
 	for {
@@ -1160,17 +1138,15 @@ func (f *fair) loop() {
 		if ln != nil {
 			lc = ln.LeaderChanged()
 		}
-		timed := time.Time{}
 		select {
 		case <-f.stop:
 			f.failAll()
 			return
 		case <-f.kick:
 		case <-timer.C:
-			timed = due
 		case <-lc:
 		}
-		next := f.pass(timed)
+		next := f.pass()
 		if !timer.Stop() {
 			select {
 			case <-timer.C:
@@ -1178,16 +1154,13 @@ func (f *fair) loop() {
 			}
 		}
 		timer.Reset(next)
-		due = time.Now().Add(next)
 	}
 }
 
 // pass releases, queue by queue, every waiter the queue picks (in fair order) that the
 // buckets can pay within the release horizon, submits each queue's batch as one proposer
-// call, and returns how long to sleep: until the next waiter comes within the horizon. due
-// is when the pump's timer wanted this pass (zero: woken otherwise); how late it starts
-// feeds the horizon.
-func (f *fair) pass(due time.Time) time.Duration {
+// call, and returns how long to sleep: until the next waiter comes within the horizon.
+func (f *fair) pass() time.Duration {
 	if f.nwait.Load() == 0 {
 		// Under f.mu: waiters' goroutines release newcomers too, and the pump's passes set
 		// the gauges idle clears (f.metrics.queue, also under f.mu).
@@ -1202,11 +1175,7 @@ func (f *fair) pass(due time.Time) time.Duration {
 		return fairPoll
 	}
 	f.mu.Lock()
-	wall := time.Now()
-	if !due.IsZero() {
-		f.observeLate(wall.Sub(due))
-	}
-	d := f.passLocked(now, wall)
+	d := f.passLocked(now, time.Now())
 	f.mu.Unlock()
 	if fairReleasedHook != nil {
 		fairReleasedHook()

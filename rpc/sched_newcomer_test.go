@@ -220,7 +220,7 @@ func TestSchedBatchesReachTheLaneInReleaseOrder(t *testing.T) {
 	pumped := make(chan struct{})
 	go func() {
 		defer close(pumped)
-		f.pass(time.Time{}) // releases H's 5 waiters, then pauses before flushing
+		f.pass() // releases H's 5 waiters, then pauses before flushing
 	}()
 	select {
 	case <-paused:
@@ -254,26 +254,4 @@ func TestSchedBatchesReachTheLaneInReleaseOrder(t *testing.T) {
 	if got := fmt.Sprint(f.queued("d")); got != "0" {
 		t.Fatalf("%s still queued, want every waiter released", got)
 	}
-}
-
-// The release horizon follows the pump's measured lateness instead of a fixed 2 ms: passes on
-// time shrink it (the lead every newcomer waits out), late ones lengthen it (late passes were
-// where a loaded leader lost the bucket's units: lateness up to 40-80 ms at 1000/s, traced).
-func TestSchedHorizonFollowsThePumpsLateness(t *testing.T) {
-	f := newTestFair()
-	f.lateMax = float64(fairLateInitial)
-	f.observeStamp(int64(500 * time.Microsecond))
-	before := f.horizon
-	for range 1000 {
-		f.observeLate(100 * time.Microsecond)
-	}
-	quiet := f.horizon
-	if want := before - fairLateInitial + time.Millisecond; quiet > want {
-		t.Fatalf("horizon %v after 1000 passes 0.1 ms late (%v before), want ≤ %v: it does not follow the pump's lateness", quiet, before, want)
-	}
-	f.observeLate(40 * time.Millisecond)
-	if f.horizon < 40*time.Millisecond {
-		t.Fatalf("horizon %v after a pass 40 ms late, want ≥ 40 ms: the next late pass would find the lead run out", f.horizon)
-	}
-	t.Logf("horizon %v initially, %v with passes on time, %v after a late one", before, quiet, f.horizon)
 }
