@@ -81,6 +81,10 @@ const (
 	// 1000/s made commits slower for everyone. The horizon adds it (a pass releases a
 	// horizon's worth, and the lead may drop by this much before the next).
 	fairPassMin = 2 * time.Millisecond
+	// fairNewcomerAhead bounds the waiters a newcomer's own release looks at and releases
+	// before it in fair order (ties with flows that became backlogged at the same virtual
+	// time); beyond it the newcomer is left to the pump.
+	fairNewcomerAhead = 8
 )
 
 type fair struct {
@@ -98,7 +102,11 @@ type fair struct {
 	// (see refreshApplied): the FSM's state counts those, so predictions must not again.
 	inflight map[*relBatch]struct{}
 	// relFlows counts released, unanswered grants by queue and flow (flowKey).
-	relFlows    map[string]int
+	relFlows map[string]int
+	// outbox holds released batches, in release order, until flush submits them: passes run
+	// concurrently (the pump's, a newcomer's), and each used to submit its own batches after
+	// letting go of f.mu, so a later release could reach the log first.
+	outbox      [][]*waiter
 	applied     map[string]uint64
 	appliedConc map[string]uint64
 	seq         uint64
@@ -108,6 +116,11 @@ type fair struct {
 	usageSwept  time.Time               // last pruneUsage pass
 	horizon     time.Duration           // release horizon (see fairHorizonMin)
 	stampMax    float64                 // decaying max of release-to-stamp delays, ns
+
+	// subMu serializes flush (held from taking the outbox until its batches are submitted),
+	// so batches reach the waiting lane in the order they were released. Order: subMu, then
+	// f.mu; never subMu while holding f.mu.
+	subMu sync.Mutex
 
 	nwait atomic.Int64 // waiters queued (fast check on the hot path)
 	slots waiterSlots  // waiting admissions by client and domain, for the waiter caps
@@ -167,6 +180,9 @@ type fairTrace struct {
 	Stamp, Moment              time.Time // the entry's timestamp; when the grant takes effect
 	Applied                    time.Time // the waiter saw its entry applied
 	Answered                   time.Time // after the hold
+	// StampFSM and MomentFSM are the entry's timestamp and the grant's moment in the leader's
+	// FSM time (ns; 0 for a direct decision): the bucket's own clock.
+	StampFSM, MomentFSM int64
 }
 
 // fairTraceHook, if set (diagnostic tests only; set before the cluster starts), is called
@@ -575,19 +591,7 @@ func (f *fair) wait(ctx context.Context, owner string, slot waiterSlot, adm *quo
 			}
 			return answer(r.res.Decision), nil
 		}
-		// Fresh slices: a released batch's completion still reads the old ones (unreserve).
-		w.rateKeys, w.concKeys = nil, nil
-		for i, b := range v.levels {
-			if n := v.nodes[i]; n != nil && (n.ShadowMode || n.Unlimited) {
-				continue
-			}
-			if b.Limit > 0 {
-				w.rateKeys = append(w.rateKeys, b.Key)
-			}
-			if b.MaxInFlight > 0 {
-				w.concKeys = append(w.concKeys, b.Key)
-			}
-		}
+		w.setKeys(v)
 		q := f.queueOn(v)
 		at, blocking := f.admitAt(v, w.cost, false)
 		direct := q == nil && !requeue && at <= now
@@ -638,23 +642,27 @@ func (f *fair) wait(ctx context.Context, owner string, slot waiterSlot, adm *quo
 			q = f.newQueue(adm.Domain, v, es, blocking, time.Now())
 		}
 		urgent := f.push(q, w, v, es, requeue)
-		var batches [][]*waiter
+		self := false
 		if urgent && !requeue {
 			// A newcomer goes ahead of backlogged flows, so it is usually due at once:
 			// release it from here, before letting go of f.mu (so no other pass takes it
 			// first), instead of handing off to the pump goroutine (that hand-off took 0.7
-			// ms median, 5 ms p99 at 1000/s on a loaded machine). The pump still looks (it
-			// sets its timer for whatever this pass left waiting).
+			// ms median, 5 ms p99 at 1000/s on a loaded machine). Only itself: the other
+			// queues and flows are the pump's (a whole pass per arrival was O(queues)).
 			w.newcomer = true
-			if now, err := f.s.node.Now(); err == nil {
-				batches, _ = f.passLocked(now, time.Now(), w)
+			self = f.releaseNewcomerLocked(v.now, time.Now(), w, v)
+			if !self {
+				q.spare = false // until the pump has looked: the newcomer may be owed this bucket
 			}
 		}
 		f.mu.Unlock()
-		for _, b := range batches {
-			f.submit(b)
+		if fairReleasedHook != nil {
+			fairReleasedHook()
 		}
-		if urgent {
+		f.flush()
+		if urgent && !self {
+			// The pump times what is left waiting; a released newcomer only moved the next
+			// waiter's turn later, which the pump's timer (early at worst) covers.
 			f.wake()
 		}
 
@@ -720,6 +728,23 @@ func (f *fair) wait(ctx context.Context, owner string, slot waiterSlot, adm *quo
 	}
 }
 
+// setKeys notes the limited buckets on w's path v (what its release reserves). The slices
+// are fresh: a released batch's completion still reads the old ones (unreserve).
+func (w *waiter) setKeys(v *pathView) {
+	w.rateKeys, w.concKeys = nil, nil
+	for i, b := range v.levels {
+		if n := v.nodes[i]; n != nil && (n.ShadowMode || n.Unlimited) {
+			continue
+		}
+		if b.Limit > 0 {
+			w.rateKeys = append(w.rateKeys, b.Key)
+		}
+		if b.MaxInFlight > 0 {
+			w.concKeys = append(w.concKeys, b.Key)
+		}
+	}
+}
+
 // released returns the FSM's decision on a waiter the pump released (its batch's call), held
 // until a scheduled grant takes effect; final as for decide. The batch's completion (see
 // submit) unreserves its cost, whether or not this waiter is still there to read it.
@@ -741,7 +766,8 @@ func (f *fair) released(ctx context.Context, w *waiter) (*quotadv1.Decision, boo
 	if fairTraceHook != nil && r.res.Decision.Admitted {
 		toWall := func(t int64) time.Time { return w.releasedWall.Add(time.Duration(t - w.releasedAt)) }
 		fairTraceHook(fairTrace{Adm: w.adm, Newcomer: w.newcomer, SelfPass: w.selfPass, Arrived: w.arrived, Released: w.releasedWall,
-			Stamp: toWall(r.ts), Moment: toWall(r.ts + int64(r.res.Decision.RetryAfter)), Applied: applied, Answered: time.Now()})
+			Stamp: toWall(r.ts), Moment: toWall(r.ts + int64(r.res.Decision.RetryAfter)), Applied: applied, Answered: time.Now(),
+			StampFSM: r.ts, MomentFSM: r.ts + int64(r.res.Decision.RetryAfter)})
 	}
 	return f.outcome(w, answer(r.res.Decision), r.res.Duplicate)
 }
@@ -864,7 +890,7 @@ func (f *fair) propose(ctx context.Context, w *waiter) (proposalResult, error) {
 // submit sends a batch of released waiters to the proposer as one call (one log entry, in
 // the order given) and signals each. When the call is answered it unreserves their cost,
 // counts admissions in the share windows, feeds the release horizon and wakes the pump —
-// whether or not the waiters are still there. Called by the pump, without f.mu.
+// whether or not the waiters are still there. Called by flush, without f.mu.
 func (f *fair) submit(ws []*waiter) {
 	if len(ws) == 0 {
 		return
@@ -1145,7 +1171,7 @@ func (f *fair) loop() {
 		case <-timer.C:
 		case <-lc:
 		}
-		next := f.pass(nil)
+		next := f.pass()
 		if !timer.Stop() {
 			select {
 			case <-timer.C:
@@ -1159,10 +1185,10 @@ func (f *fair) loop() {
 // pass releases, queue by queue, every waiter the queue picks (in fair order) that the
 // buckets can pay within the release horizon, submits each queue's batch as one proposer
 // call, and returns how long to sleep: until the next waiter comes within the horizon.
-func (f *fair) pass(self *waiter) time.Duration {
+func (f *fair) pass() time.Duration {
 	if f.nwait.Load() == 0 {
-		// Under f.mu: waiters' goroutines run passes too (newcomers), and their passes set the
-		// gauges idle clears (f.metrics.queue, also under f.mu).
+		// Under f.mu: waiters' goroutines release newcomers too, and the pump's passes set
+		// the gauges idle clears (f.metrics.queue, also under f.mu).
 		f.mu.Lock()
 		f.metrics.idle()
 		f.mu.Unlock()
@@ -1174,18 +1200,132 @@ func (f *fair) pass(self *waiter) time.Duration {
 		return fairPoll
 	}
 	f.mu.Lock()
-	batches, d := f.passLocked(now, time.Now(), self)
+	d := f.passLocked(now, time.Now())
 	f.mu.Unlock()
-	for _, b := range batches {
-		f.submit(b)
+	if fairReleasedHook != nil {
+		fairReleasedHook()
 	}
+	f.flush()
 	return d
 }
 
+// fairReleasedHook, if set (tests only), runs after a pass or a newcomer's release has let go
+// of f.mu and before it flushes: where a concurrent release can overtake it.
+var fairReleasedHook func()
+
+// flush submits the released batches in the order they were released (see f.outbox). Call
+// it without f.mu after releasing; a batch another release left is submitted by whichever
+// flush comes first, never after a batch released later.
+func (f *fair) flush() {
+	f.subMu.Lock()
+	defer f.subMu.Unlock()
+	f.mu.Lock()
+	out := f.outbox
+	f.outbox = nil
+	f.mu.Unlock()
+	for _, b := range out {
+		f.submit(b)
+	}
+}
+
+// slotOf predicts when w can be admitted (the FSM's state along its path v, plus pending),
+// as leader time at and as wall time (now and wall are the same moment), and whether a
+// limit of its own, not q's bucket, is what holds it back. f.mu held.
+func (f *fair) slotOf(q *fairQueue, w *waiter, v *pathView, now int64, wall time.Time) sched.Slot {
+	if v == nil {
+		return sched.Slot{At: wall} // the FSM will say what is wrong
+	}
+	at, which := f.admitAt(v, w.cost, false)
+	return sched.Slot{At: wall.Add(time.Duration(min(at-now, int64(time.Hour)))), Own: which >= 0 && which != q.level}
+}
+
+// takeLocked releases w, dispatched from q: it leaves the queue, its cost becomes pending
+// and it joins the batch being built. self: a newcomer releasing itself. f.mu held.
+func (f *fair) takeLocked(q *fairQueue, w *waiter, now int64, wall time.Time, self bool) {
+	delete(f.waiters, w.id)
+	f.nwait.Add(-1)
+	q.cost -= min(q.cost, w.cost)
+	f.reserve(w)
+	w.releasedAt, w.releasedWall, w.selfPass = now, wall, self
+	f.relFlows[flowKey(q, w.item.Flow)]++
+}
+
+// releaseNewcomerLocked releases w — a newcomer just queued, with the FSM's state along its
+// path v — into an entry of its own if its flow has no grant in flight, together with the
+// few waiters the fair order serves before it (a newcomer's virtual start is the virtual
+// time, so usually none), and reports whether it did. It looks at w's queue only, and there
+// only at what WFQ orders up to w: everything else is the pump's. It is released even if the grants
+// already released reach past the release horizon (its moment comes after them anyway):
+// waiting for the pump's next pass cost it a timer's lateness (traced at 1000/s: 45 % of
+// small newcomers, arrival → release p99 20 ms on a loaded machine) — but not more than
+// fairHorizonMax beyond the horizon (the lead of grants released ahead is about one horizon;
+// with the bound at fairHorizonMax alone, a lead near its cap under -race left 29 of 40 small
+// newcomers to the pump). A flow with a grant in flight is not a newcomer for this: at 10,000/s a
+// heavy tenant whose waiters were all released came back as one thousands of times a
+// second, each then an entry of its own (commit p99 0.3 → 1.1 s, utilization 0.81 → 0.47).
+// f.mu held; the batch goes to f.outbox (flush submits it).
+func (f *fair) releaseNewcomerLocked(now int64, wall time.Time, w *waiter, v *pathView) bool {
+	q := w.queue
+	if q == nil || f.waiters[w.id] != w || f.relFlows[flowKey(q, w.item.Flow)] > 0 {
+		return false
+	}
+	reach := wall.Add(f.horizon + fairHorizonMax)
+	if s := f.slotOf(q, w, v, now, wall); s.Own || s.At.After(reach) {
+		return false
+	}
+	// Release in fair order up to w: a waiter the order serves before w (a flow that became
+	// backlogged at the same virtual time and came first, a reserve class) goes into the
+	// same entry ahead of it, as the pump's Queue.Batch would have released them; one held
+	// back beyond the horizon by a limit of its own is skipped (as Batch skips it). Usually
+	// w is first; a few at most are looked at (fairNewcomerAhead), never the whole queue.
+	until := wall.Add(f.horizon)
+	held := map[uint64]bool{}
+	eligible := func(it sched.Item) bool { return !held[it.ID] }
+	var batch []*waiter
+	for looked := 0; looked <= fairNewcomerAhead; looked++ {
+		it, ok := q.q.Peek(wall, eligible)
+		if !ok {
+			break
+		}
+		o := f.waiters[it.ID]
+		if o == nil {
+			break
+		}
+		ov := v
+		if o != w {
+			ov, _ = f.readPath(o.adm.Domain, entries(o.adm.Descriptors))
+		}
+		s := f.slotOf(q, o, ov, now, wall)
+		if o != w && s.Own && s.At.After(until) {
+			held[it.ID] = true
+			continue
+		}
+		if s.At.After(reach) {
+			break
+		}
+		if next, ok := q.q.Next(wall, eligible); !ok || next.ID != it.ID {
+			break // cannot happen: Next dispatches what Peek returned
+		}
+		f.takeLocked(q, o, now, wall, o == w)
+		batch = append(batch, o)
+		if o == w {
+			break
+		}
+	}
+	if len(batch) > 0 {
+		f.outbox = append(f.outbox, batch)
+	}
+	if q.q.Len() == 0 && f.queues[q.key] == q {
+		delete(f.queues, q.key)
+		f.metrics.queue(q, wall, f.usage[q.key])
+	}
+	return f.waiters[w.id] != w
+}
+
 // passLocked is pass with f.mu held, at leader time now (wall: the same moment as wall time):
-// it releases and returns the batches, which the caller submits once it has let go of f.mu,
-// and says how long to sleep. self is the newcomer whose own pass it is (or nil).
-func (f *fair) passLocked(now int64, wall time.Time, self *waiter) ([][]*waiter, time.Duration) {
+// it releases batches into f.outbox, which the caller flushes once it has let go of f.mu,
+// and says how long to sleep.
+func (f *fair) passLocked(now int64, wall time.Time) time.Duration {
 	f.refreshApplied()
 	horizon := f.horizon
 	wake := now + int64(fairPoll)
@@ -1198,16 +1338,11 @@ func (f *fair) passLocked(now int64, wall time.Time, self *waiter) ([][]*waiter,
 		}
 		return v
 	}
-	// FSM time → wall time for the queue's predictions (aging uses wall time).
-	toWall := func(at int64) time.Time {
-		return wall.Add(time.Duration(min(at-now, int64(time.Hour))))
-	}
 	keys := make([]string, 0, len(f.queues))
 	for k := range f.queues {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	var batches [][]*waiter
 	for _, k := range keys {
 		q := f.queues[k]
 		until := wall.Add(horizon)
@@ -1217,12 +1352,7 @@ func (f *fair) passLocked(now int64, wall time.Time, self *waiter) ([][]*waiter,
 		owed := false
 		slot := func(it sched.Item) sched.Slot {
 			w := f.waiters[it.ID]
-			v := view(w)
-			if v == nil {
-				return sched.Slot{At: wall} // the FSM will say what is wrong
-			}
-			at, which := f.admitAt(v, w.cost, false)
-			s := sched.Slot{At: toWall(at), Own: which >= 0 && which != q.level}
+			s := f.slotOf(q, w, view(w), now, wall)
 			if !s.Own && s.At.After(until) {
 				owed = true
 			}
@@ -1231,34 +1361,12 @@ func (f *fair) passLocked(now int64, wall time.Time, self *waiter) ([][]*waiter,
 		var batch []*waiter
 		take := func(it sched.Item) {
 			w := f.waiters[it.ID]
-			delete(f.waiters, it.ID)
-			f.nwait.Add(-1)
-			q.cost -= min(q.cost, w.cost)
-			f.reserve(w)
-			w.releasedAt, w.releasedWall, w.selfPass = now, wall, w == self
-			f.relFlows[flowKey(q, it.Flow)]++
+			f.takeLocked(q, w, now, wall, false)
 			batch = append(batch, w)
 		}
 		_, next := q.q.Batch(wall, until, slot, take)
-		if self != nil && self.queue == q && f.waiters[self.id] == self && f.relFlows[flowKey(q, self.item.Flow)] == 0 {
-			// A newcomer the fair order serves next goes into this very entry even if the
-			// grants already released reach past the horizon (its moment comes after them
-			// anyway): waiting for the pump's next pass cost it a timer's lateness (traced at
-			// 1000/s: 45 % of small newcomers, arrival → release p99 20 ms on a loaded machine).
-			// Only a flow with no grant in flight: at 10,000/s a heavy tenant whose waiters
-			// were all released came back as a "newcomer" thousands of times a second, each
-			// then an entry of its own (commit p99 0.3 → 1.1 s, utilization 0.81 → 0.47).
-			eligible := func(it sched.Item) bool { s := slot(it); return !s.Own || !s.At.After(until) }
-			if it, ok := q.q.Peek(wall, eligible); ok && it.ID == self.id {
-				if s := slot(it); !s.Own && !s.At.After(wall.Add(fairHorizonMax)) {
-					if it, ok := q.q.Next(wall, eligible); ok && it.ID == self.id {
-						take(it)
-					}
-				}
-			}
-		}
 		if len(batch) > 0 {
-			batches = append(batches, batch)
+			f.outbox = append(f.outbox, batch)
 		}
 		if !next.IsZero() {
 			wake = min(wake, now+int64(next.Sub(wall))-int64(horizon))
@@ -1274,7 +1382,7 @@ func (f *fair) passLocked(now int64, wall time.Time, self *waiter) ([][]*waiter,
 		}
 		f.metrics.queue(q, wall, f.usage[k])
 	}
-	return batches, max(time.Duration(wake-now), fairPassMin)
+	return max(time.Duration(wake-now), fairPassMin)
 }
 
 // failAll fails every waiter: this node no longer leads (or is stopping).

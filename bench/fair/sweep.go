@@ -5,6 +5,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"net/http"
@@ -27,6 +28,7 @@ import (
 var (
 	sweepRates   = flag.String("sweep-rates", "10,100,1000,10000", "rate_sweep: the rates (tokens/s), comma-separated")
 	sweepMeasure = flag.Duration("sweep-measure", 20*time.Second, "rate_sweep: measured time per rate (rates >= 1000/s use half)")
+	sweepProfile = flag.String("cpuprofile", "", "rate_sweep: write the leader's CPU profile over each rate's measured time to FILE.<rate> (its /debug/pprof/profile)")
 )
 
 // sweepRatesList parses -sweep-rates.
@@ -161,6 +163,9 @@ func sweepOne(c *proccluster.Cluster, rate int) SweepPoint {
 	})
 	t0 := time.Now()
 	counting.Store(true)
+	if *sweepProfile != "" {
+		others.Go(func() { leaderProfile(c, leader, time.Until(stop), fmt.Sprint(*sweepProfile, ".", rate)) })
+	}
 	time.Sleep(time.Until(stop))
 	counting.Store(false)
 	elapsed := time.Since(t0)
@@ -188,6 +193,29 @@ func sweepOne(c *proccluster.Cluster, rate int) SweepPoint {
 		p.Dominant = "commit"
 	}
 	return p
+}
+
+// leaderProfile writes node i's CPU profile over the next d to file (-cpuprofile).
+func leaderProfile(c *proccluster.Cluster, i int, d time.Duration, file string) {
+	secs := max(1, int(d/time.Second))
+	hc, err := proccluster.HTTPClient(c.Credentials(), time.Duration(secs+30)*time.Second)
+	if err != nil {
+		check(fmt.Errorf("-cpuprofile: an HTTP client: %w", err))
+	}
+	resp, err := hc.Get(c.URL(i, fmt.Sprint("/debug/pprof/profile?seconds=", secs)))
+	if err != nil {
+		check(fmt.Errorf("-cpuprofile: node%d's profile: %w", i+1, err))
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		check(fmt.Errorf("-cpuprofile: node%d's profile: %s", i+1, resp.Status))
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err == nil {
+		err = os.WriteFile(file, b, 0o644)
+	}
+	check(err)
+	logf("rate_sweep: node%d's CPU profile over %d s in %s", i+1, secs, file)
 }
 
 // commitHistogram reads node i's quotad_raft_commit_seconds buckets: upper bound (s) →
