@@ -56,18 +56,28 @@ func newClient(ctx context.Context, addrs string) (*client.Client, error) {
 	return client.New(cfg)
 }
 
-// call runs fn against each address in turn until one gives an answer that is not
-// "unavailable" (fn must be idempotent: acquire reuses one request ID for every try).
-func call(ctx context.Context, addrs string, fn func(ctx context.Context, conn *grpc.ClientConn) error) error {
+// targets checks --addr and that a node answers, and gives the addresses and dial options
+// call and callOnce use.
+func targets(ctx context.Context, addrs string) ([]string, []grpc.DialOption, error) {
 	list := splitList(addrs)
 	if len(list) == 0 {
-		return fmt.Errorf("--addr is empty: give one or more node gRPC addresses, e.g. 127.0.0.1:7101,127.0.0.1:7102")
+		return nil, nil, fmt.Errorf("--addr is empty: give one or more node gRPC addresses, e.g. 127.0.0.1:7101,127.0.0.1:7102")
 	}
 	opts, err := dialOptions()
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	if err := reach(ctx, list); err != nil {
+		return nil, nil, err
+	}
+	return list, opts, nil
+}
+
+// call runs fn against each address in turn until one gives an answer that is not
+// "unavailable" (fn must be idempotent: acquire reuses one request ID for every try).
+func call(ctx context.Context, addrs string, fn func(ctx context.Context, conn *grpc.ClientConn) error) error {
+	list, opts, err := targets(ctx, addrs)
+	if err != nil {
 		return err
 	}
 	last := make(map[string]error, len(list))
@@ -110,15 +120,8 @@ func call(ctx context.Context, addrs string, fn func(ctx context.Context, conn *
 // answer — a repeat could leave a second token nobody holds. Such an ambiguous failure is
 // returned with check, what to look at before trying again.
 func callOnce(ctx context.Context, addrs, check string, fn func(ctx context.Context, conn *grpc.ClientConn) error) error {
-	list := splitList(addrs)
-	if len(list) == 0 {
-		return fmt.Errorf("--addr is empty: give one or more node gRPC addresses, e.g. 127.0.0.1:7101,127.0.0.1:7102")
-	}
-	opts, err := dialOptions()
+	list, opts, err := targets(ctx, addrs)
 	if err != nil {
-		return err
-	}
-	if err := reach(ctx, list); err != nil {
 		return err
 	}
 	var b strings.Builder
