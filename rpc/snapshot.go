@@ -181,6 +181,13 @@ func (x *snapshotService) Restore(stream grpc.ClientStreamingServer[quotadv1.Sna
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
 	info := backup.Describe(h, decoded)
+	// As for ApplyLimits: a node before command version 6 would drop max_keys_per_parent from
+	// the restored limits and decide differently from the others.
+	if l := decoded.Limits(); l != nil && l.UsesMaxKeysPerParent() {
+		if err := x.s.everyNodeApplies(fsm.MaxKeysPerParentVersion, "max_keys_per_parent"); err != nil {
+			return err
+		}
+	}
 	fileTokens := accessorSet(decoded.Tokens())
 	decoded = nil // garbage from here
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
