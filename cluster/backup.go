@@ -23,11 +23,7 @@ func (n *Node) ClusterID() string { return n.clusterID() }
 func (n *Node) SaveSnapshot(ctx context.Context) (*raft.SnapshotMeta, io.ReadCloser, error) {
 	var last error
 	for range 3 {
-		ts, err := n.Now()
-		if err != nil {
-			return nil, nil, err
-		}
-		if _, err := n.Apply(ctx, n.fsm.EncodeTick(ts)); err != nil {
+		if _, _, err := n.ApplyNow(ctx, n.fsm.EncodeTick); err != nil {
 			return nil, nil, err
 		}
 		f := n.raft.Snapshot()
@@ -56,37 +52,59 @@ func (n *Node) SaveSnapshot(ctx context.Context) (*raft.SnapshotMeta, io.ReadClo
 // they were (nothing for the time between save and restore).
 //
 // While it runs, commands wait for the leader clock (Now blocks). Entries already queued with
-// earlier timestamps are applied at the restored clock or later. timeout bounds the enqueue
-// (0: none).
+// earlier timestamps are applied at the restored clock or later. timeout bounds the whole
+// restore (0: none).
 func (n *Node) RestoreSnapshot(meta *raft.SnapshotMeta, r io.Reader, timeout time.Duration) error {
-	return n.RestoreSnapshotPrepared(func() (*raft.SnapshotMeta, io.Reader, error) { return meta, r, nil }, timeout)
+	return n.RestoreSnapshotPrepared(context.Background(), func(context.Context) (*raft.SnapshotMeta, io.Reader, error) { return meta, r, nil }, timeout)
 }
 
 // RestoreSnapshotPrepared is RestoreSnapshot of a state prepare builds at the moment of the
-// restore: it runs while no command can get a timestamp (Now blocks) and after a barrier (every
-// entry appended before has been applied to the FSM), so what it reads from the FSM is the
-// state the restore replaces. The snapshot service uses it to keep the cluster's current token
-// table in the restored state. An error from prepare is returned as is; nothing was restored.
-func (n *Node) RestoreSnapshotPrepared(prepare func() (*raft.SnapshotMeta, io.Reader, error), timeout time.Duration) error {
+// restore. It first waits until no command is between taking its timestamp and being queued
+// in raft (ApplyNow), then holds new ones off (Now blocks) and applies a barrier, so every
+// command stamped before the restore has been applied to the FSM and none is in flight: what
+// prepare reads from the FSM is the state the restore replaces, and nothing commits between
+// that read and the restore. The snapshot service uses it to keep the cluster's current token
+// table in the restored state. ctx and timeout (0: none) bound the whole restore, prepare
+// included (it gets the bounded ctx and must stop when it ends: commands wait meanwhile). An
+// error from prepare is returned as is; nothing was restored.
+func (n *Node) RestoreSnapshotPrepared(ctx context.Context, prepare func(ctx context.Context) (*raft.SnapshotMeta, io.Reader, error), timeout time.Duration) error {
 	if n.closed.Load() {
 		return ErrShutdown
 	}
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	// Proposals hold stampMu shared only from Now until raft.Apply has queued their entry
+	// (bounded by their own enqueue timeout), so this wait is short.
+	n.stampMu.Lock()
+	defer n.stampMu.Unlock()
 	n.clk.mu.Lock()
 	defer n.clk.mu.Unlock()
 	if !n.clk.ready || n.raft.State() != raft.Leader || n.raft.CurrentTerm() != n.clk.term {
 		return ErrNotLeader
 	}
-	if err := n.raft.Barrier(timeout).Error(); err != nil {
+	left := func() time.Duration {
+		if dl, ok := ctx.Deadline(); ok {
+			return max(time.Until(dl), time.Millisecond)
+		}
+		return 0
+	}
+	if err := n.wait(ctx, n.raft.Barrier(left())); err != nil {
 		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) {
 			return fmt.Errorf("%w: %w", ErrNotLeader, err)
 		}
 		return fmt.Errorf("cluster: restore: barrier: %w", err)
 	}
-	meta, r, err := prepare()
+	meta, r, err := prepare(ctx)
 	if err != nil {
 		return err
 	}
-	if err := n.raft.Restore(meta, r, timeout); err != nil {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("cluster: restore: %w", err)
+	}
+	if err := n.raft.Restore(meta, r, left()); err != nil {
 		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) {
 			return fmt.Errorf("%w: %w", ErrNotLeader, err)
 		}

@@ -76,6 +76,10 @@ type Node struct {
 	closed   atomic.Bool
 
 	clk leaderClock
+	// stampMu is held shared by ApplyNow from taking a timestamp until raft has queued the
+	// entry, and exclusively by a restore before its barrier: once the barrier is applied no
+	// entry stamped before the restore is still on its way to the log.
+	stampMu sync.RWMutex
 
 	walLog   *wal.Log // the log store with LogStore "wal" (bolt is then only the stable store); else nil
 	logStore string   // the backend in use: LogStoreBoltDB or LogStoreWAL (never LogStoreAuto)
@@ -411,23 +415,57 @@ func (n *Node) notifyLeaderChange() {
 // (raft.ErrLeadershipLost, also wrapped), shutdown, or ctx ended while waiting. An unknown
 // outcome may still commit later, so retries must carry the same request ID.
 func (n *Node) Apply(ctx context.Context, data []byte) (any, error) {
-	if n.closed.Load() {
-		return nil, ErrShutdown
-	}
-	if err := ctx.Err(); err != nil {
+	timeout, err := n.applyTimeout(ctx)
+	if err != nil {
 		return nil, err
-	}
-	var timeout time.Duration
-	if dl, ok := ctx.Deadline(); ok {
-		if timeout = time.Until(dl); timeout <= 0 {
-			return nil, context.DeadlineExceeded
-		}
 	}
 	f := n.raft.Apply(data, timeout)
 	if err := n.wait(ctx, f); err != nil {
 		return nil, applyError(err)
 	}
 	return f.Response(), nil
+}
+
+// ApplyNow is Apply of the entry encode builds from a fresh Now timestamp, which it also
+// returns. Taking the timestamp and queueing the entry in raft is one step that a restore
+// excludes (RestoreSnapshotPrepared): an entry stamped before a restore is in the log before
+// the restore's barrier, never committed while the restore is being prepared. encode runs
+// while restores are held off: it must not block.
+func (n *Node) ApplyNow(ctx context.Context, encode func(ts int64) []byte) (any, int64, error) {
+	timeout, err := n.applyTimeout(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	n.stampMu.RLock()
+	ts, err := n.Now()
+	if err != nil {
+		n.stampMu.RUnlock()
+		return nil, 0, err
+	}
+	f := n.raft.Apply(encode(ts), timeout)
+	n.stampMu.RUnlock()
+	if err := n.wait(ctx, f); err != nil {
+		return nil, 0, applyError(err)
+	}
+	return f.Response(), ts, nil
+}
+
+// applyTimeout checks the node and ctx before an apply and returns the enqueue timeout
+// ctx's deadline allows (0: none).
+func (n *Node) applyTimeout(ctx context.Context) (time.Duration, error) {
+	if n.closed.Load() {
+		return 0, ErrShutdown
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	var timeout time.Duration
+	if dl, ok := ctx.Deadline(); ok {
+		if timeout = time.Until(dl); timeout <= 0 {
+			return 0, context.DeadlineExceeded
+		}
+	}
+	return timeout, nil
 }
 
 // wait waits for f, for ctx to end, or for the node to stop, whichever is first. raft

@@ -52,3 +52,12 @@ func SetForwardRegionalHook(fn func()) {
 	}
 	forwardRegionalHook.Store(&fn)
 }
+
+// SetStampedHook makes every proposal call fn between taking its timestamp and queueing its
+// entry in raft (nil: stop). Set it before the cluster starts and clear it after the test.
+func SetStampedHook(fn func()) { stampedHook = fn }
+
+// SetRestoreCopiedHook makes a restore that keeps the current tokens call fn right after it
+// copied the snapshot with them (nil: stop). Set it before the cluster starts and clear it
+// after the test.
+func SetRestoreCopiedHook(fn func()) { restoreCopiedHook = fn }

@@ -14,10 +14,10 @@ import (
 
 // Applier is what the proposer needs of a cluster node (cluster.Node implements it).
 type Applier interface {
-	// Now returns the leader's FSM timestamp, or an error if this node is not an established leader.
-	Now() (int64, error)
-	// Apply commits data to the log and returns the FSM's response.
-	Apply(ctx context.Context, data []byte) (any, error)
+	// ApplyNow takes the leader's FSM timestamp (an error if this node is not an established
+	// leader), commits the entry encode builds from it and returns the FSM's response and the
+	// timestamp (cluster.Node.ApplyNow).
+	ApplyNow(ctx context.Context, encode func(ts int64) []byte) (any, int64, error)
 }
 
 // ProposerConfig tunes group commit.
@@ -323,19 +323,24 @@ func (p *proposer) commitCtx(ctx context.Context, batch []queuedOp) {
 	}
 }
 
+// stampedHook, if set (tests only; set before the cluster starts), runs in every proposal
+// between taking its timestamp and queueing its entry in raft.
+var stampedHook func()
+
 func (p *proposer) apply(ctx context.Context, batch []queuedOp) (*fsm.Result, int64, error) {
-	ts, err := p.node.Now()
-	if err != nil {
-		return nil, 0, err
-	}
 	ops := make([][]byte, len(batch))
 	for i, q := range batch {
 		ops[i] = q.data
 	}
-	data := fsm.EncodeEntry(ts, ops)
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.ApplyTimeout)
 	defer cancel()
-	out, err := p.node.Apply(ctx, data)
+	// Timestamp and enqueue are one step a snapshot restore excludes (cluster.Node.ApplyNow).
+	out, ts, err := p.node.ApplyNow(ctx, func(ts int64) []byte {
+		if h := stampedHook; h != nil {
+			h()
+		}
+		return fsm.EncodeEntry(ts, ops)
+	})
 	if err != nil {
 		return nil, 0, err
 	}

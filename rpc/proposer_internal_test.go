@@ -28,9 +28,13 @@ func newGatedApplier() *gatedApplier {
 	return &gatedApplier{started: make(chan struct{}, 16), gate: make(chan struct{}, 16)}
 }
 
-func (g *gatedApplier) Now() (int64, error) { return time.Now().UnixNano(), nil }
+func (g *gatedApplier) ApplyNow(ctx context.Context, encode func(ts int64) []byte) (any, int64, error) {
+	ts := time.Now().UnixNano()
+	out, err := g.apply(ctx, encode(ts))
+	return out, ts, err
+}
 
-func (g *gatedApplier) Apply(ctx context.Context, data []byte) (any, error) {
+func (g *gatedApplier) apply(ctx context.Context, data []byte) (any, error) {
 	var cmd fsmv1.Command
 	if err := proto.Unmarshal(data, &cmd); err != nil {
 		return nil, err

@@ -50,6 +50,9 @@ const (
 // Node is what the server needs of a cluster node (*cluster.Node implements it).
 type Node interface {
 	Applier
+	// Now returns the leader's FSM timestamp, or an error if this node is not an established
+	// leader (for reading the time; commands take theirs through ApplyNow).
+	Now() (int64, error)
 	IsLeader() bool
 	Leader() (id, grpcAddr string)
 	VerifyRead(ctx context.Context) error

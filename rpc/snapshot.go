@@ -1,6 +1,7 @@
 package rpc
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -180,6 +181,13 @@ func (x *snapshotService) Restore(stream grpc.ClientStreamingServer[quotadv1.Sna
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
 	info := backup.Describe(h, decoded)
+	// As for ApplyLimits: a node before command version 6 would drop max_keys_per_parent from
+	// the restored limits and decide differently from the others.
+	if l := decoded.Limits(); l != nil && l.UsesMaxKeysPerParent() {
+		if err := x.s.everyNodeApplies(fsm.MaxKeysPerParentVersion, "max_keys_per_parent"); err != nil {
+			return err
+		}
+	}
 	fileTokens := accessorSet(decoded.Tokens())
 	decoded = nil // garbage from here
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
@@ -189,9 +197,12 @@ func (x *snapshotService) Restore(stream grpc.ClientStreamingServer[quotadv1.Sna
 	resp := &quotadv1.SnapshotRestoreResponse{LimitsVersion: info.LimitsVersion, Buckets: uint64(info.Buckets), Leases: uint64(info.Leases),
 		DedupEntries: uint64(info.DedupEntries), FileTokens: uint64(len(fileTokens)), TokensRestored: first.RestoreTokens}
 	// Tokens and revocations are security state: unless asked, the restored state carries the
-	// token table the cluster has at the moment of the restore (read under the leader clock,
-	// after a barrier: no token op slips between the read and the restore), not the file's.
-	prepare := func() (*raft.SnapshotMeta, io.Reader, error) {
+	// token table the cluster has at the moment of the restore, not the file's. prepare runs
+	// after every command stamped before the restore has been applied and while new ones wait
+	// (cluster.Node.RestoreSnapshotPrepared): no token op commits between the read and the
+	// restore. Commands wait while it copies, so the copy stops when ctx (the restore's
+	// timeout or the caller leaving) ends.
+	prepare := func(ctx context.Context) (*raft.SnapshotMeta, io.Reader, error) {
 		current := accessorSet(x.s.fsm.Tokens())
 		if first.RestoreTokens {
 			resp.Tokens = uint64(len(fileTokens))
@@ -204,9 +215,12 @@ func (x *snapshotService) Restore(stream grpc.ClientStreamingServer[quotadv1.Sna
 			return nil, nil, fmt.Errorf("staging the snapshot with the current tokens: %w", err)
 		}
 		keptFile = kept
-		n, err := x.s.fsm.WriteSnapshotWithTokens(kept, tmp)
+		n, err := x.s.fsm.WriteSnapshotWithTokens(kept, ctxReader{ctx, tmp})
 		if err != nil {
 			return nil, nil, fmt.Errorf("replacing the snapshot's tokens with the current ones: %w", err)
+		}
+		if h := restoreCopiedHook; h != nil {
+			h()
 		}
 		if _, err := kept.Seek(0, io.SeekStart); err != nil {
 			return nil, nil, fmt.Errorf("staging the snapshot with the current tokens: %w", err)
@@ -221,7 +235,7 @@ func (x *snapshotService) Restore(stream grpc.ClientStreamingServer[quotadv1.Sna
 			os.Remove(keptFile.Name())
 		}
 	}()
-	if err := x.node.RestoreSnapshotPrepared(prepare, time.Minute); err != nil {
+	if err := x.node.RestoreSnapshotPrepared(stream.Context(), prepare, time.Minute); err != nil {
 		if errors.Is(err, cluster.ErrNotLeader) {
 			return x.s.applyError(err)
 		}
@@ -229,6 +243,23 @@ func (x *snapshotService) Restore(stream grpc.ClientStreamingServer[quotadv1.Sna
 	}
 	resp.Index = x.node.Raft().LastIndex()
 	return stream.SendAndClose(resp)
+}
+
+// restoreCopiedHook, if set (tests only), runs in a restore that keeps the current tokens
+// right after the snapshot was copied with them.
+var restoreCopiedHook func()
+
+// ctxReader is r that fails with ctx's error once ctx has ended.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
 }
 
 // accessorSet returns the tokens' accessors.

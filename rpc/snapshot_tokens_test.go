@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -101,4 +102,71 @@ func TestSnapshotRestoreKeepsTokens(t *testing.T) {
 		t.Fatalf("with restore_tokens the token revoked after the save is refused: %v", err)
 	}
 	wantCode(t, admitted(newer), codes.Unauthenticated)
+}
+
+// TestSnapshotRestoreKeepsRevokeInFlight: a revoke that took its timestamp just before a
+// restore (which keeps the current tokens) began, and is queued in raft only while the
+// restore runs, is either refused or stays in force: the restore waits until it is in the
+// log before its barrier, so the token table it keeps has it. The hooks widen the windows:
+// 300 ms between the revoke's timestamp and its enqueue, 800 ms between the restore's copy of
+// the current tokens and raft.Restore (time for a revoke queued after the barrier to commit).
+func TestSnapshotRestoreKeepsRevokeInFlight(t *testing.T) {
+	var armStamp, armCopy atomic.Bool
+	stamped := make(chan struct{}, 1)
+	rpc.SetStampedHook(func() {
+		if armStamp.CompareAndSwap(true, false) {
+			stamped <- struct{}{}
+			time.Sleep(300 * time.Millisecond)
+		}
+	})
+	rpc.SetRestoreCopiedHook(func() {
+		if armCopy.CompareAndSwap(true, false) {
+			time.Sleep(800 * time.Millisecond)
+		}
+	})
+	t.Cleanup(func() { rpc.SetStampedHook(nil); rpc.SetRestoreCopiedHook(nil) })
+
+	bootstrapFile := filepath.Join(t.TempDir(), "bootstrap")
+	bootstrap, _, err := auth.NewToken()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bootstrapFile, []byte(bootstrap+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, p := authCluster(t, tokenLimits, func(_ int, cfg *rpc.AgentConfig) { cfg.BootstrapTokenFile = bootstrapFile })
+	ctx := context.Background()
+	as := func(tok string) context.Context {
+		return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tok)
+	}
+	leader := c.WaitLeader(10 * time.Second)
+	lconn := p.dialAs(c.Addrs()[leader], "")
+	admin := quotadv1.NewAdminClient(lconn)
+	q := quotadv1.NewQuotaClient(lconn)
+	created, err := admin.CreateToken(as(bootstrap), &quotadv1.CreateTokenRequest{Role: "worker", Domains: []string{"provider"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "s.snap")
+	if _, err := backup.Save(as(bootstrap), quotadv1.NewSnapshotClient(lconn), file); err != nil {
+		t.Fatal(err)
+	}
+
+	armStamp.Store(true)
+	revoked := make(chan error, 1)
+	go func() {
+		_, err := admin.RevokeToken(as(bootstrap), &quotadv1.RevokeTokenRequest{Accessor: created.Accessor})
+		revoked <- err
+	}()
+	<-stamped // the revoke has its timestamp and is not in raft yet
+	armCopy.Store(true)
+	if _, err := backup.Restore(as(bootstrap), quotadv1.NewSnapshotClient(lconn), file, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-revoked; err != nil {
+		t.Fatalf("revoke beside a restore: %v", err)
+	}
+	// The revoke was confirmed: the token must stay refused.
+	_, err = acquireOne(as(created.Token), q, "c", admission(1, 1, "endpoint=search"))
+	wantCode(t, err, codes.Unauthenticated, created.Accessor)
 }

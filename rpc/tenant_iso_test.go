@@ -16,6 +16,7 @@ import (
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 	"github.com/quotad/quotad/auth"
+	"github.com/quotad/quotad/backup"
 	"github.com/quotad/quotad/cluster/clustertest"
 	"github.com/quotad/quotad/rpc"
 	"github.com/quotad/quotad/rpc/rpctest"
@@ -277,5 +278,39 @@ func TestMaxKeysPerParentNeedsEveryNode(t *testing.T) {
 	}
 	if _, err := admin.ApplyLimits(ctx, &quotadv1.ApplyLimitsRequest{Yaml: strings.ReplaceAll(parentKeysLimits, "max_keys_per_parent: 3", "")}); err != nil {
 		t.Fatalf("the same limits without max_keys_per_parent: %v", err)
+	}
+}
+
+// TestRestoreMaxKeysPerParentNeedsEveryNode: restoring a snapshot whose limits use
+// max_keys_per_parent is refused like applying them while a node runs command version 5 (it
+// would drop the field from the restored limits): FailedPrecondition naming the node, and the
+// state stays as it was.
+func TestRestoreMaxKeysPerParentNeedsEveryNode(t *testing.T) {
+	ctx := context.Background()
+	src := rpctest.Start(t, 1, parentKeysLimits)
+	file := filepath.Join(t.TempDir(), "s.snap")
+	if _, err := backup.Save(ctx, quotadv1.NewSnapshotClient(dial(t, src.Addrs()[src.WaitLeader(10*time.Second)])), file); err != nil {
+		t.Fatal(err)
+	}
+
+	c := rpctest.Start(t, 3, waiterTenantLimits, func(i int, cfg *rpc.AgentConfig) {
+		if i == 2 {
+			cfg.Cluster.AdvertisedCommandVersion = 5
+		}
+	})
+	leader := c.Leader()
+	clustertest.Eventually(t, 10*time.Second, func() error {
+		for _, m := range c.Agent(leader).Node().Members() {
+			if m.Suffrage == "" || (m.ID == c.ClusterConfig(2).ID) != (m.CommandVersion == 5) || m.CommandVersion == 0 {
+				return fmt.Errorf("members not all seen yet: %+v", m)
+			}
+		}
+		return nil
+	})
+	_, err := backup.Restore(ctx, quotadv1.NewSnapshotClient(dial(t, c.Addrs()[leader])), file, false)
+	wantCode(t, err, codes.FailedPrecondition, "max_keys_per_parent", "fsm command version 6 on every node",
+		"node "+c.ClusterConfig(2).ID+" advertises command version 5", "upgrade it first")
+	if l := c.Agent(leader).FSM().Limits(); l.UsesMaxKeysPerParent() {
+		t.Fatalf("the refused restore installed the file's limits: %+v", l)
 	}
 }
