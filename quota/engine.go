@@ -311,10 +311,12 @@ func (e *Engine) matchPath(root *level, domain string, entries []Entry) []step {
 //     with the longest RetryAfter (the binding one), so retrying after RetryAfter finds every
 //     bucket refilled enough (RetryAfter is exact: one nanosecond earlier is too early);
 //  7. too_many_keys: admitting would store new buckets in a domain that already holds its
-//     max_keys (Limit); Scope is the outermost new bucket's level.
+//     max_keys (Limit), or a new bucket at a level whose parent path already holds that
+//     level's max_keys_per_parent (Limit); Scope is the outermost new bucket's level, or that level.
 //
-// A shadow-mode level never refuses: when it would, it is skipped (no debit, no permit) and its
-// scope is listed in Decision.ShadowDenials.
+// A shadow-mode level never refuses: when it would, it is skipped (no debit, no permit; over
+// its max_keys_per_parent, no bucket stored) and its scope is listed in Decision.ShadowDenials.
+// The domain's max_keys refuses whatever the modes of the levels.
 //
 // Admitted: every charged bucket is debited Cost (listed in Charges), and one lease (LeaseID)
 // holds one permit at every concurrency-limited level for LeaseTTL: the smallest configured
@@ -444,7 +446,7 @@ func (e *Engine) Acquire(now Time, req Request) Decision {
 		d.Reason, d.RetryAfter, d.Cost, d.ShadowDenials = ReasonRateLimited, denyRetry, cost, shadow
 		return d
 	}
-	if d, ok := e.checkKeys(root, steps, cost, shadow); !ok {
+	if d, ok := e.checkKeys(root, steps, cost, &shadow, &nRate); !ok {
 		return d
 	}
 	if root.retry != nil {
@@ -496,27 +498,36 @@ func (e *Engine) Acquire(now Time, req Request) Decision {
 // checkKeys refuses (ok false) an admission that would store new buckets in a domain that
 // already holds max_keys of them, or a new bucket at a level whose parent path already holds
 // its max_keys_per_parent there. It runs once the admission would otherwise be admitted, so
-// a request refused for another reason is refused for that one.
-func (e *Engine) checkKeys(root *level, steps []step, cost uint64, shadow []string) (Decision, bool) {
+// a request refused for another reason is refused for that one. A shadow_mode level over its
+// max_keys_per_parent does not refuse: it is skipped as when its bucket cannot pay (no bucket
+// stored, no debit; nRate counts one fewer) and listed in shadow. The domain's max_keys bounds
+// the domain's memory whatever its levels' modes and still refuses.
+func (e *Engine) checkKeys(root *level, steps []step, cost uint64, shadow *[]string, nRate *int) (Decision, bool) {
 	added, first := 0, -1
 	for i := range steps {
 		s := &steps[i]
 		if s.lv.rate == nil || s.skipRate || s.slot != noSlot {
 			continue
 		}
-		if added++; first < 0 {
-			first = i
-		}
 		if s.lv.maxPerParent > 0 && i > 0 {
 			if held := e.buckets.underParent(s.lv.idx, e.keybuf[:s.end]); held >= s.lv.maxPerParent {
+				if s.lv.shadow {
+					s.skipRate = true
+					*nRate--
+					*shadow = appendScope(*shadow, s.lv.scope)
+					continue
+				}
 				wait := s.r.timeFor(s.r.capMicro)
 				parent := e.keybuf[:steps[i-1].end]
 				return Decision{Reason: ReasonTooManyKeys, Scope: s.lv.scope, Limit: uint64(s.lv.maxPerParent), RetryAfter: wait,
-					Cost: cost, ShadowDenials: shadow,
+					Cost: cost, ShadowDenials: *shadow,
 					Message: fmt.Sprintf("%.80q holds %d active %q buckets and that level's max_keys_per_parent is %d, so bucket %.80q cannot be added; "+
 						"buckets are dropped once idle and full again (within %v), or raise max_keys_per_parent",
 						parent, held, s.lv.scope, s.lv.maxPerParent, e.keybuf[:s.end], wait)}, false
 			}
+		}
+		if added++; first < 0 {
+			first = i
 		}
 	}
 	held := e.buckets.domKeys[root.dom]
@@ -527,7 +538,7 @@ func (e *Engine) checkKeys(root *level, steps []step, cost uint64, shadow []stri
 	// A stored bucket is dropped once it is full again: by then an idle key has made room.
 	wait := s.r.timeFor(s.r.capMicro)
 	return Decision{Reason: ReasonTooManyKeys, Scope: s.lv.scope, Limit: uint64(root.maxKeys), RetryAfter: wait,
-		Cost: cost, ShadowDenials: shadow,
+		Cost: cost, ShadowDenials: *shadow,
 		Message: fmt.Sprintf("domain %q holds %d active buckets and max_keys is %d, so bucket %.80q cannot be added; "+
 			"buckets are dropped once idle and full again (within %v), or raise the domain's max_keys",
 			root.domain, held, root.maxKeys, e.keybuf[:s.end], wait)}, false

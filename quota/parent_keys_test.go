@@ -151,3 +151,37 @@ func TestMaxKeysPerParentRLS(t *testing.T) {
 		t.Fatalf("globex's first consumer over RLS: %+v", d)
 	}
 }
+
+// TestMaxKeysPerParentShadow: a shadow_mode level over its max_keys_per_parent admits (as
+// Envoy RLS answers it OK) and lists its scope in ShadowDenials, without storing the bucket
+// beyond the cap or debiting anything at that level; the other levels are charged as usual.
+func TestMaxKeysPerParentShadow(t *testing.T) {
+	l := perParentLimits(2)
+	l.Domains[0].Descriptors[0].Children[0].ShadowMode = true
+	e := mustEngine(t, l)
+	for i := range 2 {
+		if d := e.Acquire(0, consumerReq("acme", fmt.Sprint("c", i))); !d.Admitted || len(d.ShadowDenials) != 0 {
+			t.Fatalf("acme consumer %d: %+v", i, d)
+		}
+	}
+	keys := e.Stats().Buckets
+	d := e.Acquire(0, consumerReq("acme", "c2"))
+	if !d.Admitted || d.Reason != ReasonOK || len(d.ShadowDenials) != 1 || d.ShadowDenials[0] != "consumer" {
+		t.Fatalf("acme's third consumer on a shadow level with max_keys_per_parent 2: %+v, want admitted with ShadowDenials [consumer]", d)
+	}
+	if len(d.Charges) != 1 || d.Charges[0] != "t7/tenant=acme" {
+		t.Fatalf("charges %q, want only the tenant's bucket", d.Charges)
+	}
+	if got := e.Stats().Buckets; got != keys {
+		t.Fatalf("stored buckets %d after the shadow admission, want %d (no bucket beyond the cap)", got, keys)
+	}
+	// Repeated inventions store nothing either.
+	for i := 3; i < 20; i++ {
+		if d := e.Acquire(0, consumerReq("acme", fmt.Sprint("c", i))); !d.Admitted {
+			t.Fatalf("acme consumer %d: %+v", i, d)
+		}
+	}
+	if got := e.Stats().Buckets; got != keys {
+		t.Fatalf("stored buckets %d after 17 more inventions, want %d", got, keys)
+	}
+}

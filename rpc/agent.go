@@ -71,8 +71,8 @@ type AgentConfig struct {
 	// ExtraHTTP handlers are mounted on the HTTP port (the chaos build adds its fault controls).
 	ExtraHTTP map[string]http.Handler
 	// HTTPIdleTimeout closes a keep-alive connection to the HTTP port after this long
-	// without a request (0: DefaultHTTPIdleTimeout). Responses have a write deadline, and the
-	// port holds at most 1024 connections (rpc/conns.go).
+	// without a request (0: DefaultHTTPIdleTimeout). Responses have a write deadline; the port has
+	// no cap on open connections (rpc/conns.go).
 	HTTPIdleTimeout time.Duration
 	// MaxRequestBytes caps one gRPC message a node accepts (--max-request-bytes); a larger one
 	// is refused with ResourceExhausted before it is decoded. 0 means DefaultMaxRequestBytes.
@@ -209,7 +209,6 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 			return nil, fmt.Errorf("http address %q: %w", cfg.Cluster.HTTPAddr, err)
 		}
 		cfg.Cluster.HTTPAddr = a.httpLn.Addr().String()
-		a.httpLn = limitConns(a.httpLn)
 		if httpTLS != nil {
 			a.httpLn = tls.NewListener(a.httpLn, httpTLS)
 		}

@@ -1,13 +1,11 @@
 package rpc
 
 import (
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
 
-	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
 )
@@ -24,9 +22,10 @@ const (
 	httpWriteTimeout = 30 * time.Second
 	// httpMaxDebugSeconds caps the extra write time ?seconds= grants a /debug handler.
 	httpMaxDebugSeconds = 10 * 60
-	// httpMaxConns caps the HTTP port's open connections; beyond it Accept waits for one to
-	// close (the listener stops accepting; the kernel's backlog holds the rest).
-	httpMaxConns = 1024
+	// The HTTP port has no cap on open connections: it accepts callers without a client
+	// certificate, and a cap would let anyone hold every slot with idle keep-alive
+	// connections and hang /healthz and /metrics for everyone. ReadHeaderTimeout, the idle
+	// timeout and the write deadline bound how long each one lives.
 
 	// grpcMaxConnectionIdle closes a gRPC connection with no call for this long (GOAWAY; a
 	// client reconnects at its next call). Streams — lender shares, snapshot transfers,
@@ -70,22 +69,36 @@ func newHTTPServer(h http.Handler, idle time.Duration) *http.Server {
 	return &http.Server{Handler: withWriteDeadline(h), ReadHeaderTimeout: 5 * time.Second, IdleTimeout: idle}
 }
 
-// limitConns caps ln's open connections at httpMaxConns.
-func limitConns(ln net.Listener) net.Listener { return netutil.LimitListener(ln, httpMaxConns) }
-
-// withWriteDeadline sets each response's write deadline: httpWriteTimeout, plus ?seconds=
-// (at most httpMaxDebugSeconds) for /debug/ (pprof's profile and trace write after sampling
-// that long). A per-request deadline rather than http.Server.WriteTimeout, which pprof
-// would refuse to exceed.
+// withWriteDeadline sets each response's write deadline (writeDeadline). A per-request
+// deadline rather than http.Server.WriteTimeout, which pprof would refuse to exceed.
 func withWriteDeadline(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		d := httpWriteTimeout
-		if strings.HasPrefix(r.URL.Path, "/debug/") {
-			if s, err := strconv.Atoi(r.URL.Query().Get("seconds")); err == nil && s > 0 {
-				d += time.Duration(min(s, httpMaxDebugSeconds)) * time.Second
-			}
-		}
-		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(d))
+		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(writeDeadline(r)))
 		h.ServeHTTP(w, r)
 	})
+}
+
+// writeDeadline is how long r's response may take to write: httpWriteTimeout, plus for
+// /debug/ the time the handler samples before it writes (at most httpMaxDebugSeconds):
+// ?seconds= as the pprof handler reads it (a decimal for trace, an integer otherwise), or
+// without a valid one pprof's default — 30 s for /debug/pprof/profile, 1 s for
+// /debug/pprof/trace (`go tool pprof URL` sends no seconds), none for the others.
+func writeDeadline(r *http.Request) time.Duration {
+	if !strings.HasPrefix(r.URL.Path, "/debug/") {
+		return httpWriteTimeout
+	}
+	q := r.URL.Query().Get("seconds")
+	var s float64
+	if r.URL.Path == "/debug/pprof/trace" {
+		if f, err := strconv.ParseFloat(q, 64); err == nil && f > 0 { // f > 0 is false for NaN
+			s = f
+		} else {
+			s = 1
+		}
+	} else if n, err := strconv.ParseInt(q, 10, 64); err == nil && n > 0 {
+		s = float64(n)
+	} else if r.URL.Path == "/debug/pprof/profile" {
+		s = 30
+	}
+	return httpWriteTimeout + time.Duration(min(s, httpMaxDebugSeconds)*float64(time.Second))
 }

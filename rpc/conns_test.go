@@ -48,3 +48,39 @@ func TestHTTPClosesIdleConnections(t *testing.T) {
 		t.Fatalf("idle keep-alive connection: read %v, want EOF (closed by the agent)", err)
 	}
 }
+
+// TestHTTPManyIdleConnections: 1100 idle keep-alive connections to the HTTP port (the port
+// takes callers without a client certificate) do not stop a fresh GET /healthz. With a
+// connection cap of 1024 the new connection waited in the accept backlog until an idle one
+// timed out.
+func TestHTTPManyIdleConnections(t *testing.T) {
+	c := rpctest.Start(t, 1, testLimits)
+	addr := c.Agent(0).HTTPAddr()
+	for i := range 1100 {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		defer conn.Close()
+		if _, err := io.WriteString(conn, "GET /healthz HTTP/1.1\r\nHost: quotad\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	// Every one is now idle and kept alive (2 min); a new caller is still served.
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := client.Get("http://" + addr + "/healthz")
+	if err != nil {
+		t.Fatalf("GET /healthz beside 1100 idle connections: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /healthz beside 1100 idle connections: %s", resp.Status)
+	}
+}
