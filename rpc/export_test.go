@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"sync/atomic"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 )
@@ -31,7 +32,13 @@ type FairTrace = fairTrace
 
 // SetFairTrace makes the scheduler report every admission of the waiting path to fn (nil:
 // stop). Set it before the cluster starts and clear it after the test.
-func SetFairTrace(fn func(FairTrace)) { fairTraceHook = fn }
+func SetFairTrace(fn func(FairTrace)) {
+	if fn == nil {
+		fairTraceHook.Store(nil)
+		return
+	}
+	fairTraceHook.Store(&fn)
+}
 
 // ForwardVia forwards req from agent a's Envoy service to the node at addr in a batch, as a
 // follower that believes addr leads would.
@@ -55,9 +62,17 @@ func SetForwardRegionalHook(fn func()) {
 
 // SetStampedHook makes every proposal call fn between taking its timestamp and queueing its
 // entry in raft (nil: stop). Set it before the cluster starts and clear it after the test.
-func SetStampedHook(fn func()) { stampedHook = fn }
+func SetStampedHook(fn func()) { setHook(&stampedHook, fn) }
 
 // SetRestoreCopiedHook makes a restore that keeps the current tokens call fn right after it
 // copied the snapshot with them (nil: stop). Set it before the cluster starts and clear it
 // after the test.
-func SetRestoreCopiedHook(fn func()) { restoreCopiedHook = fn }
+func SetRestoreCopiedHook(fn func()) { setHook(&restoreCopiedHook, fn) }
+
+func setHook(h *atomic.Pointer[func()], fn func()) {
+	if fn == nil {
+		h.Store(nil)
+		return
+	}
+	h.Store(&fn)
+}

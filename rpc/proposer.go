@@ -323,9 +323,9 @@ func (p *proposer) commitCtx(ctx context.Context, batch []queuedOp) {
 	}
 }
 
-// stampedHook, if set (tests only; set before the cluster starts), runs in every proposal
-// between taking its timestamp and queueing its entry in raft.
-var stampedHook func()
+// stampedHook, if set (tests only), runs in every proposal between taking its timestamp and
+// queueing its entry in raft. Atomic: tests set and clear it while clusters run.
+var stampedHook atomic.Pointer[func()]
 
 func (p *proposer) apply(ctx context.Context, batch []queuedOp) (*fsm.Result, int64, error) {
 	ops := make([][]byte, len(batch))
@@ -336,8 +336,8 @@ func (p *proposer) apply(ctx context.Context, batch []queuedOp) (*fsm.Result, in
 	defer cancel()
 	// Timestamp and enqueue are one step a snapshot restore excludes (cluster.Node.ApplyNow).
 	out, ts, err := p.node.ApplyNow(ctx, func(ts int64) []byte {
-		if h := stampedHook; h != nil {
-			h()
+		if h := stampedHook.Load(); h != nil {
+			(*h)()
 		}
 		return fsm.EncodeEntry(ts, ops)
 	})

@@ -185,9 +185,10 @@ type fairTrace struct {
 	StampFSM, MomentFSM int64
 }
 
-// fairTraceHook, if set (diagnostic tests only; set before the cluster starts), is called
-// for every admission the scheduler made through the waiting path.
-var fairTraceHook func(fairTrace)
+// fairTraceHook, if set (diagnostic tests only), is called for every admission the scheduler
+// made through the waiting path. Atomic: a test clears it while handler goroutines of a
+// cluster it stopped may still read it.
+var fairTraceHook atomic.Pointer[func(fairTrace)]
 
 // relBatch is one released batch (one proposer call) until its answer: the request its last
 // op decides (the FSM remembers it once the entry is applied, if admitted) and its cost by
@@ -656,8 +657,8 @@ func (f *fair) wait(ctx context.Context, owner string, slot waiterSlot, adm *quo
 			}
 		}
 		f.mu.Unlock()
-		if fairReleasedHook != nil {
-			fairReleasedHook()
+		if h := fairReleasedHook.Load(); h != nil {
+			(*h)()
 		}
 		f.flush()
 		if urgent && !self {
@@ -763,9 +764,9 @@ func (f *fair) released(ctx context.Context, w *waiter) (*quotadv1.Decision, boo
 	if err := f.hold(ctx, r); err != nil {
 		return nil, true, err
 	}
-	if fairTraceHook != nil && r.res.Decision.Admitted {
+	if hook := fairTraceHook.Load(); hook != nil && r.res.Decision.Admitted {
 		toWall := func(t int64) time.Time { return w.releasedWall.Add(time.Duration(t - w.releasedAt)) }
-		fairTraceHook(fairTrace{Adm: w.adm, Newcomer: w.newcomer, SelfPass: w.selfPass, Arrived: w.arrived, Released: w.releasedWall,
+		(*hook)(fairTrace{Adm: w.adm, Newcomer: w.newcomer, SelfPass: w.selfPass, Arrived: w.arrived, Released: w.releasedWall,
 			Stamp: toWall(r.ts), Moment: toWall(r.ts + int64(r.res.Decision.RetryAfter)), Applied: applied, Answered: time.Now(),
 			StampFSM: r.ts, MomentFSM: r.ts + int64(r.res.Decision.RetryAfter)})
 	}
@@ -844,8 +845,8 @@ func (f *fair) decide(ctx context.Context, w *waiter) (*quotadv1.Decision, bool,
 	if err := f.hold(ctx, r); err != nil {
 		return nil, true, err
 	}
-	if fairTraceHook != nil && r.res.Decision.Admitted {
-		fairTraceHook(fairTrace{Adm: w.adm, Direct: true, Arrived: w.arrived, Released: w.arrived, Applied: applied, Answered: time.Now()})
+	if hook := fairTraceHook.Load(); hook != nil && r.res.Decision.Admitted {
+		(*hook)(fairTrace{Adm: w.adm, Direct: true, Arrived: w.arrived, Released: w.arrived, Applied: applied, Answered: time.Now()})
 	}
 	return f.outcome(w, answer(r.res.Decision), r.res.Duplicate)
 }
@@ -1202,8 +1203,8 @@ func (f *fair) pass() time.Duration {
 	f.mu.Lock()
 	d := f.passLocked(now, time.Now())
 	f.mu.Unlock()
-	if fairReleasedHook != nil {
-		fairReleasedHook()
+	if h := fairReleasedHook.Load(); h != nil {
+		(*h)()
 	}
 	f.flush()
 	return d
@@ -1211,7 +1212,7 @@ func (f *fair) pass() time.Duration {
 
 // fairReleasedHook, if set (tests only), runs after a pass or a newcomer's release has let go
 // of f.mu and before it flushes: where a concurrent release can overtake it.
-var fairReleasedHook func()
+var fairReleasedHook atomic.Pointer[func()]
 
 // flush submits the released batches in the order they were released (see f.outbox). Call
 // it without f.mu after releasing; a batch another release left is submitted by whichever

@@ -209,14 +209,15 @@ func TestSchedBatchesReachTheLaneInReleaseOrder(t *testing.T) {
 
 	paused, resume := make(chan struct{}), make(chan struct{})
 	calls := 0
-	fairReleasedHook = func() {
+	hook := func() {
 		calls++ // only the first caller runs concurrently with nothing else touching calls
 		if calls == 1 {
 			close(paused)
 			<-resume
 		}
 	}
-	t.Cleanup(func() { fairReleasedHook = nil })
+	fairReleasedHook.Store(&hook)
+	t.Cleanup(func() { fairReleasedHook.Store(nil) })
 	pumped := make(chan struct{})
 	go func() {
 		defer close(pumped)
@@ -232,7 +233,7 @@ func TestSchedBatchesReachTheLaneInReleaseOrder(t *testing.T) {
 	if !self {
 		t.Fatal("newcomer N did not release itself")
 	}
-	fairReleasedHook()
+	hook()
 	f.flush()
 	close(resume)
 	<-pumped

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -219,8 +220,8 @@ func (x *snapshotService) Restore(stream grpc.ClientStreamingServer[quotadv1.Sna
 		if err != nil {
 			return nil, nil, fmt.Errorf("replacing the snapshot's tokens with the current ones: %w", err)
 		}
-		if h := restoreCopiedHook; h != nil {
-			h()
+		if h := restoreCopiedHook.Load(); h != nil {
+			(*h)()
 		}
 		if _, err := kept.Seek(0, io.SeekStart); err != nil {
 			return nil, nil, fmt.Errorf("staging the snapshot with the current tokens: %w", err)
@@ -247,7 +248,7 @@ func (x *snapshotService) Restore(stream grpc.ClientStreamingServer[quotadv1.Sna
 
 // restoreCopiedHook, if set (tests only), runs in a restore that keeps the current tokens
 // right after the snapshot was copied with them.
-var restoreCopiedHook func()
+var restoreCopiedHook atomic.Pointer[func()]
 
 // ctxReader is r that fails with ctx's error once ctx has ended.
 type ctxReader struct {
