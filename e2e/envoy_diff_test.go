@@ -57,13 +57,14 @@ const miniredisVersion = "v2.40.0"
 // configDifferences are the corpus files whose verdicts differ on purpose: file name → why.
 var configDifferences = map[string]string{
 	// quotad extensions envoy's loader refuses (unknown keys):
-	"seed000_provider.yaml":         "quotad extensions (burst, concurrency, weight)",
-	"descriptor_name_replaces.yaml": "quotad extensions (burst, concurrency, weight)",
-	"fair_sharing.yaml":             "quotad extensions (adaptive, retry_budget, work_classes, resume_jitter)",
-	"max_keys.yaml":                 "quotad extension max_keys",
-	"multi_doc.yaml":                "quotad extension burst",
-	"quotad_unit_multiplier.yaml":   "quotad extension unit_multiplier",
-	"envoy_basic.yaml":              "quotad extension unit_multiplier",
+	"seed000_provider.yaml":           "quotad extensions (burst, concurrency, weight)",
+	"descriptor_name_replaces.yaml":   "quotad extensions (burst, concurrency, weight)",
+	"fair_sharing.yaml":               "quotad extensions (adaptive, retry_budget, work_classes, resume_jitter)",
+	"max_keys.yaml":                   "quotad extension max_keys",
+	"quotad_max_keys_per_parent.yaml": "quotad extensions max_keys, max_keys_per_parent",
+	"multi_doc.yaml":                  "quotad extension burst",
+	"quotad_unit_multiplier.yaml":     "quotad extension unit_multiplier",
+	"envoy_basic.yaml":                "quotad extension unit_multiplier",
 	// an empty file: no domains for quotad, "empty domain" for envoy
 	// envoy ignores a domain-level rate_limit, whatever it holds; quotad validates it (its ceiling)
 	"domain_unlimited.yaml":           "domain-level rate_limit is quotad's ceiling: unlimited there is refused",
