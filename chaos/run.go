@@ -35,8 +35,10 @@ type Config struct {
 	BinaryPath string
 	Workload   WorkloadConfig
 	Nemesis    NemesisConfig
-	// PorcupineTimeout bounds the linearizability check of one bucket.
+	// PorcupineTimeout bounds porcupine's cross-check of one budget bucket and
+	// PorcupineBudget all of them (the exact checker decides; porcupine re-checks).
 	PorcupineTimeout time.Duration
+	PorcupineBudget  time.Duration
 	Log              func(format string, args ...any)
 
 	// AgentArgs are more agent flags for every node (e.g. --raft-log-store wal).
@@ -52,7 +54,7 @@ func DefaultConfig() Config {
 		Seed: time.Now().UnixNano(), Nodes: 3, Duration: 4 * time.Minute, Warmup: 10 * time.Second,
 		Quiet: 10 * time.Second, Floor: 100, OutDir: "out", Tags: "chaos", Workload: DefaultWorkload(),
 		Nemesis:          NemesisConfig{Every: 3 * time.Second, Hold: 4 * time.Second},
-		PorcupineTimeout: 2 * time.Minute,
+		PorcupineTimeout: 15 * time.Second, PorcupineBudget: 2 * time.Minute,
 		Log:              func(f string, a ...any) { fmt.Printf(f+"\n", a...) },
 	}
 }
@@ -307,7 +309,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	logf("chaos: checking %d ops", len(h.Ops))
-	lin, st := CheckLinearizable(h, LinearizabilityConfig{Initial: BudgetBurst, Timeout: cfg.PorcupineTimeout, VisualizeDir: cfg.OutDir})
+	lin, st := CheckLinearizable(h, LinearizabilityConfig{Initial: BudgetBurst, Timeout: cfg.PorcupineTimeout, Budget: cfg.PorcupineBudget, VisualizeDir: cfg.OutDir})
 	thr, rate := CheckThroughput(h, cfg.Floor)
 	rep.Checkers = []Result{
 		lin,
@@ -481,7 +483,7 @@ func PrintSummary(w io.Writer, r *Report) {
 	fmt.Fprintf(tw, "unknown outcomes\t%d created %v: %d resolved by re-send, %d left ambiguous (%d never re-sent on purpose)\n",
 		r.UnknownOutcomes, r.UnknownCauses, r.ResolvedOutcomes, r.AmbiguousOutcomes, r.NotResent)
 	fmt.Fprintf(tw, "throughput before first fault\t%.0f decisions/s\n", r.Throughput)
-	fmt.Fprintf(tw, "porcupine\t%d buckets, %d ops, %v\n", r.Porcupine.Buckets, r.Porcupine.Ops, r.Porcupine.Elapsed.Round(time.Millisecond))
+	fmt.Fprintf(tw, "porcupine\t%d buckets, %d ops, cross-checked %d, undecided %d, %v\n", r.Porcupine.Buckets, r.Porcupine.Ops, r.Porcupine.CrossChecked, r.Porcupine.Undecided, r.Porcupine.Elapsed.Round(time.Millisecond))
 	var fk []string
 	for _, k := range FaultKinds {
 		fk = append(fk, fmt.Sprintf("%s=%d", k, r.Faults[k]))
