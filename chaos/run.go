@@ -55,7 +55,7 @@ func DefaultConfig() Config {
 		Quiet: 10 * time.Second, Floor: 100, OutDir: "out", Tags: "chaos", Workload: DefaultWorkload(),
 		Nemesis:          NemesisConfig{Every: 3 * time.Second, Hold: 4 * time.Second},
 		PorcupineTimeout: 15 * time.Second, PorcupineBudget: 2 * time.Minute,
-		Log:              func(f string, a ...any) { fmt.Printf(f+"\n", a...) },
+		Log: func(f string, a ...any) { fmt.Printf(f+"\n", a...) },
 	}
 }
 
