@@ -219,6 +219,15 @@ func (l *Limiter) Share() ShareInfo {
 		_, fast := l.h.clock.now()
 		info.Expiry = time.Now().Add(time.Duration(st.endFast - fast))
 		info.Local = fast < st.endFast
+		if !info.Local {
+			// Say why nothing (or only the fallback) is admitted: Status stays the last answer.
+			ago := time.Duration(fast - st.endFast).Round(time.Millisecond)
+			if st.fallback != nil {
+				info.Message = fmt.Sprintf("the share ended %s ago without a renewal (no answer from the cluster): admitting at this holder's slice of fallback_rate, %.3f/s", ago, st.fallbackPS)
+			} else {
+				info.Message = fmt.Sprintf("the share ended %s ago without a renewal (no answer from the cluster): failing closed until one lands (a path admits at a fallback only if every lending level on it sets shares.fallback_rate)", ago)
+			}
+		}
 	}
 	return info
 }
@@ -249,6 +258,7 @@ type pathState struct {
 	endFast     int64
 	pausedUntil int64    // slow ns
 	fallback    *gcra    // after endFast; nil: fail closed
+	fallbackPS  float64  // fallback's rate, units per second (Share)
 	keys        []string // the levels' bucket keys (re-lending, lender.go)
 	info        ShareInfo
 	changed     chan struct{} // closed when the next state replaces this one
@@ -615,6 +625,7 @@ func (h *shareHolder) apply(resp *shareResponse, paths []*sharePath, sentFast in
 					fb = uint64(rate * 1e6)
 				}
 				st.fallback = newGCRA(fb, burst, 0, slow, math.MaxInt64/(2*timeScale))
+				st.fallbackPS = float64(fb) / 1e6
 			}
 			st.info.Rate, st.info.Capacity, st.info.Expiry, st.info.Local = rate, capacity, expiry, true
 			if p.observed && rate < 0.9*p.ewma {

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -225,6 +226,14 @@ func TestLimiterFallbackAfterExpiry(t *testing.T) {
 	clk.rawOff.Add(int64(10 * time.Second))
 	if closed.Allow() {
 		t.Fatal("fail-closed level admitted after its lease")
+	}
+	// Share says why: a user watching it saw Status "lent" and no message while nothing was
+	// admitted.
+	if s := closed.Share(); s.Local || !strings.Contains(s.Message, "failing closed") {
+		t.Fatalf("fail-closed share after its end: %+v, want a message saying it fails closed", s)
+	}
+	if s := fb.Share(); s.Local || !strings.Contains(s.Message, "fallback_rate, 100.000/s") {
+		t.Fatalf("fallback share after its end: %+v, want a message naming the fallback rate", s)
 	}
 	n := 0
 	start := time.Now()
