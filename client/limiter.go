@@ -56,6 +56,23 @@ type LimiterOptions struct {
 	MinDemand float64
 }
 
+// validate refuses a demand that is not a finite rate ≥ 0: NaN passed every check and was sent
+// as an arbitrary huge demand (the float's conversion to an integer is undefined).
+func (o LimiterOptions) validate() error {
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"Demand", o.Demand}, {"MinDemand", o.MinDemand}} {
+		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 {
+			return fmt.Errorf("%w: LimiterOptions.%s is %v; want a finite rate ≥ 0 (units per second; 0: none)", ErrInvalid, f.name, f.v)
+		}
+	}
+	if o.CentralTimeout < 0 {
+		return fmt.Errorf("%w: LimiterOptions.CentralTimeout is %v; want ≥ 0 (0: the default, 1s)", ErrInvalid, o.CentralTimeout)
+	}
+	return nil
+}
+
 // ShareInfo describes a Limiter's current share of its path.
 type ShareInfo struct {
 	// Local: decisions are made locally (the path is lent and the grant has not ended).
@@ -85,6 +102,10 @@ func (c *Client) Limiter(req Request, opts LimiterOptions) *Limiter {
 	}
 	req.MaxWait, req.LeaseTTL = 0, 0
 	if err := req.validate(); err != nil {
+		l.err = err
+		return l
+	}
+	if err := opts.validate(); err != nil {
 		l.err = err
 		return l
 	}
