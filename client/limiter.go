@@ -56,6 +56,23 @@ type LimiterOptions struct {
 	MinDemand float64
 }
 
+// validate refuses a demand that is not a finite rate ≥ 0: NaN passed every check and was sent
+// as an arbitrary huge demand (the float's conversion to an integer is undefined).
+func (o LimiterOptions) validate() error {
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"Demand", o.Demand}, {"MinDemand", o.MinDemand}} {
+		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 {
+			return fmt.Errorf("%w: LimiterOptions.%s is %v; want a finite rate ≥ 0 (units per second; 0: none)", ErrInvalid, f.name, f.v)
+		}
+	}
+	if o.CentralTimeout < 0 {
+		return fmt.Errorf("%w: LimiterOptions.CentralTimeout is %v; want ≥ 0 (0: the default, 1s)", ErrInvalid, o.CentralTimeout)
+	}
+	return nil
+}
+
 // ShareInfo describes a Limiter's current share of its path.
 type ShareInfo struct {
 	// Local: decisions are made locally (the path is lent and the grant has not ended).
@@ -85,6 +102,10 @@ func (c *Client) Limiter(req Request, opts LimiterOptions) *Limiter {
 	}
 	req.MaxWait, req.LeaseTTL = 0, 0
 	if err := req.validate(); err != nil {
+		l.err = err
+		return l
+	}
+	if err := opts.validate(); err != nil {
 		l.err = err
 		return l
 	}
@@ -219,6 +240,15 @@ func (l *Limiter) Share() ShareInfo {
 		_, fast := l.h.clock.now()
 		info.Expiry = time.Now().Add(time.Duration(st.endFast - fast))
 		info.Local = fast < st.endFast
+		if !info.Local {
+			// Say why nothing (or only the fallback) is admitted: Status stays the last answer.
+			ago := time.Duration(fast - st.endFast).Round(time.Millisecond)
+			if st.fallback != nil {
+				info.Message = fmt.Sprintf("the share ended %s ago without a renewal (no answer from the cluster): admitting at this holder's slice of fallback_rate, %.3f/s", ago, st.fallbackPS)
+			} else {
+				info.Message = fmt.Sprintf("the share ended %s ago without a renewal (no answer from the cluster): failing closed until one lands (a path admits at a fallback only if every lending level on it sets shares.fallback_rate)", ago)
+			}
+		}
 	}
 	return info
 }
@@ -249,6 +279,7 @@ type pathState struct {
 	endFast     int64
 	pausedUntil int64    // slow ns
 	fallback    *gcra    // after endFast; nil: fail closed
+	fallbackPS  float64  // fallback's rate, units per second (Share)
 	keys        []string // the levels' bucket keys (re-lending, lender.go)
 	info        ShareInfo
 	changed     chan struct{} // closed when the next state replaces this one
@@ -615,6 +646,7 @@ func (h *shareHolder) apply(resp *shareResponse, paths []*sharePath, sentFast in
 					fb = uint64(rate * 1e6)
 				}
 				st.fallback = newGCRA(fb, burst, 0, slow, math.MaxInt64/(2*timeScale))
+				st.fallbackPS = float64(fb) / 1e6
 			}
 			st.info.Rate, st.info.Capacity, st.info.Expiry, st.info.Local = rate, capacity, expiry, true
 			if p.observed && rate < 0.9*p.ewma {

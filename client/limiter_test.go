@@ -2,6 +2,9 @@ package client
 
 import (
 	"context"
+	"errors"
+	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -226,6 +229,14 @@ func TestLimiterFallbackAfterExpiry(t *testing.T) {
 	if closed.Allow() {
 		t.Fatal("fail-closed level admitted after its lease")
 	}
+	// Share says why: a user watching it saw Status "lent" and no message while nothing was
+	// admitted.
+	if s := closed.Share(); s.Local || !strings.Contains(s.Message, "failing closed") {
+		t.Fatalf("fail-closed share after its end: %+v, want a message saying it fails closed", s)
+	}
+	if s := fb.Share(); s.Local || !strings.Contains(s.Message, "fallback_rate, 100.000/s") {
+		t.Fatalf("fallback share after its end: %+v, want a message naming the fallback rate", s)
+	}
 	n := 0
 	start := time.Now()
 	for time.Since(start) < 500*time.Millisecond {
@@ -273,5 +284,40 @@ func TestLimiterWaitAndCloseReleases(t *testing.T) {
 	}
 	if st.Buckets[0].Limit != 1000 {
 		t.Fatalf("after Close: %+v, want the lend returned", st.Buckets[0])
+	}
+}
+
+// Bad LimiterOptions give a Limiter that admits nothing and whose Wait names the option
+// (the package's rule for bad input); before, a NaN demand was sent as an arbitrary number.
+func TestLimiterRejectsBadOptions(t *testing.T) {
+	c, err := New(Config{Addrs: []string{"127.0.0.1:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	req := Request{Domain: "d", Descriptors: Descriptors("tenant", "acme")}
+	for _, tc := range []struct {
+		opts LimiterOptions
+		want string
+	}{
+		{LimiterOptions{Demand: math.NaN()}, "LimiterOptions.Demand is NaN"},
+		{LimiterOptions{Demand: -1}, "LimiterOptions.Demand is -1"},
+		{LimiterOptions{MinDemand: math.Inf(1)}, "LimiterOptions.MinDemand is +Inf"},
+		{LimiterOptions{CentralTimeout: -time.Second}, "LimiterOptions.CentralTimeout is -1s"},
+	} {
+		l := c.Limiter(req, tc.opts)
+		if l.Allow() {
+			t.Errorf("%+v: admitted", tc.opts)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		err := l.Wait(ctx)
+		cancel()
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: Wait = %v, want ErrInvalid naming %q", tc.opts, err, tc.want)
+		}
+		if s := l.Share(); s.Status != "invalid" || !strings.Contains(s.Message, tc.want) {
+			t.Errorf("%+v: Share = %+v, want invalid naming %q", tc.opts, s, tc.want)
+		}
+		l.Close()
 	}
 }

@@ -68,6 +68,7 @@ func Diff(old, new *quota.Limits) []string {
 				{"max_pause", describeJitter(o.MaxPause), describeJitter(n.MaxPause)},
 				{"max_keys", describeMaxKeys(o.MaxKeys), describeMaxKeys(n.MaxKeys)},
 				{"strict_keys", strconv.FormatBool(o.StrictKeys), strconv.FormatBool(n.StrictKeys)},
+				{"shares", describeShares(o.Shares), describeShares(n.Shares)},
 			} {
 				if c.a != c.b {
 					out = append(out, fmt.Sprintf("~ %s: %s %s -> %s", name, c.what, c.a, c.b))
@@ -116,6 +117,7 @@ func diffLevels(out []string, parent string, old, new []quota.Node) []string {
 			{"weight", describeWeight(o.Weight), describeWeight(n.Weight)},
 			{"max_keys_per_parent", describePerParent(o.MaxKeysPerParent), describePerParent(n.MaxKeysPerParent)},
 			{"adaptive", describeAdaptive(o.Adaptive), describeAdaptive(n.Adaptive)},
+			{"shares", describeShares(o.Shares), describeShares(n.Shares)},
 			{"name", strconv.Quote(o.Name), strconv.Quote(n.Name)},
 			{"replaces", describeNames(o.Replaces), describeNames(n.Replaces)},
 		}
@@ -184,6 +186,9 @@ func domainSettings(d *quota.Domain) []string {
 	if d.StrictKeys {
 		s = append(s, "strict_keys")
 	}
+	if d.Shares != nil {
+		s = append(s, "shares "+describeShares(d.Shares))
+	}
 	return s
 }
 
@@ -216,6 +221,9 @@ func levelSettings(n *quota.Node) []string {
 	if n.Adaptive != nil {
 		s = append(s, "adaptive "+describeAdaptive(n.Adaptive))
 	}
+	if n.Shares != nil {
+		s = append(s, "shares "+describeShares(n.Shares))
+	}
 	return s
 }
 
@@ -236,10 +244,34 @@ func describeRate(r *quota.Rate) string {
 	if mult > 1 {
 		per = fmt.Sprintf("%d %ss", mult, unit)
 	}
-	if r.RequestsPerUnit == 0 {
-		return fmt.Sprintf("blocked (0/%s)", per)
+	scope := ""
+	if r.Scope == quota.ScopeGlobal {
+		scope = " scope global"
 	}
-	return fmt.Sprintf("%d/%s burst %d", r.RequestsPerUnit, per, r.Capacity())
+	if r.RequestsPerUnit == 0 {
+		return fmt.Sprintf("blocked (0/%s)%s", per, scope)
+	}
+	return fmt.Sprintf("%d/%s burst %d%s", r.RequestsPerUnit, per, r.Capacity(), scope)
+}
+
+// describeShares names a shares block with its defaults filled in, so that `shares: {}` and
+// the same block spelled out compare equal.
+func describeShares(s *quota.Shares) string {
+	if s == nil {
+		return "none"
+	}
+	lease, reserve := s.Lease, s.ReservePercent
+	if lease == 0 {
+		lease = quota.DefaultShareLease
+	}
+	if reserve == 0 {
+		reserve = quota.DefaultReservePercent
+	}
+	fallback := "fail closed"
+	if s.FallbackRate != 0 {
+		fallback = fmt.Sprintf("fallback_rate %d", s.FallbackRate)
+	}
+	return fmt.Sprintf("lease %s, reserve %d%%, %s", formatDuration(lease), reserve, fallback)
 }
 
 func describeConcurrency(c *quota.Concurrency) string {

@@ -163,3 +163,52 @@ descriptors:
 		t.Errorf("no change reported as %v", got)
 	}
 }
+
+// A shares block or a scope added, changed or removed is a change: `limits apply --dry-run`
+// used to print "no changes" for them (and apply "applied ...: no changes") while the cluster
+// started or stopped lending, or moved a level between regional and global.
+func TestDiffSharesAndScope(t *testing.T) {
+	old := parseString(t, `
+domain: api
+rate_limit: {unit: second, requests_per_unit: 1000}
+descriptors:
+  - key: tenant
+    rate_limit: {unit: second, requests_per_unit: 100}
+    shares: {lease: 15s}
+  - key: route
+    value: a
+    rate_limit: {unit: second, requests_per_unit: 100, scope: global}
+    shares: {}
+`)
+	new := parseString(t, `
+domain: api
+rate_limit: {unit: second, requests_per_unit: 1000}
+shares: {}
+descriptors:
+  - key: tenant
+    rate_limit: {unit: second, requests_per_unit: 100}
+    shares: {lease: 6s, reserve_percent: 20, fallback_rate: 5}
+  - key: route
+    value: a
+    rate_limit: {unit: second, requests_per_unit: 100, scope: regional}
+    shares: {}
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 10}
+    shares: {}
+`)
+	want := []string{
+		"~ api: shares none -> lease 15s, reserve 10%, fail closed",
+		"~ api/tenant: shares lease 15s, reserve 10%, fail closed -> lease 6s, reserve 20%, fallback_rate 5",
+		"~ api/route=a: rate 100/second burst 100 scope global -> 100/second burst 100",
+		"+ api/user (rate 10/second burst 10, shares lease 15s, reserve 10%, fail closed)",
+	}
+	if got := Diff(old, new); !reflect.DeepEqual(got, want) {
+		t.Errorf("Diff:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	// shares: {} and the defaults spelled out are the same block.
+	spelled := parseString(t, "domain: d\nrate_limit: {unit: second, requests_per_unit: 1}\nshares: {lease: 15s, reserve_percent: 10}\n")
+	empty := parseString(t, "domain: d\nrate_limit: {unit: second, requests_per_unit: 1}\nshares: {}\n")
+	if d := Diff(empty, spelled); len(d) != 0 {
+		t.Errorf("defaults spelled out are not a change, got %q", d)
+	}
+}
