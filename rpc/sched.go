@@ -93,15 +93,15 @@ type fair struct {
 	// prop is the waiting path's own group commit (see fairLaneInflight).
 	prop *proposer
 
-	mu          sync.Mutex
-	queues      map[string]*fairQueue // by contended bucket key
-	waiters     map[uint64]*waiter    // by sched ID
+	mu      sync.Mutex
+	queues  map[string]*fairQueue // by contended bucket key
+	waiters map[uint64]*waiter    // by sched ID
 	// queuedPaths counts the waiters in waiters by pathKey: an admission whose exact path has
 	// one queued would queue too (its buckets are theirs), so over a waiter cap it is refused
 	// without reading its path (see wait).
 	queuedPaths map[string]int
-	pending     map[string]uint64     // bucket key → cost released to the proposer, not yet answered
-	pendingConc map[string]uint64     // concurrency key → permits released, not yet answered
+	pending     map[string]uint64 // bucket key → cost released to the proposer, not yet answered
+	pendingConc map[string]uint64 // concurrency key → permits released, not yet answered
 	// Released batches not yet answered, and what of pending the FSM has already applied
 	// (see refreshApplied): the FSM's state counts those, so predictions must not again.
 	inflight map[*relBatch]struct{}
