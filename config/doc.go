@@ -63,7 +63,10 @@
 // up to at most 100; names are unique. retry_budget needs ratio_percent (0..100);
 // min_per_second defaults to 0; both 0 is an error. max_keys (1..2^30, default
 // quota.DefaultMaxKeys) caps the buckets the domain stores at once (a bucket is stored while it
-// is not full); an admission that would store more is refused with reason too_many_keys.
+// is not full); an admission that would store more is refused with reason too_many_keys,
+// except for a shadow_mode level's bucket, which is then not stored and the level reported
+// (shadow, not enforced; fsm command version 7). A share lend that would store buckets beyond
+// max_keys or max_keys_per_parent is not made: the path is decided centrally.
 // max_keys_per_parent (1..2^30, on a rate-limited level without a value) caps the buckets that
 // level stores under one path of its parent (e.g. the consumers of one tenant), so callers who
 // may invent values there fill only their own part of max_keys; beyond it, too_many_keys. It

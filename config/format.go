@@ -15,7 +15,13 @@ import (
 
 // Format renders Limits in the limits file format, one YAML document per domain, so that what
 // `quotad limits get` prints is accepted by `quotad limits apply`: for any l that Parse
-// returned, Parse(name, Format(l)) equals l. Burst and lease_ttl are always written out.
+// returned, Parse(name, Format(l)) equals l. A burst the file left out (stored as 0: one
+// unit's worth) is left out, so a file edited from the output keeps following
+// requests_per_unit; a burst written in the file is written, even when it equals
+// requests_per_unit. lease_ttl and adaptive's decrease_percent, increase and stable_window are
+// always written out: Parse fills their defaults (constants) in and the engine needs them set,
+// so the stored limits cannot tell a default from the same value written explicitly (see
+// `quotad limits get --help`).
 //
 // Limits that Parse would reject (a zero amount, a unit that is not a whole number of seconds,
 // a level both unlimited and rate-limited) are still rendered, as faithfully as the format
@@ -173,8 +179,8 @@ func rateNode(r *quota.Rate, unlimited bool, name string, replaces []string) *ya
 			add(m, "unit_multiplier", uintNode(mult))
 		}
 		add(m, "requests_per_unit", uintNode(r.RequestsPerUnit))
-		if r.RequestsPerUnit > 0 || r.Burst > 0 { // requests_per_unit 0 blocks: no bucket
-			add(m, "burst", uintNode(r.Capacity()))
+		if r.Burst > 0 { // 0: one unit's worth, the default, left out so it follows requests_per_unit
+			add(m, "burst", uintNode(r.Burst))
 		}
 		if r.Scope != "" {
 			add(m, "scope", str(r.Scope))

@@ -58,7 +58,7 @@ concurrency: {max_in_flight: 50, lease_ttl: 1m30s}
 descriptors:
   - key: endpoint
     value: chat
-    rate_limit: {unit: minute, unit_multiplier: 5, requests_per_unit: 600, burst: 600, name: chat-limit, replaces: [{name: other}]}
+    rate_limit: {unit: minute, unit_multiplier: 5, requests_per_unit: 600, name: chat-limit, replaces: [{name: other}]}
     shadow_mode: true
     weight: 2
     descriptors:
@@ -121,5 +121,52 @@ func TestUnitName(t *testing.T) {
 	}
 	if !strings.Contains(string(Format(&quota.Limits{Domains: []quota.Domain{{Name: "x", Rate: &quota.Rate{Unit: time.Millisecond, RequestsPerUnit: 1}}}})), "unit: 1ms") {
 		t.Error("a sub-second unit is not written as a duration")
+	}
+}
+
+// TestFormatLeavesDefaultBurstOut: a burst the file left out is left out of the formatted
+// limits (what `quotad limits get` prints), so editing only requests_per_unit in that output
+// and applying it again gives the new rate's default burst, not the old one; a burst written
+// in the file is written back, even when it equals requests_per_unit, and stays as written.
+// Either way the output reads back as the same limits.
+func TestFormatLeavesDefaultBurstOut(t *testing.T) {
+	in := `domain: d
+rate_limit: {unit: second, requests_per_unit: 100, burst: 100}
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 5, burst: 50}
+`
+	l, err := Parse("in.yaml", []byte(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := string(Format(l))
+	if !strings.Contains(out, "rate_limit: {unit: minute, requests_per_unit: 10}\n") {
+		t.Fatalf("the defaulted burst is written out:\n%s", out)
+	}
+	if !strings.Contains(out, "requests_per_unit: 100, burst: 100}") || !strings.Contains(out, "requests_per_unit: 5, burst: 50}") {
+		t.Fatalf("an explicit burst is left out:\n%s", out)
+	}
+	back, err := Parse("get.yaml", []byte(out))
+	if err != nil || !reflect.DeepEqual(back, l) {
+		t.Fatalf("the output reads back as %+v (%v), want %+v", back, err, l)
+	}
+	// The user doubles every rate in the output and applies it.
+	edited := strings.NewReplacer("requests_per_unit: 100,", "requests_per_unit: 200,",
+		"requests_per_unit: 10}", "requests_per_unit: 20}", "requests_per_unit: 5,", "requests_per_unit: 10,").Replace(out)
+	e, err := Parse("edited.yaml", []byte(edited))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := e.Domains[0].Descriptors[0].Rate.Capacity(); got != 20 {
+		t.Errorf("tenant's burst after editing its rate to 20/minute: %d, want 20 (the default follows the rate)", got)
+	}
+	if got := e.Domains[0].Rate.Capacity(); got != 100 {
+		t.Errorf("the ceiling's explicit burst after editing its rate: %d, want 100 as written", got)
+	}
+	if got := e.Domains[0].Descriptors[1].Rate.Capacity(); got != 50 {
+		t.Errorf("user's explicit burst after editing its rate: %d, want 50 as written", got)
 	}
 }

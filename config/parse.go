@@ -551,7 +551,10 @@ func (p *parser) rateLimit(n *yaml.Node, path string, domainLevel bool) rateSpec
 			good = false
 		}
 	}
-	burst := rpu
+	// Without burst the bucket holds one unit's worth (quota.Rate.Burst 0 means
+	// requests_per_unit): stored as 0, not as the number, so that `limits get` can leave it out
+	// and a file edited from its output keeps following requests_per_unit.
+	burst := uint64(0)
 	if bf, has := f["burst"]; has {
 		if rpu == 0 && good {
 			p.errorf(bf.key, join(path, "burst"), "cannot be combined with requests_per_unit 0, which blocks every request; remove burst or raise requests_per_unit")

@@ -23,11 +23,11 @@ func mustParseFile(t *testing.T, path string) *quota.Limits {
 }
 
 func perSecond(n uint64) *quota.Rate {
-	return &quota.Rate{Unit: time.Second, RequestsPerUnit: n, Burst: n}
+	return &quota.Rate{Unit: time.Second, RequestsPerUnit: n} // burst left out: stored as 0
 }
 
 func TestParseValid(t *testing.T) {
-	minute := func(n uint64) *quota.Rate { return &quota.Rate{Unit: time.Minute, RequestsPerUnit: n, Burst: n} }
+	minute := func(n uint64) *quota.Rate { return &quota.Rate{Unit: time.Minute, RequestsPerUnit: n} }
 	tests := []struct {
 		file string
 		want *quota.Limits
@@ -132,7 +132,7 @@ func TestParseEnvoyFeatures(t *testing.T) {
 	if got := ds[0].Children[1].Rate; !reflect.DeepEqual(got, perSecond(10)) {
 		t.Errorf("unit SECOND (case-insensitive): got %+v", got)
 	}
-	if got := byKey("key2", "").Rate; got.Unit != 5*time.Minute || got.RequestsPerUnit != 20 || got.Burst != 20 {
+	if got := byKey("key2", "").Rate; got.Unit != 5*time.Minute || got.RequestsPerUnit != 20 || got.Burst != 0 {
 		t.Errorf("unit_multiplier: got %+v", got)
 	}
 	if got := byKey("key2", ""); got.Name != "default-key2" {
@@ -165,7 +165,7 @@ func TestParseEnvoyFeatures(t *testing.T) {
 // meaning (the differential test in e2e/ loads the same files with envoy's own loader).
 func TestParseEnvoyCases(t *testing.T) {
 	rate := func(unit time.Duration, n uint64) *quota.Rate {
-		return &quota.Rate{Unit: unit, RequestsPerUnit: n, Burst: n}
+		return &quota.Rate{Unit: unit, RequestsPerUnit: n}
 	}
 	blocked := &quota.Rate{Unit: time.Second}
 	dom := func(ds ...quota.Node) *quota.Limits {
@@ -405,7 +405,7 @@ func TestExample(t *testing.T) {
 		t.Fatalf("domains: %+v", l.Domains)
 	}
 	provider := l.Domains[1]
-	if !reflect.DeepEqual(provider.Rate, perSecond(100)) {
+	if !reflect.DeepEqual(provider.Rate, &quota.Rate{Unit: time.Second, RequestsPerUnit: 100, Burst: 100}) { // written out
 		t.Errorf("provider ceiling %+v", provider.Rate)
 	}
 	charges := provider.Descriptors[0]

@@ -57,7 +57,15 @@ import (
 // entry that uses it is refused (ErrInvalidLimits), as no leader of those versions
 // could have written it. Leaders replicate such limits only once every node advertises
 // version 6 (cluster.Member.CommandVersion, rpc's applyLimits).
-const CommandVersion = 6
+//
+// Version 7: shadow_mode applies to the domain's max_keys in an Acquire
+// (quota.Request.ShadowMaxKeys): a shadow level's new bucket the full domain has no room for
+// is skipped and reported in ShadowDenials instead of refusing the admission, as Envoy RLS
+// answers it. And a Share lends no path whose lend would store buckets beyond the domain's
+// max_keys or a level's max_keys_per_parent (quota.ShareRequest.KeyCaps). Version 1–6
+// entries are decided as their leaders decided them; older nodes stop at their first version
+// 7 entry.
+const CommandVersion = 7
 
 // MaxKeysPerParentVersion is the first command version whose nodes decide
 // max_keys_per_parent.
@@ -264,6 +272,7 @@ func (f *FSM) applyLocked(l *raft.Log) any {
 				a.req.ScheduleWithin = min(a.maxWait, MaxScheduleAhead)
 			}
 			a.req.ConcurrencyRetryAfter = cmd.version >= 3
+			a.req.ShadowMaxKeys = cmd.version >= 7
 			f.applyAcquire(now, a, &res.Ops[i]) // in place: no copy of the result per admission
 			continue
 		}

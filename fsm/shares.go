@@ -20,6 +20,8 @@ func (f *FSM) applyShare(now quota.Time, o *fsmv1.Share) OpResult {
 		Paths: make([]quota.SharePath, len(r.GetPaths())),
 		// Command version 4: needs before headroom.
 		NeedsFirst: f.scratch.version >= 4,
+		// Command version 7: lends obey max_keys and max_keys_per_parent.
+		KeyCaps: f.scratch.version >= 7,
 	}
 	for i, p := range r.GetPaths() {
 		req.Paths[i] = quota.SharePath{Domain: p.GetDomain(), Descriptors: entries(p.GetDescriptors()), Demand: p.GetDemand(), MaxCost: p.GetMaxCost()}

@@ -315,8 +315,11 @@ func (e *Engine) matchPath(root *level, domain string, entries []Entry) []step {
 //     level's max_keys_per_parent (Limit); Scope is the outermost new bucket's level, or that level.
 //
 // A shadow-mode level never refuses: when it would, it is skipped (no debit, no permit; over
-// its max_keys_per_parent, no bucket stored) and its scope is listed in Decision.ShadowDenials.
-// The domain's max_keys refuses whatever the modes of the levels.
+// its max_keys_per_parent, or with req.ShadowMaxKeys over the domain's max_keys, no bucket
+// stored) and its scope is listed in Decision.ShadowDenials. The domain's max_keys counts the
+// new buckets of the enforcing levels first: only those can refuse; the shadow levels' new
+// buckets take what room is left, outermost first. Without req.ShadowMaxKeys (log entries
+// older than command version 7) the domain's max_keys refuses whatever the modes of the levels.
 //
 // Admitted: every charged bucket is debited Cost (listed in Charges), and one lease (LeaseID)
 // holds one permit at every concurrency-limited level for LeaseTTL: the smallest configured
@@ -446,7 +449,7 @@ func (e *Engine) Acquire(now Time, req Request) Decision {
 		d.Reason, d.RetryAfter, d.Cost, d.ShadowDenials = ReasonRateLimited, denyRetry, cost, shadow
 		return d
 	}
-	if d, ok := e.checkKeys(root, steps, cost, &shadow, &nRate); !ok {
+	if d, ok := e.checkKeys(root, steps, cost, &shadow, &nRate, req.ShadowMaxKeys); !ok {
 		return d
 	}
 	if root.retry != nil {
@@ -500,10 +503,12 @@ func (e *Engine) Acquire(now Time, req Request) Decision {
 // its max_keys_per_parent there. It runs once the admission would otherwise be admitted, so
 // a request refused for another reason is refused for that one. A shadow_mode level over its
 // max_keys_per_parent does not refuse: it is skipped as when its bucket cannot pay (no bucket
-// stored, no debit; nRate counts one fewer) and listed in shadow. The domain's max_keys bounds
-// the domain's memory whatever its levels' modes and still refuses.
-func (e *Engine) checkKeys(root *level, steps []step, cost uint64, shadow *[]string, nRate *int) (Decision, bool) {
-	added, first := 0, -1
+// stored, no debit; nRate counts one fewer) and listed in shadow. With shadowMaxKeys the same
+// holds for the domain's max_keys: the enforcing levels' new buckets must fit, and the shadow
+// levels' new buckets that do not fit in what is left are skipped; without it (older log
+// entries) every new bucket counts and the domain's max_keys refuses whatever the modes.
+func (e *Engine) checkKeys(root *level, steps []step, cost uint64, shadow *[]string, nRate *int, shadowMaxKeys bool) (Decision, bool) {
+	added, first, shadowAdded := 0, -1, 0
 	for i := range steps {
 		s := &steps[i]
 		if s.lv.rate == nil || s.skipRate || s.slot != noSlot {
@@ -526,22 +531,41 @@ func (e *Engine) checkKeys(root *level, steps []step, cost uint64, shadow *[]str
 						parent, held, s.lv.scope, s.lv.maxPerParent, e.keybuf[:s.end], wait)}, false
 			}
 		}
+		if shadowMaxKeys && s.lv.shadow {
+			shadowAdded++ // fitted below, after the enforcing levels' buckets
+			continue
+		}
 		if added++; first < 0 {
 			first = i
 		}
 	}
 	held := e.buckets.domKeys[root.dom]
-	if added == 0 || held+added <= root.maxKeys {
-		return Decision{}, true
+	if added > 0 && held+added > root.maxKeys {
+		s := &steps[first]
+		// A stored bucket is dropped once it is full again: by then an idle key has made room.
+		wait := s.r.timeFor(s.r.capMicro)
+		return Decision{Reason: ReasonTooManyKeys, Scope: s.lv.scope, Limit: uint64(root.maxKeys), RetryAfter: wait,
+			Cost: cost, ShadowDenials: *shadow,
+			Message: fmt.Sprintf("domain %q holds %d active buckets and max_keys is %d, so bucket %.80q cannot be added; "+
+				"buckets are dropped once idle and full again (within %v), or raise the domain's max_keys",
+				root.domain, held, root.maxKeys, e.keybuf[:s.end], wait)}, false
 	}
-	s := &steps[first]
-	// A stored bucket is dropped once it is full again: by then an idle key has made room.
-	wait := s.r.timeFor(s.r.capMicro)
-	return Decision{Reason: ReasonTooManyKeys, Scope: s.lv.scope, Limit: uint64(root.maxKeys), RetryAfter: wait,
-		Cost: cost, ShadowDenials: *shadow,
-		Message: fmt.Sprintf("domain %q holds %d active buckets and max_keys is %d, so bucket %.80q cannot be added; "+
-			"buckets are dropped once idle and full again (within %v), or raise the domain's max_keys",
-			root.domain, held, root.maxKeys, e.keybuf[:s.end], wait)}, false
+	if room := root.maxKeys - held - added; shadowAdded > room {
+		for i := range steps {
+			s := &steps[i]
+			if s.lv.rate == nil || s.skipRate || s.slot != noSlot || !s.lv.shadow {
+				continue
+			}
+			if room > 0 {
+				room--
+				continue
+			}
+			s.skipRate = true
+			*nRate--
+			*shadow = appendScope(*shadow, s.lv.scope)
+		}
+	}
+	return Decision{}, true
 }
 
 // rateSteps refills every rate-limited level of steps as of now and reports the level that

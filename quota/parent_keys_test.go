@@ -185,3 +185,78 @@ func TestMaxKeysPerParentShadow(t *testing.T) {
 		t.Fatalf("stored buckets %d after 17 more inventions, want %d", got, keys)
 	}
 }
+
+// TestMaxKeysShadow: with the domain's max_keys full, a new bucket of a shadow_mode level is
+// not stored and the request is admitted with the level in ShadowDenials (as Envoy RLS
+// answers the same descriptor OK, shadow); a new bucket of an enforcing level is still
+// refused (too_many_keys). Log entries older than command version 7 (no ShadowMaxKeys) are
+// decided as they were: max_keys refuses whatever the mode.
+func TestMaxKeysShadow(t *testing.T) {
+	l := &Limits{Domains: []Domain{{
+		Name:    "t8",
+		MaxKeys: 2,
+		Descriptors: []Node{{Key: "tenant", Rate: &Rate{Unit: time.Second, RequestsPerUnit: 100},
+			Children: []Node{{Key: "consumer", ShadowMode: true, Rate: &Rate{Unit: time.Second, RequestsPerUnit: 1}}}}},
+	}}}
+	req := func(tenant, consumer string) Request {
+		return Request{Domain: "t8", Descriptors: []Entry{{"tenant", tenant}, {"consumer", consumer}}, ShadowMaxKeys: true}
+	}
+	e := mustEngine(t, l)
+	if d := e.Acquire(0, req("acme", "c0")); !d.Admitted || len(d.ShadowDenials) != 0 || len(d.Charges) != 2 {
+		t.Fatalf("acme c0: %+v", d)
+	}
+	if got := e.Stats().Buckets; got != 2 {
+		t.Fatalf("%d buckets stored, want 2", got)
+	}
+	d := e.Acquire(0, req("acme", "c1"))
+	if !d.Admitted || d.Reason != ReasonOK || len(d.ShadowDenials) != 1 || d.ShadowDenials[0] != "consumer" ||
+		len(d.Charges) != 1 || d.Charges[0] != "t8/tenant=acme" {
+		t.Fatalf("a new shadow bucket in a full domain: %+v, want admitted, charged at the tenant only, ShadowDenials [consumer]", d)
+	}
+	if got := e.Stats().Buckets; got != 2 {
+		t.Fatalf("%d buckets stored after the shadow admission, want 2 (max_keys)", got)
+	}
+	// The same descriptor through Envoy RLS: OK as shadow, nothing stored.
+	rd := e.RateLimit(0, rls("t8", ent("tenant", "acme", "consumer", "c2")))
+	if rd.Code != RLSOK || !rd.Statuses[0].Shadow {
+		t.Fatalf("the same over RLS: %+v, want OK as shadow", rd)
+	}
+	// An enforcing level's new bucket is still refused by max_keys.
+	before := e.Hash()
+	d = e.Acquire(0, req("globex", "c0"))
+	if d.Admitted || d.Reason != ReasonTooManyKeys || d.Scope != "tenant" || d.Limit != 2 ||
+		!strings.Contains(d.Message, `max_keys is 2`) {
+		t.Fatalf("a new enforcing bucket in a full domain: %+v, want too_many_keys at tenant", d)
+	}
+	if e.Hash() != before {
+		t.Fatal("a too_many_keys denial changed the state")
+	}
+	// Room for one more: the enforcing level takes it, the shadow level is skipped.
+	l.Domains[0].MaxKeys = 3
+	if err := e.SetLimits(0, l); err != nil {
+		t.Fatal(err)
+	}
+	d = e.Acquire(0, req("globex", "c0"))
+	if !d.Admitted || len(d.ShadowDenials) != 1 || len(d.Charges) != 1 || d.Charges[0] != "t8/tenant=globex" {
+		t.Fatalf("one slot left, enforcing and shadow bucket new: %+v, want the tenant's bucket stored, the consumer shadowed", d)
+	}
+	// Room for both: the shadow level's bucket is stored and charged as usual.
+	l.Domains[0].MaxKeys = 5
+	if err := e.SetLimits(0, l); err != nil {
+		t.Fatal(err)
+	}
+	if d = e.Acquire(0, req("initech", "c0")); !d.Admitted || len(d.ShadowDenials) != 0 || len(d.Charges) != 2 {
+		t.Fatalf("room for both new buckets: %+v, want both stored and charged", d)
+	}
+
+	// An older entry (no ShadowMaxKeys) is decided as before.
+	l.Domains[0].MaxKeys = 2
+	old := mustEngine(t, l)
+	for _, x := range []Request{req("acme", "c0"), req("acme", "c1"), req("acme", "c2")} {
+		x.ShadowMaxKeys = false
+		d = old.Acquire(0, x)
+	}
+	if d.Admitted || d.Reason != ReasonTooManyKeys || d.Scope != "consumer" {
+		t.Fatalf("without ShadowMaxKeys, a new shadow bucket over max_keys: %+v, want too_many_keys (as older builds)", d)
+	}
+}

@@ -132,6 +132,12 @@ type ShareRequest struct {
 	// Replicas must see the same value for the same entry (the fsm sets it from the entry's
 	// command version).
 	NeedsFirst bool
+	// KeyCaps applies the domain's max_keys and its levels' max_keys_per_parent to the
+	// buckets a lend would store (command version 7): a path whose lend would store a bucket
+	// beyond a cap is not lent (ShareCentral, Message naming the cap), so its requests are
+	// decided centrally, where the caps apply. Replicas must see the same value for the same
+	// entry (the fsm sets it from the entry's command version).
+	KeyCaps bool
 }
 
 // SharePath is one descriptor path a holder decides on, with its demand.
@@ -801,6 +807,75 @@ func (e *Engine) matchSharePath(p SharePath) holderPath {
 	return hp
 }
 
+// capLends turns every lendable path of paths (one request's, in order) whose lend would
+// store a bucket beyond its domain's max_keys, or beyond a level's max_keys_per_parent under
+// the bucket's parent path, into a central one (ShareCentral; Message says which cap). A lend
+// stores the buckets of its path's lendable levels that are not stored yet; the buckets an
+// earlier path of the request would store count against the caps of the later ones (as if
+// every lendable path were lent, which is conservative: a path allocated nothing stores
+// nothing). Buckets already stored (every bucket with lends is) never count, so a renewal of
+// a lend is never refused by a cap. Deterministic: it reads only the replicated store, the
+// limits and paths in order.
+func (e *Engine) capLends(paths []holderPath) {
+	st := &e.buckets
+	planned := map[string]bool{}  // bucket keys earlier paths would store
+	perDom := map[uint32]int{}    // their number per domain
+	perParent := map[string]int{} // per level and parent path (parentKey)
+	var pk []byte
+	for i := range paths {
+		p := &paths[i]
+		if p.status != ShareLent {
+			continue
+		}
+		root := e.lim.domains[p.domain]
+		var adds []string
+		var addLvls []*level
+		for _, k := range p.levels {
+			if planned[k] || slices.Contains(adds, k) {
+				continue
+			}
+			if s, _ := find(st, k, st.hashString(k)); s != noSlot {
+				continue
+			}
+			adds = append(adds, k)
+			addLvls = append(addLvls, e.lim.matchKey(k))
+		}
+		if len(adds) == 0 {
+			continue
+		}
+		msg := ""
+		if held := st.domKeys[root.dom] + perDom[root.dom]; held+len(adds) > root.maxKeys {
+			msg = fmt.Sprintf("not lent: domain %q holds %d active buckets and max_keys is %d, so bucket %.80q cannot be added; "+
+				"decide centrally (where max_keys applies per request), or raise the domain's max_keys",
+				p.domain, held, root.maxKeys, adds[0])
+		}
+		for j, k := range adds {
+			lv := addLvls[j]
+			if msg != "" || lv == nil || lv.maxPerParent == 0 || lv == root {
+				continue
+			}
+			pk = parentKey(pk[:0], lv.idx, []byte(k))
+			if held := st.underParent(lv.idx, []byte(k)) + perParent[string(pk)]; held >= lv.maxPerParent {
+				msg = fmt.Sprintf("not lent: the parent path of bucket %.80q holds %d active %q buckets and that level's max_keys_per_parent is %d; "+
+					"decide centrally (where max_keys_per_parent applies per request), or raise max_keys_per_parent",
+					k, held, lv.scope, lv.maxPerParent)
+			}
+		}
+		if msg != "" {
+			p.status, p.message, p.levels, p.scopes = ShareCentral, msg, nil, nil
+			continue
+		}
+		perDom[root.dom] += len(adds)
+		for j, k := range adds {
+			planned[k] = true
+			if lv := addLvls[j]; lv != nil && lv.maxPerParent > 0 && lv != root {
+				pk = parentKey(pk[:0], lv.idx, []byte(k))
+				perParent[string(pk)]++
+			}
+		}
+	}
+}
+
 // levelCaps is what one lendable bucket offers: rate and burst after the reserve.
 type levelCaps struct {
 	lv           *level
@@ -907,6 +982,9 @@ func (e *Engine) Share(now Time, req ShareRequest) (ShareGrant, error) {
 		}
 		seen[hp.key] = true
 		h.paths = append(h.paths, hp)
+	}
+	if req.KeyCaps {
+		e.capLends(h.paths)
 	}
 	e.activate(h)
 

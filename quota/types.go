@@ -301,6 +301,13 @@ type Request struct {
 	// until the earliest expiry of a lease holding a permit of the refusing level (without it,
 	// RetryAfter is 0, as decisions of older log entries were made).
 	ConcurrencyRetryAfter bool
+	// ShadowMaxKeys applies shadow_mode to the domain's max_keys as to every other limit
+	// (command version 7): a new bucket of a shadow_mode level that the domain has no room
+	// for is not stored and its scope is listed in ShadowDenials, and the request is
+	// admitted if the other levels admit it, as Envoy RLS answers it (OK, shadow). Without
+	// it, max_keys refuses whatever the modes of the levels, as decisions of older log
+	// entries were made.
+	ShadowMaxKeys bool
 }
 
 // Decision is the outcome of one Request.

@@ -99,6 +99,26 @@ func (k waiterSlot) identityKey() string { return k.identity + "\x00" + k.domain
 func (w *waiterSlots) take(k waiterSlot) (problem string, scope string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if problem, scope = w.fullLocked(k); problem != "" {
+		return problem, scope
+	}
+	w.byClient[k.clientKey()]++
+	if k.identity != "" {
+		w.byIdentity[k.identityKey()]++
+	}
+	w.byDomain[k.domain]++
+	return "", ""
+}
+
+// check says why take would refuse k now, or "" (and reserves nothing).
+func (w *waiterSlots) check(k waiterSlot) (problem string, scope string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.fullLocked(k)
+}
+
+// fullLocked says which cap k's slot would exceed, or "". w.mu held.
+func (w *waiterSlots) fullLocked(k waiterSlot) (problem string, scope string) {
 	if w.byClient == nil {
 		w.byClient, w.byIdentity, w.byDomain = make(map[string]int), make(map[string]int), make(map[string]int)
 		w.caps = w.caps.withDefaults()
@@ -116,11 +136,6 @@ func (w *waiterSlots) take(k waiterSlot) (problem string, scope string) {
 		return fmt.Sprintf("domain %.64q already has %d admissions waiting on the leader, its limit (--max-waiters-per-domain %d); "+
 			"retry later, or send without max_wait_ms", k.domain, n, w.caps.PerDomain), ScopeDomainWaiters
 	}
-	w.byClient[ck]++
-	if k.identity != "" {
-		w.byIdentity[ik]++
-	}
-	w.byDomain[k.domain]++
 	return "", ""
 }
 

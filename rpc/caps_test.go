@@ -8,10 +8,13 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
@@ -124,7 +127,7 @@ func TestMaxRequestBytes(t *testing.T) {
 }
 
 // fairWaiting reads how many admissions wait on node i (its /debug/fair).
-func fairWaiting(t *testing.T, c *rpctest.Cluster, i int) int {
+func fairWaiting(t testing.TB, c *rpctest.Cluster, i int) int {
 	t.Helper()
 	resp, err := http.Get("http://" + c.Agent(i).HTTPAddr() + "/debug/fair")
 	if err != nil {
@@ -225,6 +228,130 @@ func TestWaiterCaps(t *testing.T) {
 	if d, err := acquireOne(ctx2, q, "a", &quotadv1.Admission{RequestId: 50, Domain: "caps", MaxWaitMs: 100}); err != nil || d.Reason == "too_many_waiters" {
 		t.Fatalf("after the waiters ended: %+v %v", d, err)
 	}
+}
+
+// TestOverCapWaiterRefusedBeforeItsPathIsRead: a waiting admission over a waiter cap whose
+// exact path already has waiters queued is refused as before (too_many_waiters, the cap that
+// refused it, counted) without the scheduler reading its path from the FSM under its lock; one
+// on a path with nobody queued is read first (it might go straight to the FSM) and refused the
+// same way.
+func TestOverCapWaiterRefusedBeforeItsPathIsRead(t *testing.T) {
+	var mu sync.Mutex
+	read := map[uint64]int{}
+	rpc.SetWaitReadHook(func(adm *quotadv1.Admission) {
+		mu.Lock()
+		read[adm.RequestId]++
+		mu.Unlock()
+	})
+	t.Cleanup(func() { rpc.SetWaitReadHook(nil) })
+	readOf := func(id uint64) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return read[id]
+	}
+	c := rpctest.Start(t, 1, capsLimits, func(_ int, cfg *rpc.AgentConfig) {
+		cfg.Waiters = rpc.WaiterCaps{PerClient: 2, PerDomain: 3}
+	})
+	q := quotadv1.NewQuotaClient(dial(t, c.Addrs()[0]))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if d, err := acquireOne(ctx, q, "x", &quotadv1.Admission{RequestId: 1, Domain: "caps"}); err != nil || !d.Admitted {
+		t.Fatalf("first: %+v %v", d, err)
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	waitIn := func(client string, id uint64, n int) {
+		wg.Go(func() {
+			_, _ = acquireOne(ctx, q, client, &quotadv1.Admission{RequestId: id, Domain: "caps", MaxWaitMs: 120000})
+		})
+		clustertest.Eventually(t, 5*time.Second, func() error {
+			if got := fairWaiting(t, c, 0); got != n {
+				return fmt.Errorf("%d waiting, want %d", got, n)
+			}
+			return nil
+		})
+	}
+	waitIn("a", 10, 1)
+	waitIn("a", 11, 2)
+	if readOf(10) == 0 {
+		t.Fatal("the hook saw no path read of a queued waiter")
+	}
+	d, err := acquireOne(ctx, q, "a", &quotadv1.Admission{RequestId: 20, Domain: "caps", MaxWaitMs: 120000})
+	if err != nil || d.Reason != "too_many_waiters" || d.Scope != "client" || d.RetryAfterMs <= 0 ||
+		!strings.Contains(d.Message, `client_id "a" already has 2 admissions waiting on the leader, its limit (--max-waiters-per-client 2)`) {
+		t.Fatalf("a third waiter of one client: %+v %v", d, err)
+	}
+	if n := readOf(20); n != 0 {
+		t.Fatalf("the over-cap waiter's path was read %d times before its refusal", n)
+	}
+	waitIn("b", 30, 3)
+	d, err = acquireOne(ctx, q, "c", &quotadv1.Admission{RequestId: 40, Domain: "caps", MaxWaitMs: 120000})
+	if err != nil || d.Reason != "too_many_waiters" || d.Scope != "domain" || !strings.Contains(d.Message, `domain "caps" already has 3`) {
+		t.Fatalf("a fourth waiter in the domain: %+v %v", d, err)
+	}
+	if n := readOf(40); n != 0 {
+		t.Fatalf("the over-cap waiter's path was read %d times before its refusal", n)
+	}
+	// Nobody waits on this exact path: its path is read (it might have gone straight to the
+	// FSM), and it is refused by the same cap.
+	d, err = acquireOne(ctx, q, "c", &quotadv1.Admission{RequestId: 41, Domain: "caps", MaxWaitMs: 120000,
+		Descriptors: []*quotadv1.Entry{{Key: "tenant", Value: "t1"}}})
+	if err != nil || d.Reason != "too_many_waiters" || d.Scope != "domain" {
+		t.Fatalf("a waiter on another path in a full domain: %+v %v", d, err)
+	}
+	if readOf(41) == 0 {
+		t.Fatal("a waiter on a path nobody waits on was refused without reading its path")
+	}
+	if m := metricsText(t, c, 0); !strings.Contains(m, `quotad_fair_denials_total{domain="caps",reason="too_many_waiters",scope="client"} 1`) ||
+		!strings.Contains(m, `quotad_fair_denials_total{domain="caps",reason="too_many_waiters",scope="domain"} 2`) {
+		t.Fatalf("denials not counted:\n%s", grepLines(m, "too_many_waiters"))
+	}
+}
+
+// BenchmarkOverCapWaiterRefusal: a flood of waiting admissions over the per-client cap on a
+// path that already has a waiter queued, from 8 concurrent callers; each is refused
+// too_many_waiters. ns/op is per refusal, gRPC round trip included.
+func BenchmarkOverCapWaiterRefusal(b *testing.B) {
+	c := rpctest.Start(b, 1, capsLimits, func(_ int, cfg *rpc.AgentConfig) {
+		cfg.Waiters = rpc.WaiterCaps{PerClient: 1}
+	})
+	conn, err := grpc.NewClient(c.Addrs()[0], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	q := quotadv1.NewQuotaClient(conn)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if d, err := acquireOne(ctx, q, "x", &quotadv1.Admission{RequestId: 1, Domain: "caps"}); err != nil || !d.Admitted {
+		b.Fatalf("first: %+v %v", d, err)
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	wg.Go(func() {
+		_, _ = acquireOne(ctx, q, "a", &quotadv1.Admission{RequestId: 2, Domain: "caps", MaxWaitMs: 600000})
+	})
+	for deadline := time.Now().Add(5 * time.Second); fairWaiting(b, c, 0) != 1; {
+		if time.Now().After(deadline) {
+			b.Fatal("the waiter did not queue")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	var id atomic.Uint64
+	id.Store(100)
+	b.SetParallelism(4) // 4 × GOMAXPROCS callers
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			d, err := acquireOne(ctx, q, "a", &quotadv1.Admission{RequestId: id.Add(1), Domain: "caps", MaxWaitMs: 600000})
+			if err != nil || d.Reason != "too_many_waiters" {
+				b.Errorf("over-cap waiter: %+v %v", d, err)
+				return
+			}
+		}
+	})
 }
 
 func grepLines(s, word string) string {

@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 )
 
 // HoldLane takes every commit slot of one of a leader's two group commits — the waiting
@@ -75,4 +77,15 @@ func setHook(h *atomic.Pointer[func()], fn func()) {
 		return
 	}
 	h.Store(&fn)
+}
+
+// SetWaitReadHook makes the scheduler call fn with a waiting admission each time it reads
+// that admission's path from the FSM to decide whether it waits (nil: stop). Clear it after
+// the test.
+func SetWaitReadHook(fn func(*quotadv1.Admission)) {
+	if fn == nil {
+		waitReadHook.Store(nil)
+		return
+	}
+	waitReadHook.Store(&fn)
 }

@@ -93,11 +93,15 @@ type fair struct {
 	// prop is the waiting path's own group commit (see fairLaneInflight).
 	prop *proposer
 
-	mu          sync.Mutex
-	queues      map[string]*fairQueue // by contended bucket key
-	waiters     map[uint64]*waiter    // by sched ID
-	pending     map[string]uint64     // bucket key → cost released to the proposer, not yet answered
-	pendingConc map[string]uint64     // concurrency key → permits released, not yet answered
+	mu      sync.Mutex
+	queues  map[string]*fairQueue // by contended bucket key
+	waiters map[uint64]*waiter    // by sched ID
+	// queuedPaths counts the waiters in waiters by pathKey: an admission whose exact path has
+	// one queued would queue too (its buckets are theirs), so over a waiter cap it is refused
+	// without reading its path (see wait).
+	queuedPaths map[string]int
+	pending     map[string]uint64 // bucket key → cost released to the proposer, not yet answered
+	pendingConc map[string]uint64 // concurrency key → permits released, not yet answered
 	// Released batches not yet answered, and what of pending the FSM has already applied
 	// (see refreshApplied): the FSM's state counts those, so predictions must not again.
 	inflight map[*relBatch]struct{}
@@ -190,6 +194,10 @@ type fairTrace struct {
 // cluster it stopped may still read it.
 var fairTraceHook atomic.Pointer[func(fairTrace)]
 
+// waitReadHook, if set (tests only), is called with a waiting admission each time wait
+// reads its path. Atomic, as fairTraceHook.
+var waitReadHook atomic.Pointer[func(*quotadv1.Admission)]
+
 // relBatch is one released batch (one proposer call) until its answer: the request its last
 // op decides (the FSM remembers it once the entry is applied, if admitted) and its cost by
 // key.
@@ -215,6 +223,7 @@ func newFair(s *Server) *fair {
 		metrics:     newFairMetrics(s.metrics),
 		queues:      make(map[string]*fairQueue),
 		waiters:     make(map[uint64]*waiter),
+		queuedPaths: make(map[string]int),
 		pending:     make(map[string]uint64),
 		pendingConc: make(map[string]uint64),
 		inflight:    make(map[*relBatch]struct{}),
@@ -579,7 +588,20 @@ func (f *fair) wait(ctx context.Context, owner string, slot waiterSlot, adm *quo
 			return nil, f.s.applyError(err)
 		}
 		f.mu.Lock()
+		if !slotted && !requeue && f.queuedPaths[w.pathKey] > 0 {
+			// Waiters are queued on this very path, so it would queue too (not go straight
+			// to the FSM, not be refused for its wait) and needs a slot: over a waiter cap it
+			// is refused now, as below, without reading its path first — a flood of them
+			// costs a map lookup each under f.mu, not an FSM read.
+			if msg, scope := f.slots.check(slot); msg != "" {
+				f.mu.Unlock()
+				return f.tooManyWaiters(adm.Domain, msg, scope), nil
+			}
+		}
 		f.refreshApplied()
+		if h := waitReadHook.Load(); h != nil {
+			(*h)(adm)
+		}
 		v, err := f.readPath(adm.Domain, es)
 		if err != nil {
 			f.mu.Unlock()
@@ -1131,9 +1153,24 @@ func (f *fair) push(q *fairQueue, w *waiter, v *pathView, es []quota.Entry, requ
 		w.classLabel = w.class
 	}
 	q.cost += w.cost
-	f.waiters[w.id] = w
-	f.nwait.Add(1)
+	f.addWaiter(w)
 	return urgent
+}
+
+// addWaiter and dropWaiter add w to and remove it from f.waiters (and what counts them).
+// f.mu held.
+func (f *fair) addWaiter(w *waiter) {
+	f.waiters[w.id] = w
+	f.queuedPaths[w.pathKey]++
+	f.nwait.Add(1)
+}
+
+func (f *fair) dropWaiter(w *waiter) {
+	delete(f.waiters, w.id)
+	if f.queuedPaths[w.pathKey]--; f.queuedPaths[w.pathKey] <= 0 {
+		delete(f.queuedPaths, w.pathKey)
+	}
+	f.nwait.Add(-1)
 }
 
 // unqueue removes a waiter that stopped waiting before it was released. f.mu held.
@@ -1141,8 +1178,7 @@ func (f *fair) unqueue(q *fairQueue, w *waiter) {
 	if f.waiters[w.id] == nil {
 		return
 	}
-	delete(f.waiters, w.id)
-	f.nwait.Add(-1)
+	f.dropWaiter(w)
 	if q.q.Remove(w.id) {
 		q.cost -= min(q.cost, w.cost)
 	}
@@ -1243,8 +1279,7 @@ func (f *fair) slotOf(q *fairQueue, w *waiter, v *pathView, now int64, wall time
 // takeLocked releases w, dispatched from q: it leaves the queue, its cost becomes pending
 // and it joins the batch being built. self: a newcomer releasing itself. f.mu held.
 func (f *fair) takeLocked(q *fairQueue, w *waiter, now int64, wall time.Time, self bool) {
-	delete(f.waiters, w.id)
-	f.nwait.Add(-1)
+	f.dropWaiter(w)
 	q.cost -= min(q.cost, w.cost)
 	f.reserve(w)
 	w.releasedAt, w.releasedWall, w.selfPass = now, wall, self
@@ -1391,8 +1426,7 @@ func (f *fair) failAll() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for id, w := range f.waiters {
-		delete(f.waiters, id)
-		f.nwait.Add(-1)
+		f.dropWaiter(w)
 		if w.queue != nil {
 			w.queue.q.Remove(id)
 		}

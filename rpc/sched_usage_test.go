@@ -16,6 +16,7 @@ func newTestFair() *fair {
 		s:           &Server{fsm: fsm.New(fsm.Options{})},
 		queues:      make(map[string]*fairQueue),
 		waiters:     make(map[uint64]*waiter),
+		queuedPaths: make(map[string]int),
 		pending:     make(map[string]uint64),
 		pendingConc: make(map[string]uint64),
 		inflight:    make(map[*relBatch]struct{}),
@@ -48,8 +49,7 @@ func contend(t testing.TB, f *fair, tenant string, now time.Time) string {
 	if !ok || it.ID != w.id {
 		t.Fatalf("the queue of %s picked %+v, %v; want its one waiter %d", tenant, it, ok, w.id)
 	}
-	delete(f.waiters, it.ID)
-	f.nwait.Add(-1)
+	f.dropWaiter(w)
 	delete(f.queues, q.key) // pass drops an emptied queue
 	f.recordAdmission(w, now.Add(time.Millisecond))
 	return q.key

@@ -101,6 +101,48 @@ func TestShareOverTheCluster(t *testing.T) {
 	}
 }
 
+const shareKeyCapsLimits = `
+domain: capsh
+descriptors:
+  - key: tenant
+    rate_limit: {unit: second, requests_per_unit: 100}
+    shares: {}
+    descriptors:
+      - key: consumer
+        max_keys_per_parent: 1
+        rate_limit: {unit: second, requests_per_unit: 100}
+        shares: {}
+`
+
+// TestShareLendsObeyKeyCapsOverTheCluster: through a follower (forwarded to the leader, applied
+// by every replica), a lend that would store a consumer bucket beyond its tenant's
+// max_keys_per_parent is not made: the path is answered central with the reason, and the same
+// path decided centrally is refused too_many_keys by the same cap.
+func TestShareLendsObeyKeyCapsOverTheCluster(t *testing.T) {
+	c := rpctest.Start(t, 3, shareKeyCapsLimits)
+	ctx := context.Background()
+	q := quotadv1.NewQuotaClient(dial(t, c.Addrs()[(c.Leader()+1)%3]))
+	path := func(consumer string) *quotadv1.SharePath {
+		return &quotadv1.SharePath{Domain: "capsh", Descriptors: []*quotadv1.Entry{{Key: "tenant", Value: "acme"}, {Key: "consumer", Value: consumer}},
+			Demand: math.MaxUint64, MaxCost: 1}
+	}
+	resp, err := q.Share(ctx, &quotadv1.ShareRequest{HolderId: "gw", Incarnation: 1, Seq: 1, Paths: []*quotadv1.SharePath{path("c0"), path("c1")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := resp.Paths[0]; p.Status != "lent" || len(p.Levels) != 2 {
+		t.Fatalf("first consumer: %+v", p)
+	}
+	if p := resp.Paths[1]; p.Status != "central" || len(p.Levels) != 0 ||
+		!strings.Contains(p.Message, "max_keys_per_parent is 1") || !strings.Contains(p.Message, `"capsh/tenant=acme/consumer=c1"`) {
+		t.Fatalf("second consumer beyond max_keys_per_parent 1: %+v, want central naming the cap", p)
+	}
+	d, err := acquireOne(ctx, q, "x", &quotadv1.Admission{RequestId: 1, Domain: "capsh", Descriptors: path("c1").Descriptors})
+	if err != nil || d.Reason != "too_many_keys" || d.Scope != "consumer" || d.Limit != 1 {
+		t.Fatalf("the second consumer decided centrally: %+v %v", d, err)
+	}
+}
+
 func grep(s, sub string) string {
 	var out []string
 	for _, l := range strings.Split(s, "\n") {

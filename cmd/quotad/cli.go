@@ -374,6 +374,19 @@ they do not name are removed). The change takes effect on the next acquire, on e
 	get := &cobra.Command{
 		Use:   "get",
 		Short: "Print the limits in force as YAML",
+		Long: `Print the limits in force as YAML, in the format limits apply reads: applying the output
+unchanged gives the same limits.
+
+A rate_limit's burst is printed only where the applied file wrote one. Left out, a bucket holds
+one unit's worth (requests_per_unit), so editing requests_per_unit in this output moves the
+burst with it; a burst that is printed stays as printed, even if you change the rate. Limits
+applied by a build before this one stored the default burst as a number: their output shows it,
+and keeps it when the rate is edited — delete that burst line to return to the default.
+
+lease_ttl (default 30s) and adaptive's decrease_percent, increase and stable_window are always
+printed: their defaults are constants filled in when a file is read, and the stored limits do
+not say whether a value was written or defaulted. Re-applying the output keeps the same values,
+but they will not follow a default changed by a later build.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
 			defer cancel()
