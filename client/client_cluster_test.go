@@ -258,21 +258,26 @@ func TestClusterWaitSleepsPerRetryAfter(t *testing.T) {
 	if took := time.Since(start); took < 150*time.Millisecond || took > 3*time.Second {
 		t.Errorf("5 Waits at 20/s with burst 1 took %v, want about 200ms", took)
 	}
-	// A deadline shorter than the retry-after (slow: 2/s, so about 500ms) gives the denial
-	// back at once rather than sleeping until the deadline.
+	// A deadline shorter than the retry-after (slow: 2/min, so about 30 s) gives the denial
+	// back at once rather than sleeping until the deadline. The deadline leaves a loaded
+	// machine's round trip room (300 ms did not, under the -race suite): what is checked is
+	// that Wait returned the denial, not how fast the cluster answered.
 	if _, err := c.Allow(ctx, Request{Domain: "slow"}); err != nil {
 		t.Fatal(err)
 	}
-	short, cancel2 := context.WithTimeout(ctx, 300*time.Millisecond)
+	const deadline = 5 * time.Second
+	short, cancel2 := context.WithTimeout(ctx, deadline)
 	defer cancel2()
 	start = time.Now()
 	d, err := c.Wait(short, Request{Domain: "slow"})
-	if !errors.Is(err, ErrDenied) || d.RetryAfter < 300*time.Millisecond || d.RetryAt().IsZero() {
-		t.Errorf("Wait with a too-short deadline = %+v, %v; want the denial with RetryAfter ≥ 300ms", d, err)
+	took := time.Since(start)
+	if !errors.Is(err, ErrDenied) || d.RetryAfter < deadline || d.RetryAt().IsZero() {
+		t.Errorf("Wait with a too-short deadline = %+v, %v; want the denial with RetryAfter ≥ %v", d, err, deadline)
 	}
-	if took := time.Since(start); took > 250*time.Millisecond {
-		t.Errorf("Wait slept %v before giving up; it should return the denial at once", took)
+	if short.Err() != nil {
+		t.Errorf("Wait slept %v, until its deadline, before giving up; it should return the denial at once", took)
 	}
+	t.Logf("Wait returned the denial after %v", took)
 }
 
 func TestClusterLeaseRenewedUntilReleased(t *testing.T) {

@@ -23,7 +23,7 @@ domain: paced
 rate_limit: {unit: second, requests_per_unit: 20, burst: 1}
 ---
 domain: slow
-rate_limit: {unit: second, requests_per_unit: 2, burst: 1}
+rate_limit: {unit: minute, requests_per_unit: 2, burst: 1}
 ---
 domain: bench
 rate_limit: {unit: second, requests_per_unit: 100000000, burst: 100000000}

@@ -16,8 +16,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/quotad/quotad/internal/proccluster"
 )
 
 // TestDevRestartsNodesAndCleansUp is the README tour's "kill the leader" step with `make run`
@@ -25,11 +23,12 @@ import (
 // leader's pid fails over; Enter on dev's stdin restarts it; with every node killed dev keeps
 // running and SIGHUP restarts them all; Ctrl-C stops the nodes and removes the temp dir.
 func TestDevRestartsNodesAndCleansUp(t *testing.T) {
-	ports, err := proccluster.FreePorts(1)
+	// dev binds base+1+i (gRPC), +101+i (Raft), +201+i (gossip), +301+i (HTTP) for node i:
+	// reserve exactly those ports.
+	base, err := devPortBase(3)
 	if err != nil {
 		t.Fatal(err)
 	}
-	base := 20000 + (ports[0] % 20000)
 	dev := exec.Command(binary, "dev", "--nodes", "3", "--port-base", strconv.Itoa(base),
 		"--limits", filepath.Join("..", "examples", "limits.yaml"))
 	stdin, err := dev.StdinPipe()

@@ -11,20 +11,19 @@ import (
 	"testing"
 	"time"
 
-	"github.com/quotad/quotad/internal/proccluster"
+	"github.com/quotad/quotad/internal/testports"
 )
 
 // TestDevClusterIsSecure: `quotad dev` (what `make run` starts) runs its nodes without
 // --insecure: a call with no credential is refused, the credentials in dev.env are admin, and
 // no secret is on an agent's command line.
 func TestDevClusterIsSecure(t *testing.T) {
-	ports, err := proccluster.FreePorts(1)
+	// dev binds base+1+i (gRPC), +101+i (Raft), +201+i (gossip), +301+i (HTTP) for node i:
+	// reserve exactly those ports.
+	base, err := devPortBase(1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// dev uses base+1..3 (gRPC), +101.. (Raft), +201.. (gossip), +301.. (HTTP): pick a base
-	// in a quiet range derived from a free port.
-	base := 20000 + (ports[0] % 20000)
 	dir := t.TempDir()
 	dev := exec.Command(binary, "dev", "--nodes", "1", "--port-base", fmt.Sprint(base), "--data-dir", dir,
 		"--limits", filepath.Join("..", "examples", "limits.yaml"))
@@ -103,4 +102,16 @@ func devEnv(t *testing.T, path string) []string {
 		}
 	}
 	return env
+}
+
+// devPortBase reserves (testports) the ports quotad dev --nodes nodes --port-base base binds
+// and returns base.
+func devPortBase(nodes int) (int, error) {
+	var offs []int
+	for kind := range 4 {
+		for i := range nodes {
+			offs = append(offs, kind*100+i+1)
+		}
+	}
+	return testports.ReserveBase(offs...)
 }

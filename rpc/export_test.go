@@ -29,6 +29,20 @@ func HoldLane(a *Agent, waiting bool) (release func()) {
 	}
 }
 
+// NonWaitingTrace is one non-waiting admission the leader decided and whether the scheduler
+// held waiters (queued, or released and not yet applied) when it looked.
+type NonWaitingTrace = nonWaitingTrace
+
+// SetNonWaitingTrace makes the leader report every non-waiting admission it decides to fn
+// (nil: stop).
+func SetNonWaitingTrace(fn func(NonWaitingTrace)) {
+	if fn == nil {
+		nonWaitingHook.Store(nil)
+		return
+	}
+	nonWaitingHook.Store(&fn)
+}
+
 // FairTrace is where one admitted waiter's time went on the leader.
 type FairTrace = fairTrace
 

@@ -39,7 +39,10 @@ import (
 //
 // A non-waiting admission whose path crosses a bucket with eligible waiters is denied
 // (rate_limited, scope of that bucket, retry_after = the queue's backlog at the bucket's
-// rate): the capacity is the waiters'. It is admitted only from capacity no waiter can use.
+// rate): the capacity is the waiters'. So is one whose bucket cannot pay it on top of the
+// grants released to waiters and not yet applied: those take the bucket's next units as they
+// accrue, and a unit taken before their entry is applied would push each of them later. It
+// is admitted only from capacity no waiter can use.
 //
 // Flows (tenants): below the contended level, the first per-value level on the path (a
 // descriptor node with no value, e.g. `key: tenant`) names the flow as "key=value", and that
@@ -127,7 +130,10 @@ type fair struct {
 	subMu sync.Mutex
 
 	nwait atomic.Int64 // waiters queued (fast check on the hot path)
-	slots waiterSlots  // waiting admissions by client and domain, for the waiter caps
+	// npend is len(pending)+len(pendingConc): keys with released, unanswered grants (the
+	// hot path's other fast check: a queue empties while all its waiters are released).
+	npend atomic.Int64
+	slots waiterSlots // waiting admissions by client and domain, for the waiter caps
 	kick  chan struct{}
 	stop  chan struct{}
 	done  chan struct{}
@@ -197,6 +203,48 @@ var fairTraceHook atomic.Pointer[func(fairTrace)]
 // waitReadHook, if set (tests only), is called with a waiting admission each time wait
 // reads its path. Atomic, as fairTraceHook.
 var waitReadHook atomic.Pointer[func(*quotadv1.Admission)]
+// nonWaitingTrace is one non-waiting admission the leader decided, and what the scheduler held
+// when it looked (gate, or the hot path's check that skips it): waiters queued, grants released
+// to waiters and not yet applied.
+type nonWaitingTrace struct {
+	Adm              *quotadv1.Admission
+	Admitted         bool
+	Queued, Released bool
+}
+
+// nonWaitingHook, if set (tests only), is called for every non-waiting admission the leader
+// decided. Atomic for the same reason as fairTraceHook.
+var nonWaitingHook atomic.Pointer[func(nonWaitingTrace)]
+
+func traceNonWaiting(adm *quotadv1.Admission, d *quotadv1.Decision, seen gateSeen) {
+	if h := nonWaitingHook.Load(); h != nil && adm != nil && adm.MaxWaitMs == 0 && d != nil {
+		(*h)(nonWaitingTrace{Adm: adm, Admitted: d.Admitted, Queued: seen.queued, Released: seen.released})
+	}
+}
+
+// gateSeen is what gate found: waiters queued anywhere, grants released and not yet applied.
+type gateSeen struct{ queued, released bool }
+
+// seenLocked reads gateSeen from the queues and the released grants (after refreshApplied).
+// f.mu held.
+func (f *fair) seenLocked() gateSeen {
+	seen := gateSeen{queued: len(f.queues) > 0}
+	for k, p := range f.pending {
+		seen.released = seen.released || unapplied(p, f.applied[k]) > 0
+	}
+	for k, p := range f.pendingConc {
+		seen.released = seen.released || unapplied(p, f.appliedConc[k]) > 0
+	}
+	return seen
+}
+
+// handlesSeen is handles and seenLocked read together under f.mu (nonWaitingHook only).
+func (f *fair) handlesSeen(req *quotadv1.AcquireRequest) (bool, gateSeen) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.refreshApplied()
+	return f.handles(req), f.seenLocked()
+}
 
 // relBatch is one released batch (one proposer call) until its answer: the request its last
 // op decides (the FSM remembers it once the entry is applied, if admitted) and its cost by
@@ -250,9 +298,9 @@ func (f *fair) close() {
 }
 
 // handles reports whether req goes through the scheduler: it has a waiting admission, or
-// admissions are waiting somewhere (a non-waiting one may have to yield to them).
+// admissions are waiting or released somewhere (a non-waiting one may have to yield to them).
 func (f *fair) handles(req *quotadv1.AcquireRequest) bool {
-	if f.nwait.Load() > 0 {
+	if f.nwait.Load() > 0 || f.npend.Load() > 0 {
 		return true
 	}
 	for _, a := range req.Admissions {
@@ -281,6 +329,7 @@ func (f *fair) acquire(ctx context.Context, req *quotadv1.AcquireRequest, owner 
 		idx       []int
 		batchErrs []error
 	)
+	seen := make([]gateSeen, len(req.Admissions))
 	var wg sync.WaitGroup
 	for i, adm := range req.Admissions {
 		if msg := admissionProblem(adm); msg != "" {
@@ -301,7 +350,9 @@ func (f *fair) acquire(ctx context.Context, req *quotadv1.AcquireRequest, owner 
 			continue
 		}
 		if !known {
-			if d := f.gate(adm); d != nil {
+			d, g := f.gate(adm)
+			seen[i] = g
+			if d != nil {
 				resp.Decisions[i] = d
 				continue
 			}
@@ -340,8 +391,9 @@ func (f *fair) acquire(ctx context.Context, req *quotadv1.AcquireRequest, owner 
 		}
 	}
 	took := time.Since(start)
-	for _, d := range resp.Decisions {
+	for i, d := range resp.Decisions {
 		s.metrics.observeDecision(d.Reason, took)
+		traceNonWaiting(req.Admissions[i], d, seen[i])
 	}
 	return resp, nil
 }
@@ -455,33 +507,57 @@ func (f *fair) queueOn(v *pathView) *fairQueue {
 	return nil
 }
 
-// gate denies a non-waiting admission whose path crosses a bucket with eligible waiters.
-func (f *fair) gate(adm *quotadv1.Admission) *quotadv1.Decision {
-	if f.nwait.Load() == 0 {
-		return nil
+// gate denies a non-waiting admission whose path crosses a bucket with eligible waiters, or a
+// bucket that cannot pay it on top of the grants released to waiters and not yet applied.
+func (f *fair) gate(adm *quotadv1.Admission) (*quotadv1.Decision, gateSeen) {
+	if f.nwait.Load() == 0 && f.npend.Load() == 0 {
+		return nil, gateSeen{}
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if len(f.queues) == 0 {
-		return nil
+	if len(f.queues) == 0 && len(f.pending) == 0 && len(f.pendingConc) == 0 {
+		return nil, gateSeen{}
 	}
 	f.refreshApplied()
+	seen := f.seenLocked()
 	v, err := f.readPath(adm.Domain, entries(adm.Descriptors))
 	if err != nil {
-		return nil // the FSM will say what is wrong
+		return nil, seen // the FSM will say what is wrong
 	}
-	q := f.queueOn(v)
-	if q == nil || q.spare {
-		return nil
+	if q := f.queueOn(v); q != nil {
+		if q.spare {
+			return nil, seen
+		}
+		return f.denyForWaiters(adm, v.levels[q.level], q.backlog()), seen
 	}
-	b := v.levels[q.level]
+	// No waiter queued on the path, but all of a queue's waiters may be released and not yet
+	// applied (a slow waiting lane under load releases the whole queue): the bucket's units
+	// up to their moments are theirs. A level with nothing of theirs pending never denies
+	// here: the FSM decides it as it would without waiters.
+	for i, b := range v.levels {
+		if unapplied(f.pending[b.Key], f.applied[b.Key]) == 0 && unapplied(f.pendingConc[b.Key], f.appliedConc[b.Key]) == 0 {
+			continue
+		}
+		if at := f.levelAt(v, i, adm.Cost, true); at > v.now {
+			wait := fairPoll
+			if at != math.MaxInt64 {
+				wait = time.Duration(at - v.now)
+			}
+			return f.denyForWaiters(adm, b, wait), seen
+		}
+	}
+	return nil, seen
+}
+
+// denyForWaiters is gate's denial on bucket b, whose capacity waiters hold for about wait.
+func (f *fair) denyForWaiters(adm *quotadv1.Admission, b quota.BucketStatus, wait time.Duration) *quotadv1.Decision {
 	d := &quotadv1.Decision{
-		Reason: string(quota.ReasonRateLimited), Scope: q.scope, Limit: b.Limit,
+		Reason: string(quota.ReasonRateLimited), Scope: b.Scope, Limit: b.Limit,
 		WindowMs: b.Window.Milliseconds(), ResetAfterMs: ceilMs(b.ResetAfter),
-		RetryAfterMs: max(1, ceilMs(q.backlog())),
+		RetryAfterMs: max(1, ceilMs(wait)),
 		Message:      "requests waiting on this bucket have priority; send with max_wait_ms to queue fairly",
 	}
-	f.metrics.denied(adm.Domain, d.Reason, "waiters:"+q.scope)
+	f.metrics.denied(adm.Domain, d.Reason, "waiters:"+b.Scope)
 	return d
 }
 
@@ -1059,6 +1135,7 @@ func (f *fair) reserve(w *waiter) {
 	for _, k := range w.concKeys {
 		f.pendingConc[k]++
 	}
+	f.npend.Store(int64(len(f.pending) + len(f.pendingConc)))
 }
 
 // unreserve undoes reserve once the FSM has answered (its state now shows the debit). f.mu held.
@@ -1080,6 +1157,7 @@ func (f *fair) release(rateKeys, concKeys []string, cost uint64) {
 			f.pendingConc[k]--
 		}
 	}
+	f.npend.Store(int64(len(f.pending) + len(f.pendingConc)))
 }
 
 func (f *fair) newQueue(domain string, v *pathView, prefix []quota.Entry, level int, now time.Time) *fairQueue {
@@ -1435,6 +1513,7 @@ func (f *fair) failAll() {
 	clear(f.queues)
 	clear(f.pending)
 	clear(f.pendingConc)
+	f.npend.Store(0)
 	clear(f.inflight)
 	clear(f.relFlows)
 	clear(f.applied)

@@ -1,15 +1,12 @@
 package rpc
 
 import (
-	"encoding/json"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
 
-	fsmv1 "github.com/quotad/quotad/api/quotad/fsm/v1"
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
-	"github.com/quotad/quotad/config"
 	"github.com/quotad/quotad/fsm"
 	"github.com/quotad/quotad/quota"
 )
@@ -19,20 +16,7 @@ import (
 // late (at 10,000/s a millisecond of such lateness held back 10 grants). refreshApplied takes
 // it out of the prediction as soon as the FSM remembers the batch's admission.
 func TestSchedPendingTheFSMAppliedIsNotCountedTwice(t *testing.T) {
-	f := newTestFair()
-	lim, err := config.Parse("limits", []byte("domain: d\nrate_limit: {unit: second, requests_per_unit: 1000, burst: 1}\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	lj, err := json.Marshal(lim)
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := fsm.Encode(&fsmv1.Command{Ops: []*fsmv1.Op{{Op: &fsmv1.Op_SetLimits{SetLimits: &fsmv1.SetLimits{LimitsJson: lj}}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.s.fsm.Apply(&raft.Log{Index: 1, Type: raft.LogCommand, Data: data})
+	f := fairWithLimits(t, "domain: d\nrate_limit: {unit: second, requests_per_unit: 1000, burst: 1}\n", 0)
 
 	// The pump released request 7 (pending 1) in a batch; its entry is applied at ts.
 	key := quota.BucketKey("d")

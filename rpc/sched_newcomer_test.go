@@ -41,8 +41,21 @@ descriptors:
 // what the scheduler submits stays queued in f.prop, in the order submitted.
 func laneFair(t *testing.T, ts int64) *fair {
 	t.Helper()
+	f := fairWithLimits(t, newcomerLimits, ts)
+	f.s.node = &clockNode{now: ts}
+	f.horizon = fairHorizonInitial
+	f.prop = newProposer(f.s.node, ProposerConfig{MaxBatch: 1024, MaxInflight: 1})
+	f.prop.slots <- struct{}{} // never freed: nothing is committed (clockNode cannot)
+	t.Cleanup(f.prop.close)
+	return f
+}
+
+// fairWithLimits is newTestFair (no pump) whose real FSM has applied limitsYAML in log entry 1
+// at leader time ts.
+func fairWithLimits(t *testing.T, limitsYAML string, ts int64) *fair {
+	t.Helper()
 	f := newTestFair()
-	lim, err := config.Parse("limits", []byte(newcomerLimits))
+	lim, err := config.Parse("limits", []byte(limitsYAML))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,11 +68,6 @@ func laneFair(t *testing.T, ts int64) *fair {
 		t.Fatal(err)
 	}
 	f.s.fsm.Apply(&raft.Log{Index: 1, Type: raft.LogCommand, Data: fsm.EncodeEntry(ts, [][]byte{op})})
-	f.s.node = &clockNode{now: ts}
-	f.horizon = fairHorizonInitial
-	f.prop = newProposer(f.s.node, ProposerConfig{MaxBatch: 1024, MaxInflight: 1})
-	f.prop.slots <- struct{}{} // never freed: nothing is committed (clockNode cannot)
-	t.Cleanup(f.prop.close)
 	return f
 }
 

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/quotad/quotad/auth"
 	"github.com/quotad/quotad/backup"
 	"github.com/quotad/quotad/rpc"
+	"github.com/quotad/quotad/rpc/rpctest"
 )
 
 // TestSnapshotRestoreKeepsTokens: tokens are security state. A restore keeps the cluster's
@@ -23,24 +25,9 @@ import (
 // valid) unless restore_tokens is set, which installs the file's (the revoked token is admitted
 // again, the newer one refused); the answer says which, with the counts.
 func TestSnapshotRestoreKeepsTokens(t *testing.T) {
-	bootstrapFile := filepath.Join(t.TempDir(), "bootstrap")
-	bootstrap, _, err := auth.NewToken()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(bootstrapFile, []byte(bootstrap+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	c, p := authCluster(t, tokenLimits, func(_ int, cfg *rpc.AgentConfig) { cfg.BootstrapTokenFile = bootstrapFile })
-	ctx := context.Background()
-	as := func(tok string) context.Context {
-		return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tok)
-	}
-	leader := c.WaitLeader(10 * time.Second)
-	lconn := p.dialAs(c.Addrs()[leader], "")
-	fconn := p.dialAs(c.Addrs()[(leader+1)%3], "")
-	admin := quotadv1.NewAdminClient(lconn)
-	q := quotadv1.NewQuotaClient(lconn)
+	tc := startTokenCluster(t)
+	bootstrap, as, admin, q := tc.bootstrap, tc.as, tc.admin, tc.q
+	fconn := tc.p.dialAs(tc.c.Addrs()[(tc.leader+1)%3], "")
 	create := func() (token, accessor string) {
 		t.Helper()
 		resp, err := admin.CreateToken(as(bootstrap), &quotadv1.CreateTokenRequest{Role: "worker", Domains: []string{"provider"}})
@@ -126,23 +113,8 @@ func TestSnapshotRestoreKeepsRevokeInFlight(t *testing.T) {
 	})
 	t.Cleanup(func() { rpc.SetStampedHook(nil); rpc.SetRestoreCopiedHook(nil) })
 
-	bootstrapFile := filepath.Join(t.TempDir(), "bootstrap")
-	bootstrap, _, err := auth.NewToken()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(bootstrapFile, []byte(bootstrap+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	c, p := authCluster(t, tokenLimits, func(_ int, cfg *rpc.AgentConfig) { cfg.BootstrapTokenFile = bootstrapFile })
-	ctx := context.Background()
-	as := func(tok string) context.Context {
-		return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tok)
-	}
-	leader := c.WaitLeader(10 * time.Second)
-	lconn := p.dialAs(c.Addrs()[leader], "")
-	admin := quotadv1.NewAdminClient(lconn)
-	q := quotadv1.NewQuotaClient(lconn)
+	tc := startTokenCluster(t) // after the hooks: their cleanup runs after the cluster's
+	bootstrap, as, admin, q, lconn := tc.bootstrap, tc.as, tc.admin, tc.q, tc.lconn
 	created, err := admin.CreateToken(as(bootstrap), &quotadv1.CreateTokenRequest{Role: "worker", Domains: []string{"provider"}})
 	if err != nil {
 		t.Fatal(err)
@@ -169,4 +141,38 @@ func TestSnapshotRestoreKeepsRevokeInFlight(t *testing.T) {
 	// The revoke was confirmed: the token must stay refused.
 	_, err = acquireOne(as(created.Token), q, "c", admission(1, 1, "endpoint=search"))
 	wantCode(t, err, codes.Unauthenticated, created.Accessor)
+}
+
+// tokenCluster is authCluster with tokenLimits and a bootstrap token (an admin), dialed on its
+// leader.
+type tokenCluster struct {
+	c         *rpctest.Cluster
+	p         *pki
+	bootstrap string
+	leader    int
+	lconn     *grpc.ClientConn
+	admin     quotadv1.AdminClient
+	q         quotadv1.QuotaClient
+}
+
+func startTokenCluster(t *testing.T) *tokenCluster {
+	t.Helper()
+	bootstrapFile := filepath.Join(t.TempDir(), "bootstrap")
+	bootstrap, _, err := auth.NewToken()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bootstrapFile, []byte(bootstrap+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, p := authCluster(t, tokenLimits, func(_ int, cfg *rpc.AgentConfig) { cfg.BootstrapTokenFile = bootstrapFile })
+	leader := c.WaitLeader(10 * time.Second)
+	lconn := p.dialAs(c.Addrs()[leader], "")
+	return &tokenCluster{c: c, p: p, bootstrap: bootstrap, leader: leader, lconn: lconn,
+		admin: quotadv1.NewAdminClient(lconn), q: quotadv1.NewQuotaClient(lconn)}
+}
+
+// as is a context carrying tok as the bearer token.
+func (tc *tokenCluster) as(tok string) context.Context {
+	return metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+tok)
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/quotad/quotad/auth"
 	"github.com/quotad/quotad/cluster"
 	"github.com/quotad/quotad/internal/testpki"
+	"github.com/quotad/quotad/internal/testports"
 )
 
 // Cluster is a set of in-process nodes named node0, node1, ... Node i may be stopped
@@ -135,8 +136,9 @@ func Start(t testing.TB, n int, newFSM func() cluster.FSM, opts ...Option) *Clus
 	for i := range n {
 		cfg := TestConfig(t, fmt.Sprintf("node%d", i))
 		cfg.BootstrapExpect = n
+		reserveAddrs(t, &cfg)
 		c.nodes = append(c.nodes, &slot{cfg: cfg})
-		c.start(i, "")
+		c.start(i, false)
 	}
 	return c
 }
@@ -158,15 +160,42 @@ func logLevel() slog.Level {
 	return l
 }
 
-// start (re)starts node i from its slot's config. newRaftAddr/gossip "" keep the previous
-// addresses (port 0 the first time).
-func (c *Cluster) start(i int, newAddrHost string) {
+// reserveAddrs gives a node of a Cluster Raft and gossip ports of its own (testports) instead
+// of port 0: Restart binds them again after a kill, and a port the kernel chose for :0 is one
+// it also hands to other listeners and to outgoing connections in between (CI: "raft
+// transport on 127.0.0.1:46641: bind: address already in use" at a restart).
+func reserveAddrs(t testing.TB, cfg *cluster.Config) {
+	t.Helper()
+	ports, err := testports.Reserve(2)
+	if err != nil {
+		t.Fatalf("clustertest: %v", err)
+	}
+	cfg.RaftAddr = net.JoinHostPort("127.0.0.1", fmt.Sprint(ports[0]))
+	cfg.GossipAddr = net.JoinHostPort("127.0.0.1", fmt.Sprint(ports[1]))
+}
+
+// StartRetryingInUse calls start until it returns an error other than "address already in
+// use", or until 10 s passed: a restarted node's port may still be held for a moment by
+// something the reservation does not cover (a program outside this module's tests).
+func StartRetryingInUse[T any](start func() (T, error)) (T, error) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		v, err := start()
+		if !testports.InUse(err) || time.Now().After(deadline) {
+			return v, err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// start (re)starts node i from its slot's config, on its previous addresses or, with
+// newAddrs, on new reserved ports.
+func (c *Cluster) start(i int, newAddrs bool) {
 	c.t.Helper()
 	s := c.nodes[i]
 	cfg := s.cfg
-	if newAddrHost != "" {
-		cfg.RaftAddr = net.JoinHostPort(newAddrHost, "0")
-		cfg.GossipAddr = net.JoinHostPort(newAddrHost, "0")
+	if newAddrs {
+		reserveAddrs(c.t, &cfg)
 	}
 	cfg.Join = nil
 	for j, o := range c.nodes {
@@ -178,8 +207,11 @@ func (c *Cluster) start(i int, newAddrHost string) {
 	if c.configure != nil {
 		c.configure(i, &cfg)
 	}
-	f := c.newFSM()
-	node, err := cluster.NewNode(cfg, f)
+	var f cluster.FSM
+	node, err := StartRetryingInUse(func() (*cluster.Node, error) {
+		f = c.newFSM()
+		return cluster.NewNode(cfg, f)
+	})
 	if err != nil {
 		c.t.Fatalf("start %s: %v", cfg.ID, err)
 	}
@@ -276,7 +308,7 @@ func (c *Cluster) Restart(i int) {
 	if c.Node(i) != nil {
 		c.t.Fatalf("node%d is running", i)
 	}
-	c.start(i, "")
+	c.start(i, false)
 }
 
 // RestartNewAddr restarts stopped node i from its data dir on new ports (same ID).
@@ -285,7 +317,7 @@ func (c *Cluster) RestartNewAddr(i int) {
 	if c.Node(i) != nil {
 		c.t.Fatalf("node%d is running", i)
 	}
-	c.start(i, "127.0.0.1")
+	c.start(i, true)
 }
 
 // AddNode starts a new node (empty data dir, BootstrapExpect 0) that joins the running
@@ -295,10 +327,11 @@ func (c *Cluster) AddNode() int {
 	c.t.Helper()
 	i := len(c.nodes)
 	cfg := TestConfig(c.t, fmt.Sprintf("node%d", i))
+	reserveAddrs(c.t, &cfg)
 	c.mu.Lock()
 	c.nodes = append(c.nodes, &slot{cfg: cfg})
 	c.mu.Unlock()
-	c.start(i, "")
+	c.start(i, false)
 	return i
 }
 

@@ -29,6 +29,7 @@ import (
 	"github.com/quotad/quotad/auth"
 	"github.com/quotad/quotad/client"
 	"github.com/quotad/quotad/internal/pkifiles"
+	"github.com/quotad/quotad/internal/testports"
 )
 
 // Build compiles ./cmd/quotad from the module at moduleDir into dir and returns the binary's
@@ -191,54 +192,11 @@ type Cluster struct {
 	http  *http.Client
 }
 
-// handedOut remembers every port FreePorts returned in this process: the ports are closed
-// again before the agents bind them, so the kernel may offer one a second time, and two nodes
-// of one test then got the same port (CI: node3's Raft address was node1's gRPC address).
-var handedOut struct {
-	sync.Mutex
-	ports map[int]bool
-}
-
 // FreePorts returns n distinct ports on 127.0.0.1 that are free for both TCP and UDP right now
-// (gossip needs both), none of them returned before by this process.
-func FreePorts(n int) ([]int, error) {
-	handedOut.Lock()
-	defer handedOut.Unlock()
-	if handedOut.ports == nil {
-		handedOut.ports = map[int]bool{}
-	}
-	var cs []io.Closer
-	defer func() {
-		for _, c := range cs {
-			c.Close()
-		}
-	}()
-	var ports []int
-	for tries := 0; len(ports) < n; tries++ {
-		if tries > 50*n {
-			return nil, errors.New("proccluster: no free port with both TCP and UDP")
-		}
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		cs = append(cs, l)
-		port := l.Addr().(*net.TCPAddr).Port
-		if handedOut.ports[port] {
-			continue
-		}
-		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
-		if err != nil {
-			continue
-		}
-		cs = append(cs, u)
-		ports = append(ports, port)
-	}
-	for _, p := range ports {
-		handedOut.ports[p] = true
-	}
-	return ports, nil
-}
+// (gossip needs both), never returned before by this process, outside the kernel's ephemeral
+// range and locked against this module's other test processes (testports.Reserve): the agents
+// bind them later, and a restarted agent binds them again.
+func FreePorts(n int) ([]int, error) { return testports.Reserve(n) }
 
 // Start starts cfg.Nodes agents that bootstrap a cluster together. It does not wait for a
 // leader; use WaitLeader.
@@ -360,6 +318,9 @@ func (c *Cluster) startWith(i, bootstrapExpect int) error {
 	if c.cfg.NodeEnv != nil {
 		env = append(env, c.cfg.NodeEnv(n)...)
 	}
+	if err := waitBindable(n, 10*time.Second); err != nil {
+		return fmt.Errorf("starting %s: %w", n.ID, err)
+	}
 	logf, err := os.OpenFile(n.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
@@ -390,6 +351,42 @@ func (c *Cluster) startWith(i, bootstrapExpect int) error {
 	n.mu.Lock()
 	n.cmd, n.exited, n.stopped = cmd, exited, false
 	n.mu.Unlock()
+	return nil
+}
+
+// waitBindable waits until node n's addresses can be bound (TCP; UDP too for gossip), retrying
+// while one is in use: the agent would exit with "address already in use" (a restart right
+// after a kill whose sockets the kernel has not released yet, or a port some other program
+// took — the ports are reserved against this module's tests, not against everything).
+func waitBindable(n *Node, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := bindable(n)
+		if err == nil || !testports.InUse(err) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func bindable(n *Node) error {
+	for _, a := range []string{n.GRPCAddr, n.RaftAddr, n.GossipAddr, n.HTTPAddr} {
+		if a == "" {
+			continue
+		}
+		l, err := net.Listen("tcp", a)
+		if err != nil {
+			return err
+		}
+		l.Close()
+	}
+	if n.GossipAddr != "" {
+		u, err := net.ListenPacket("udp", n.GossipAddr)
+		if err != nil {
+			return err
+		}
+		u.Close()
+	}
 	return nil
 }
 

@@ -9,8 +9,10 @@ package rpctest
 import (
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,6 +21,7 @@ import (
 	"github.com/quotad/quotad/cluster"
 	"github.com/quotad/quotad/cluster/clustertest"
 	"github.com/quotad/quotad/internal/pkifiles"
+	"github.com/quotad/quotad/internal/testports"
 	"github.com/quotad/quotad/rpc"
 )
 
@@ -49,8 +52,16 @@ func Start(t testing.TB, n int, limitsYAML string, opts ...Option) *Cluster {
 	for i := range n {
 		cc := clustertest.TestConfig(t, fmt.Sprintf("node%d", i))
 		cc.BootstrapExpect = n
-		cc.GRPCAddr = "127.0.0.1:0"
-		cc.HTTPAddr = "127.0.0.1:0"
+		// Ports of its own, not port 0: Restart binds them again after a kill, and a port the
+		// kernel chose for :0 it also hands to other listeners and outgoing connections in
+		// between (CI: "starting node0: raft transport on 127.0.0.1:46641: bind: address
+		// already in use").
+		ports, err := testports.Reserve(4)
+		if err != nil {
+			t.Fatalf("rpctest: %v", err)
+		}
+		a := func(p int) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(p)) }
+		cc.GRPCAddr, cc.HTTPAddr, cc.RaftAddr, cc.GossipAddr = a(ports[0]), a(ports[1]), a(ports[2]), a(ports[3])
 		// Plaintext and debug endpoints on: the API tests; a test of security turns them off.
 		cfg := rpc.AgentConfig{Cluster: cc, LimitsFile: limitsFile, Insecure: true, EnableDebug: true}
 		for _, o := range opts {
@@ -90,7 +101,7 @@ func (c *Cluster) start(i int) {
 	if cfg.Cluster.Logger == nil {
 		cfg.Cluster.Logger = slog.New(slog.NewTextHandler(logWriter{c}, &slog.HandlerOptions{Level: slog.LevelWarn})).With("node", cfg.Cluster.ID)
 	}
-	a, err := rpc.StartAgent(cfg)
+	a, err := clustertest.StartRetryingInUse(func() (*rpc.Agent, error) { return rpc.StartAgent(cfg) })
 	if err != nil {
 		c.t.Fatalf("starting %s: %v", cfg.Cluster.ID, err)
 	}
