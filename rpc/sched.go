@@ -203,6 +203,7 @@ var fairTraceHook atomic.Pointer[func(fairTrace)]
 // waitReadHook, if set (tests only), is called with a waiting admission each time wait
 // reads its path. Atomic, as fairTraceHook.
 var waitReadHook atomic.Pointer[func(*quotadv1.Admission)]
+
 // nonWaitingTrace is one non-waiting admission the leader decided, and what the scheduler held
 // when it looked (gate, or the hot path's check that skips it): waiters queued, grants released
 // to waiters and not yet applied.
