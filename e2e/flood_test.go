@@ -62,7 +62,7 @@ domain: flood
 max_keys: 5000
 descriptors:
   - key: tenant
-    value: steady                # an established tenant: its bucket is never full, so always held
+    value: steady                # an established tenant: half spent before the flood, never full again, so always held
     rate_limit: {unit: second, requests_per_unit: 10, burst: 100000}
   - key: tenant                  # one bucket per value, held for a minute after one admission
     rate_limit: {unit: hour, requests_per_unit: 60, burst: 60}
@@ -264,9 +264,12 @@ func TestCapsFlood(t *testing.T) {
 	// Phase 2: everything at once.
 	// The established tenant holds its bucket before the flood starts. A tenant that first
 	// shows up after a flood filled max_keys waits until idle buckets are swept: the cap's
-	// documented cost (docs/security.md), not what this test measures.
+	// documented cost (docs/security.md), not what this test measures. It spends half its
+	// burst, so the bucket stays below full (and stored) for the whole run: one unit refilled
+	// in 0.1 s, and a sweep in a loaded moment before the honest caller's first call dropped
+	// the full bucket, so the flood took its place (CI-like load, session 8).
 	if r, err := conns[leader].Acquire(ctx, &quotadv1.AcquireRequest{ClientId: "establish", Admissions: []*quotadv1.Admission{
-		{RequestId: 1, Domain: "flood", Descriptors: []*quotadv1.Entry{{Key: "tenant", Value: "steady"}}}}}); err != nil || !r.Decisions[0].Admitted {
+		{RequestId: 1, Domain: "flood", Cost: 50000, Descriptors: []*quotadv1.Entry{{Key: "tenant", Value: "steady"}}}}}); err != nil || !r.Decisions[0].Admitted {
 		t.Fatalf("establishing tenant steady before the flood: %v %v", r, err)
 	}
 	runCtx, stop := context.WithTimeout(ctx, dur)
