@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -382,5 +385,68 @@ func TestClusterMessageTooLargeIsPermanent(t *testing.T) {
 	_, err := qc.Allow(ctx, Request{Domain: "fixed", Descriptors: Descriptors(ds...)})
 	if !IsMessageTooLarge(err) || errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "--max-request-bytes") {
 		t.Fatalf("a 3 KB request to a node that accepts 2 KB: %v, want a permanent ResourceExhausted naming --max-request-bytes", err)
+	}
+}
+
+// dialRecorder is a dialer that records every address the client dials.
+type dialRecorder struct {
+	mu    sync.Mutex
+	addrs map[string]int
+}
+
+func (d *dialRecorder) option() grpc.DialOption {
+	return grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+		d.mu.Lock()
+		d.addrs[addr]++
+		d.mu.Unlock()
+		return (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	})
+}
+
+func (d *dialRecorder) dialed() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Sorted(maps.Keys(d.addrs))
+}
+
+// With ConfiguredAddrsOnly the client never dials the leader's own address when it was given
+// only a follower's (a proxy, a load balancer): the follower forwards, calls succeed. Without
+// it, the client follows x-quotad-leader (the control: the test can tell the two apart).
+func TestClusterConfiguredAddrsOnly(t *testing.T) {
+	tc := startCluster(t)
+	leader := tc.leader()
+	follower := (leader + 1) % 3
+	fAddr, lAddr := tc.agent(follower).GRPCAddr(), tc.agent(leader).GRPCAddr()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	run := func(only bool) []string {
+		rec := &dialRecorder{addrs: map[string]int{}}
+		c := newTestClient(t, []string{fAddr}, func(cfg *Config) {
+			cfg.ConfiguredAddrsOnly = only
+			cfg.DialOptions = append(cfg.DialOptions, rec.option())
+		})
+		for i := range 20 {
+			req := Request{Domain: "bench", Cost: 1}
+			if i%2 == 1 {
+				req.Domain = "paced" // 20/s, burst 1: some refused, decided by the leader
+			}
+			if _, err := c.Allow(ctx, req); err != nil && !errors.Is(err, ErrDenied) {
+				t.Fatalf("ConfiguredAddrsOnly=%v: Allow %d through the follower: %v", only, i, err)
+			}
+		}
+		if _, err := c.Status(ctx, "bench"); err != nil {
+			t.Fatalf("ConfiguredAddrsOnly=%v: Status: %v", only, err)
+		}
+		n, _ := c.nodes.target()
+		if only && n.addr != fAddr {
+			t.Errorf("ConfiguredAddrsOnly: the client targets %s, want the configured %s", n.addr, fAddr)
+		}
+		return rec.dialed()
+	}
+	if got := run(true); !slices.Equal(got, []string{fAddr}) {
+		t.Errorf("ConfiguredAddrsOnly: dialed %v, want only the configured follower %s (leader %s)", got, fAddr, lAddr)
+	}
+	if got := run(false); !slices.Contains(got, lAddr) {
+		t.Errorf("default: dialed %v, want the leader %s too (it follows x-quotad-leader)", got, lAddr)
 	}
 }

@@ -36,6 +36,15 @@ type Config struct {
 	// At least one is required.
 	Addrs []string
 
+	// ConfiguredAddrsOnly makes the client dial only Addrs: a leader named by the cluster
+	// (the x-quotad-leader header) is followed only if it is one of them. Set it when the
+	// nodes are reached through a proxy, a Kubernetes Service/LoadBalancer or NAT, where the
+	// leader's own address is unreachable (following it costs each call an attempt timeout)
+	// or goes around the proxy. The trade-off: a call sent to a follower is forwarded to the
+	// leader (one more hop, a little more latency and follower load). Default false: follow
+	// the leader wherever it says it is.
+	ConfiguredAddrsOnly bool
+
 	// ClientID is this client's idempotency namespace: request IDs are unique within it.
 	// Empty means a random 96-bit ID (16 characters), which is what almost every caller
 	// wants. If you set a stable ID, never run two live clients with the same one, and keep it

@@ -31,6 +31,8 @@ type node struct {
 // one has named itself, else whichever node answered last. Safe for concurrent use.
 type nodes struct {
 	dialOpts []grpc.DialOption
+	// configuredOnly: follow a leader only to a configured address (Config.ConfiguredAddrsOnly).
+	configuredOnly bool
 
 	mu     sync.Mutex
 	byAddr map[string]*node
@@ -50,7 +52,7 @@ func newNodes(addrs []string, cfg Config, creds []grpc.DialOption) *nodes {
 		}),
 	)
 	opts = append(opts, cfg.DialOptions...)
-	n := &nodes{dialOpts: opts, byAddr: make(map[string]*node)}
+	n := &nodes{dialOpts: opts, byAddr: make(map[string]*node), configuredOnly: cfg.ConfiguredAddrsOnly}
 	seen := map[string]bool{}
 	for _, a := range addrs {
 		if !seen[a] {
@@ -86,21 +88,26 @@ func (ns *nodes) getLocked(addr string) (*node, error) {
 	return n, nil
 }
 
-// follow makes addr (a leader named by the cluster) the target, learning it if new.
-func (ns *nodes) follow(addr string) {
+// follow makes addr (a leader named by the cluster) the target, learning it if new; with
+// configuredOnly, an address not configured is ignored (false: the target did not change).
+func (ns *nodes) follow(addr string) bool {
 	ns.mu.Lock()
 	defer ns.mu.Unlock()
 	if ns.order[ns.cur] == addr {
-		return
+		return true
 	}
 	for i, a := range ns.order {
 		if a == addr {
 			ns.cur = i
-			return
+			return true
 		}
+	}
+	if ns.configuredOnly {
+		return false
 	}
 	ns.order = append(ns.order, addr)
 	ns.cur = len(ns.order) - 1
+	return true
 }
 
 // failed moves the target past addr after a failed attempt there. It does nothing if
@@ -219,8 +226,7 @@ func (c *Client) attempt(ctx context.Context, n *node, extra time.Duration, call
 	err := call(actx, n.qc, grpc.Header(&hdr), grpc.Trailer(&trl))
 	leader := firstValue(hdr, trl)
 	switch {
-	case leader != "" && leader != n.addr:
-		c.nodes.follow(leader)
+	case leader != "" && leader != n.addr && c.nodes.follow(leader):
 	case err != nil && retryable(status.Code(err)):
 		// No answer from this node: try the next one (a follower forwards to the leader).
 		c.nodes.failed(n.addr)

@@ -85,6 +85,9 @@ type ShareInfo struct {
 	Capacity float64
 	// Expiry is when the grant ends (this process's clock, less the holder margin).
 	Expiry time.Time
+	// FallbackRate (units per second) is this holder's slice of the level's
+	// shares.fallback_rate, used once the grant has ended unrenewed; 0: it fails closed then.
+	FallbackRate float64
 	// Message explains a central or invalid status.
 	Message string
 }
@@ -647,6 +650,7 @@ func (h *shareHolder) apply(resp *shareResponse, paths []*sharePath, sentFast in
 				}
 				st.fallback = newGCRA(fb, burst, 0, slow, math.MaxInt64/(2*timeScale))
 				st.fallbackPS = float64(fb) / 1e6
+				st.info.FallbackRate = float64(fb) / 1e6
 			}
 			st.info.Rate, st.info.Capacity, st.info.Expiry, st.info.Local = rate, capacity, expiry, true
 			if p.observed && rate < 0.9*p.ewma {

@@ -417,6 +417,23 @@ func requestSequences(t *testing.T, envoy, quotad rlsv3.RateLimitServiceClient) 
 			}
 		})
 	}
+	// duration_until_reset is not compared (a window's end in envoy, a bucket's refill in
+	// quotad), except here: a request above the limit's whole capacity can never pass, and
+	// envoy never answers 0 ("reset now") for it; quotad answers one window.
+	t.Run("hits above the capacity: duration_until_reset", func(t *testing.T) {
+		r := dreq{domain: "diff", descs: []string{"burst=cap"}, hits: 5} // burst: 3 per hour
+		e, q := ask(t, ctx, envoy, r), ask(t, ctx, quotad, r)
+		if de, dq := describe(e), describe(q); de != dq {
+			t.Fatalf("envoy %s, quotad %s", de, dq)
+		}
+		ed, qd := e.Statuses[0].DurationUntilReset.AsDuration(), q.Statuses[0].DurationUntilReset.AsDuration()
+		if ed <= 0 || ed > time.Hour {
+			t.Fatalf("envoy duration_until_reset %v: want in (0, 1h] (its window's end)", ed)
+		}
+		if qd != time.Hour {
+			t.Fatalf("quotad duration_until_reset %v (envoy %v): want 1h, one window", qd, ed)
+		}
+	})
 	for _, d := range differenceSequences {
 		t.Run("differs: "+d.name, func(t *testing.T) {
 			var e, q *rlsv3.RateLimitResponse

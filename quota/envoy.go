@@ -405,6 +405,12 @@ func (e *Engine) rlsCheck(lv *level, key []byte, hits uint64, now Time) RLSStatu
 	if need > whole {
 		st.Code = RLSOverLimit
 		st.ResetAfter = r.waitUntil(tokens, last, now, r.capMicro)
+		if need > r.capUnits {
+			// No wait lets more than the whole capacity through; a full bucket would say 0
+			// ("retry now"). envoyproxy/ratelimit answers its window's end, never 0: answer at
+			// least one window (docs/envoy.md).
+			st.ResetAfter = max(st.ResetAfter, r.window)
+		}
 		return st
 	}
 	after := refilled - hits*microPerUnit

@@ -181,6 +181,47 @@ func TestRateLimitHitsAddend(t *testing.T) {
 	}
 }
 
+// A request above the limit's whole capacity can never pass: duration_until_reset must not say
+// "now" (0) when the bucket is full (trial: 70000 against 60000/min answered 0). It is one
+// window, as envoyproxy/ratelimit never answers 0 (its window's end), or the time until the
+// bucket is full if that is longer; shadow and quota mode, the ceiling and an override alike.
+func TestRateLimitHitsAboveCapacityReset(t *testing.T) {
+	l := envoyLimits()
+	l.Domains = append(l.Domains, Domain{Name: "big", Rate: perMinute(60000), Descriptors: []Node{
+		{Key: "k", Rate: perMinute(60000)},
+	}})
+	e := mustEngine(t, l)
+	over := func(now Time, domain string, hits uint64, d RLSDescriptor) RLSStatus {
+		t.Helper()
+		r := e.RateLimit(now, RLSRequest{Domain: domain, Hits: hits, Descriptors: []RLSDescriptor{d}})
+		if r.Code != RLSOverLimit {
+			t.Fatalf("%s %v hits %d: %v, want OVER_LIMIT", domain, d.Entries, hits, codes(r))
+		}
+		return r.Statuses[0]
+	}
+	// The ceiling (60000/min) refuses first, with the bucket full.
+	if st := over(0, "big", 70000, RLSDescriptor{Entries: ent("k", "a")}); st.ResetAfter != time.Minute {
+		t.Errorf("70000 against a full 60000/min ceiling: reset after %v, want 1m0s", st.ResetAfter)
+	}
+	if st := over(0, "rl", 3, RLSDescriptor{Entries: ent("tenant", "a", "user", "u")}); st.ResetAfter != time.Minute {
+		t.Errorf("3 against a full 2/min bucket: reset after %v, want 1m0s", st.ResetAfter)
+	}
+	// A descriptor's own hits_addend above the capacity, the ceiling not involved.
+	if st := over(0, "rl", 0, RLSDescriptor{Entries: ent("path", "files/a"), Hits: 5, HasHits: true}); st.ResetAfter != time.Minute {
+		t.Errorf("descriptor hits 5 against a full 2/min bucket: reset after %v, want 1m0s", st.ResetAfter)
+	}
+	// An override: 3 against its own full 2/hour bucket.
+	if st := over(0, "rl", 3, withLimit(ent("nope", "o"), 2, time.Hour)); st.ResetAfter != time.Hour {
+		t.Errorf("3 against a full 2/hour override: reset after %v, want 1h0m0s", st.ResetAfter)
+	}
+	// Within the capacity, over what is left: the time until it can pass, unchanged (30s for
+	// one of 2/min spent).
+	e.RateLimit(0, rls("rl", ent("path", "files/b")))
+	if st := over(0, "rl", 2, RLSDescriptor{Entries: ent("path", "files/b")}); st.ResetAfter != 30*time.Second {
+		t.Errorf("2 against 1 left of 2/min: reset after %v, want 30s (until full)", st.ResetAfter)
+	}
+}
+
 func TestRateLimitInvalid(t *testing.T) {
 	e := mustEngine(t, envoyLimits())
 	h := e.Hash()

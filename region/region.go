@@ -101,6 +101,9 @@ type share struct {
 	admitted, refused, undone atomic.Uint64
 	// free counts admissions in the deliberately broken build region_bug_doubleshare.
 	free atomic.Uint64
+	// held: the region decided this level on its share at the last watch; ended: a warning
+	// said the share ended and no "regained" has followed (run's goroutine only).
+	held, ended bool
 }
 
 // Start connects to the global cluster and starts holding shares of the scope: global levels
@@ -146,6 +149,7 @@ func (h *Holder) run() {
 		case <-t.C:
 			h.follow()
 			h.sync()
+			h.watch()
 			h.reclaim()
 		}
 	}
@@ -243,6 +247,39 @@ func (h *Holder) sync() {
 	h.shares, h.version = next, l.Version
 	if h.shares == nil {
 		h.shares = []*share{}
+	}
+}
+
+// watch logs, once per change and never per request, when a level's share ends without a
+// renewal (WARN: what the region does now — its fallback slice or failing closed) and when
+// the region decides on a share again after that (INFO). quotad_region_share_local says the
+// same for alerts (docs/metrics.md).
+func (h *Holder) watch() {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	for _, s := range h.shares {
+		info := s.lim.Share()
+		held := info.Local
+		switch {
+		case held && s.ended:
+			h.log.Info("regained a share of the global level; deciding it locally again",
+				"domain", s.gp.Domain, "level", s.gp.Scope, "path", pathKey(s.gp), "rate", info.Rate, "capacity", info.Capacity)
+			s.ended = false
+		case !held && s.held:
+			s.ended = true
+			now := "failing closed: the level refuses every admission until a share is regained"
+			switch {
+			case info.Status == "lent" && info.FallbackRate > 0:
+				now = fmt.Sprintf("falling back to its slice of shares.fallback_rate, %.4g/s", info.FallbackRate)
+			case info.Status == "lent":
+				now += " (the level has no shares.fallback_rate)"
+			default:
+				now += fmt.Sprintf(" (the global cluster answers %s: %s)", info.Status, info.Message)
+			}
+			h.log.Warn("the region's share of a global level ended without a renewal; "+now,
+				"domain", s.gp.Domain, "level", s.gp.Scope, "path", pathKey(s.gp), "status", info.Status, "fallback_rate", info.FallbackRate)
+		}
+		s.held = held
 	}
 }
 

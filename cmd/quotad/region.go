@@ -19,7 +19,7 @@ import (
 type regionFlags struct {
 	name, addrs                               string
 	tokenFile, caFile, cert, key, clusterName string
-	insecure                                  bool
+	insecure, followLeader                    bool
 }
 
 func (r *regionFlags) register(f *pflag.FlagSet) {
@@ -30,12 +30,13 @@ func (r *regionFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&r.cert, "global-cert", "", "PEM client certificate for the global cluster (a worker role; instead of --global-token-file)")
 	f.StringVar(&r.key, "global-key", "", "PEM key for --global-cert")
 	f.StringVar(&r.clusterName, "global-cluster-name", rpc.DefaultClusterName, "the global cluster's --cluster-name: its nodes' certificates are verified for server.<name>.quotad")
+	f.BoolVar(&r.followLeader, "global-follow-leader", true, "dial the global leader at the address it names (x-quotad-leader); false: only --global-addrs (a proxy or load balancer in front of the global cluster: its followers forward to the leader)")
 	f.BoolVar(&r.insecure, "global-insecure", false, "the global cluster runs with --insecure (plaintext): a throwaway setup on a trusted network only")
 }
 
 func (r *regionFlags) apply(cfg *rpc.AgentConfig) error {
 	if r.name == "" {
-		if r.addrs != "" || r.tokenFile != "" || r.caFile != "" || r.cert != "" || r.key != "" || r.insecure {
+		if r.addrs != "" || r.tokenFile != "" || r.caFile != "" || r.cert != "" || r.key != "" || r.insecure || !r.followLeader {
 			return errors.New("--global-addrs and the --global-* credential flags need --region NAME: add --region or remove them")
 		}
 		return nil
@@ -44,7 +45,7 @@ func (r *regionFlags) apply(cfg *rpc.AgentConfig) error {
 	if len(addrs) == 0 {
 		return fmt.Errorf("--region %s needs --global-addrs A,B,C: the gRPC addresses of the global cluster's nodes", r.name)
 	}
-	g := client.Config{Addrs: addrs, TokenFile: r.tokenFile, Insecure: r.insecure,
+	g := client.Config{Addrs: addrs, ConfiguredAddrsOnly: !r.followLeader, TokenFile: r.tokenFile, Insecure: r.insecure,
 		TLSFiles: client.TLSFiles{CAFile: r.caFile, CertFile: r.cert, KeyFile: r.key}}
 	switch {
 	case r.insecure && (r.caFile != "" || r.cert != ""):
