@@ -50,8 +50,9 @@ type Config struct {
 	GossipAddr string
 
 	// AdvertisedCommandVersion, if above 0, is the FSM command version this node advertises
-	// in gossip instead of its FSM's own (Member.CommandVersion). Only for tests that stand
-	// in for an older build in a mixed-version cluster; never set it in production.
+	// in gossip instead of its FSM's own (Member.CommandVersion); below 0, it advertises none,
+	// as builds before command version 6 do. Only for tests that stand in for an older build
+	// in a mixed-version cluster; never set it in production.
 	AdvertisedCommandVersion int
 
 	// GRPCAddr and HTTPAddr are only advertised to other nodes through gossip, so that any
@@ -110,8 +111,8 @@ type Config struct {
 	MetaInterval time.Duration
 
 	// TickInterval: while leader, if no entry was applied for this long, the node applies a
-	// tick entry (FSM.EncodeTick(Now())) so FSM time advances, leases expire and buckets
-	// refill without client traffic.
+	// tick entry (FSM.EncodeTick at Now and Node.CommandVersion) so FSM time advances, leases
+	// expire and buckets refill without client traffic.
 	TickInterval time.Duration
 
 	// HeartbeatTimeout, ElectionTimeout, LeaderLeaseTimeout and CommitTimeout are passed to

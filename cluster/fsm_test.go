@@ -35,7 +35,7 @@ func encodeAdd(ts, delta int64) []byte {
 	return b
 }
 
-func (f *counterFSM) EncodeTick(ts int64) []byte {
+func (f *counterFSM) EncodeTick(ts int64, _ int) []byte {
 	b := make([]byte, 9)
 	b[0] = 't'
 	binary.BigEndian.PutUint64(b[1:], uint64(ts))

@@ -40,8 +40,8 @@ type commandVersioned interface{ CommandVersion() int }
 
 // commandVersion is the FSM command version this node advertises (see nodeMeta.Cmd).
 func (n *Node) commandVersion() int {
-	if n.cfg.AdvertisedCommandVersion > 0 {
-		return n.cfg.AdvertisedCommandVersion
+	if v := n.cfg.AdvertisedCommandVersion; v != 0 {
+		return max(v, 0)
 	}
 	if v, ok := n.fsm.(commandVersioned); ok {
 		return v.CommandVersion()

@@ -85,6 +85,8 @@ func (n *Node) leaderTerm(ctx context.Context) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+	// The first entry of the term must already be written at a version every server applies.
+	n.refreshCommandVersion(ctx)
 	n.clk.mu.Lock()
 	if ctx.Err() != nil || n.raft.State() != raft.Leader || n.raft.CurrentTerm() != term {
 		n.clk.mu.Unlock()
@@ -130,7 +132,7 @@ func (n *Node) tickLoop(ctx context.Context) {
 			return // leadership lost; leadershipLoop will cancel us
 		}
 		actx, cancel := context.WithTimeout(ctx, max(4*interval, n.cfg.ElectionTimeout))
-		_, err = n.Apply(actx, n.fsm.EncodeTick(ts))
+		_, err = n.Apply(actx, n.fsm.EncodeTick(ts, n.CommandVersion()))
 		cancel()
 		if err != nil {
 			if errors.Is(err, ErrNotLeader) || ctx.Err() != nil {
@@ -143,12 +145,16 @@ func (n *Node) tickLoop(ctx context.Context) {
 }
 
 // observeLoop turns raft leader observations (any node's leadership, as seen here) into
-// LeaderChanged notifications.
+// LeaderChanged notifications, and leader and peer (configuration) changes into a reconcile
+// (which also recomputes CommandVersion).
 func (n *Node) observeLoop() {
 	ch := make(chan raft.Observation, 16)
 	obs := raft.NewObserver(ch, false, func(o *raft.Observation) bool {
-		_, ok := o.Data.(raft.LeaderObservation)
-		return ok
+		switch o.Data.(type) {
+		case raft.LeaderObservation, raft.PeerObservation:
+			return true
+		}
+		return false
 	})
 	n.raft.RegisterObserver(obs)
 	defer n.raft.DeregisterObserver(obs)
@@ -156,8 +162,10 @@ func (n *Node) observeLoop() {
 		select {
 		case <-n.ctx.Done():
 			return
-		case <-ch:
-			n.notifyLeaderChange()
+		case o := <-ch:
+			if _, ok := o.Data.(raft.LeaderObservation); ok {
+				n.notifyLeaderChange()
+			}
 			n.triggerReconcile()
 		}
 	}

@@ -114,6 +114,7 @@ func (n *Node) reconcileLoop() {
 		case <-t.C:
 		case <-n.reconcileCh:
 		}
+		n.refreshCommandVersion(n.ctx)
 		term, ok := n.readyTerm()
 		if !ok {
 			r = reconciler{}

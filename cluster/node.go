@@ -45,8 +45,9 @@ type FSM interface {
 	AppliedIndex() uint64
 
 	// EncodeTick returns a log entry that only advances FSM time to ts (expiring leases and
-	// refilling buckets as any entry at ts would).
-	EncodeTick(ts int64) []byte
+	// refilling buckets as any entry at ts would), written at command version (0: the FSM's
+	// own; see Node.CommandVersion).
+	EncodeTick(ts int64, version int) []byte
 }
 
 // Node is one member of a quotad cluster. Create it with NewNode; it is running when
@@ -80,6 +81,8 @@ type Node struct {
 	// entry, and exclusively by a restore before its barrier: once the barrier is applied no
 	// entry stamped before the restore is still on its way to the log.
 	stampMu sync.RWMutex
+	// cmdVersion is the FSM command version new entries are written at (cmdversion.go).
+	cmdVersion atomic.Int64
 
 	walLog   *wal.Log // the log store with LogStore "wal" (bolt is then only the stable store); else nil
 	logStore string   // the backend in use: LogStoreBoltDB or LogStoreWAL (never LogStoreAuto)
@@ -427,11 +430,11 @@ func (n *Node) Apply(ctx context.Context, data []byte) (any, error) {
 }
 
 // ApplyNow is Apply of the entry encode builds from a fresh Now timestamp, which it also
-// returns. Taking the timestamp and queueing the entry in raft is one step that a restore
+// returns, and the command version to write it at (CommandVersion). Taking the timestamp and queueing the entry in raft is one step that a restore
 // excludes (RestoreSnapshotPrepared): an entry stamped before a restore is in the log before
 // the restore's barrier, never committed while the restore is being prepared. encode runs
 // while restores are held off: it must not block.
-func (n *Node) ApplyNow(ctx context.Context, encode func(ts int64) []byte) (any, int64, error) {
+func (n *Node) ApplyNow(ctx context.Context, encode func(ts int64, version int) []byte) (any, int64, error) {
 	timeout, err := n.applyTimeout(ctx)
 	if err != nil {
 		return nil, 0, err
@@ -442,7 +445,7 @@ func (n *Node) ApplyNow(ctx context.Context, encode func(ts int64) []byte) (any,
 		n.stampMu.RUnlock()
 		return nil, 0, err
 	}
-	f := n.raft.Apply(encode(ts), timeout)
+	f := n.raft.Apply(encode(ts, n.CommandVersion()), timeout)
 	n.stampMu.RUnlock()
 	if err := n.wait(ctx, f); err != nil {
 		return nil, 0, applyError(err)

@@ -297,3 +297,20 @@ func TestReadDedupInPieces(t *testing.T) {
 		t.Fatal("a truncated section was read")
 	}
 }
+
+// TestEncodeEntryAtVersion: EncodeEntryAt writes the version it is given, this build's for 0
+// and for one it does not apply (above CommandVersion), and EncodeTick does the same.
+func TestEncodeEntryAtVersion(t *testing.T) {
+	for _, tc := range []struct{ in, want int }{{5, 5}, {1, 1}, {0, CommandVersion}, {-3, CommandVersion}, {CommandVersion + 1, CommandVersion}} {
+		for name, data := range map[string][]byte{"entry": EncodeEntryAt(tc.in, 7, [][]byte{AppendAcquireOp(nil, "c", &quotadv1.Admission{})}),
+			"tick": (&FSM{}).EncodeTick(7, tc.in)} {
+			var c rawCommand
+			if err := decodeCommand(data, &c); err != nil {
+				t.Fatal(err)
+			}
+			if int(c.version) != tc.want || c.ts != 7 {
+				t.Errorf("%s at %d: version %d ts %d, want version %d ts 7", name, tc.in, c.version, c.ts, tc.want)
+			}
+		}
+	}
+}

@@ -139,15 +139,31 @@ func EncodeOp(op *fsmv1.Op) ([]byte, error) {
 }
 
 // EncodeEntry returns a Command{version: CommandVersion, ts, ops} whose ops are already
-// encoded (by AppendAcquireOp or EncodeOp), in one allocation.
-func EncodeEntry(ts int64, ops [][]byte) []byte {
-	n := 1 + protowire.SizeVarint(CommandVersion) + 1 + protowire.SizeVarint(uint64(ts))
+// encoded (by AppendAcquireOp or EncodeOp), in one allocation. It is EncodeEntryAt(0, ts, ops).
+func EncodeEntry(ts int64, ops [][]byte) []byte { return EncodeEntryAt(0, ts, ops) }
+
+// EncodeEntryAt is EncodeEntry writing command version version: the cluster's effective
+// version (cluster.Node.CommandVersion), which every node applies, so that during a rolling
+// upgrade an upgraded leader's entries do not stop the nodes not yet upgraded. Every replica
+// applies the entry with that version's semantics (applyLocked). version 0 means this build's
+// CommandVersion, and so does a version above it (this build cannot write what it does not
+// apply); a negative one is treated as 0.
+//
+// The caller must not put in the entry an op that needs a newer version than version (such as
+// limits with max_keys_per_parent below MaxKeysPerParentVersion): the FSM refuses it or, for
+// features older than command version 6, may decide it as that older version did.
+func EncodeEntryAt(version int, ts int64, ops [][]byte) []byte {
+	v := uint64(CommandVersion)
+	if version > 0 && version < CommandVersion {
+		v = uint64(version)
+	}
+	n := 1 + protowire.SizeVarint(v) + 1 + protowire.SizeVarint(uint64(ts))
 	for _, op := range ops {
 		n += 1 + protowire.SizeBytes(len(op))
 	}
 	b := make([]byte, 0, n)
 	b = protowire.AppendTag(b, fCommandVersion, protowire.VarintType)
-	b = protowire.AppendVarint(b, CommandVersion)
+	b = protowire.AppendVarint(b, v)
 	b = protowire.AppendTag(b, fCommandTs, protowire.VarintType)
 	b = protowire.AppendVarint(b, uint64(ts))
 	for _, op := range ops {

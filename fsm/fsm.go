@@ -24,7 +24,10 @@ import (
 	"github.com/quotad/quotad/quota"
 )
 
-// CommandVersion is the version of Command this build writes and the newest it can apply.
+// CommandVersion is the newest version of Command this build writes and applies. A leader
+// writes at the cluster's effective version (cluster.Node.CommandVersion: the lowest any node
+// advertises, at most this), and every replica applies an entry with its version's semantics,
+// so an entry of version v is decided the same by every build that applies v.
 //
 // Version 2: an admission that may wait (max_wait_ms > 0) is decided with scheduled grants
 // (quota.Request.ScheduleWithin = min(max_wait_ms, MaxScheduleAhead)): if its buckets can pay
@@ -202,15 +205,10 @@ func Encode(cmd *fsmv1.Command) ([]byte, error) {
 	return proto.Marshal(cmd)
 }
 
-// EncodeTick returns a command with no operations: applying it advances the clock to ts and
-// expires leases and pauses. It satisfies cluster.FSM.
-func (f *FSM) EncodeTick(ts int64) []byte {
-	data, err := Encode(&fsmv1.Command{Ts: ts})
-	if err != nil { // cannot happen for a message this simple
-		panic(fmt.Sprintf("fsm: encoding a tick: %v", err))
-	}
-	return data
-}
+// EncodeTick returns a command with no operations, at command version version (0: this
+// build's; see EncodeEntryAt): applying it advances the clock to ts and expires leases and
+// pauses. It satisfies cluster.FSM.
+func (f *FSM) EncodeTick(ts int64, version int) []byte { return EncodeEntryAt(version, ts, nil) }
 
 // Apply applies one log entry.
 func (f *FSM) Apply(l *raft.Log) any {

@@ -38,7 +38,7 @@ func FuzzDecodeCommand(f *testing.F) {
 	}
 	all, _ := Encode(&fsmv1.Command{Ts: 5, Ops: ops})
 	f.Add(all)
-	f.Add((&FSM{}).EncodeTick(42))
+	f.Add((&FSM{}).EncodeTick(42, 0))
 	f.Add([]byte{})
 	f.Add([]byte{0x08, 0x02}) // version 2
 	f.Add([]byte{0x1a, 0x00}) // an empty op

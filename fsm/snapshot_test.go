@@ -252,7 +252,7 @@ func testPersistLargeStateAfterChanges(t *testing.T) {
 		}
 		// Everything expires and refills: chunks are recycled and buckets dropped.
 		ts += int64(time.Hour)
-		applyData(f.EncodeTick(ts))
+		applyData(f.EncodeTick(ts, 0))
 		for i := 0; i < dedupChunk+10; i++ {
 			apply(&fsmv1.Op{Op: &fsmv1.Op_Acquire{Acquire: &fsmv1.Acquire{ClientId: fmt.Sprintf("n%d", round), Admission: &quotadv1.Admission{
 				RequestId: uint64(i + 1), Domain: "buckets", Cost: 1, Attempt: 1,

@@ -15,9 +15,10 @@ import (
 // Applier is what the proposer needs of a cluster node (cluster.Node implements it).
 type Applier interface {
 	// ApplyNow takes the leader's FSM timestamp (an error if this node is not an established
-	// leader), commits the entry encode builds from it and returns the FSM's response and the
-	// timestamp (cluster.Node.ApplyNow).
-	ApplyNow(ctx context.Context, encode func(ts int64) []byte) (any, int64, error)
+	// leader), commits the entry encode builds from it and from the command version to write
+	// it at (0: this build's), and returns the FSM's response and the timestamp
+	// (cluster.Node.ApplyNow, cluster.Node.CommandVersion).
+	ApplyNow(ctx context.Context, encode func(ts int64, version int) []byte) (any, int64, error)
 }
 
 // ProposerConfig tunes group commit.
@@ -335,11 +336,11 @@ func (p *proposer) apply(ctx context.Context, batch []queuedOp) (*fsm.Result, in
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.ApplyTimeout)
 	defer cancel()
 	// Timestamp and enqueue are one step a snapshot restore excludes (cluster.Node.ApplyNow).
-	out, ts, err := p.node.ApplyNow(ctx, func(ts int64) []byte {
+	out, ts, err := p.node.ApplyNow(ctx, func(ts int64, version int) []byte {
 		if h := stampedHook.Load(); h != nil {
 			(*h)()
 		}
-		return fsm.EncodeEntry(ts, ops)
+		return fsm.EncodeEntryAt(version, ts, ops)
 	})
 	if err != nil {
 		return nil, 0, err

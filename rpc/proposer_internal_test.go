@@ -28,9 +28,9 @@ func newGatedApplier() *gatedApplier {
 	return &gatedApplier{started: make(chan struct{}, 16), gate: make(chan struct{}, 16)}
 }
 
-func (g *gatedApplier) ApplyNow(ctx context.Context, encode func(ts int64) []byte) (any, int64, error) {
+func (g *gatedApplier) ApplyNow(ctx context.Context, encode func(ts int64, version int) []byte) (any, int64, error) {
 	ts := time.Now().UnixNano()
-	out, err := g.apply(ctx, encode(ts))
+	out, err := g.apply(ctx, encode(ts, 0))
 	return out, ts, err
 }
 

@@ -193,6 +193,10 @@ func (c *Cluster) Restart(i int) {
 	c.start(i)
 }
 
+// Reconfigure applies o to agent i's configuration for its next Restart (say, another build's
+// advertised command version).
+func (c *Cluster) Reconfigure(i int, o Option) { o(i, &c.cfgs[i]) }
+
 // Close stops every live agent.
 func (c *Cluster) Close() {
 	for i := range c.agents {
