@@ -202,7 +202,7 @@ func (n *Node) reconcile(r *reconciler) {
 		}
 		n.log.Info("removed dead server", "server", id, "suffrage", s.Suffrage.String(),
 			"dead_for", now.Sub(deadSince).Round(time.Millisecond))
-		n.removedAt[id] = now
+		n.noteRemoved(id, now)
 		n.peers.repl.forget(s.ID)
 		if s.Suffrage == raft.Voter {
 			voters--
@@ -226,11 +226,8 @@ func (n *Node) reconcile(r *reconciler) {
 			}
 			continue
 		}
-		if at, ok := n.removedAt[id]; ok {
-			if now.Sub(at) < n.cfg.RejoinDelay {
-				continue // the removed server's old replication may still be winding down
-			}
-			delete(n.removedAt, id)
+		if n.removedRecently(id, now) {
+			continue // the removed server's old replication may still be winding down
 		}
 		f := n.raft.AddNonvoter(raft.ServerID(id), raft.ServerAddress(p.meta.Raft), 0, timeout)
 		if err := n.wait(n.ctx, f); err != nil {
@@ -239,6 +236,26 @@ func (n *Node) reconcile(r *reconciler) {
 		}
 		n.log.Info("added non-voter", "server", id, "raft_addr", p.meta.Raft)
 	}
+}
+
+// noteRemoved records that this node, as leader, removed server id at now.
+func (n *Node) noteRemoved(id string, now time.Time) {
+	n.removedMu.Lock()
+	defer n.removedMu.Unlock()
+	n.removedAt[id] = now
+}
+
+// removedRecently reports whether this node removed server id less than RejoinDelay before
+// now (and forgets older removals).
+func (n *Node) removedRecently(id string, now time.Time) bool {
+	n.removedMu.Lock()
+	defer n.removedMu.Unlock()
+	at, ok := n.removedAt[id]
+	if ok && now.Sub(at) >= n.cfg.RejoinDelay {
+		delete(n.removedAt, id)
+		ok = false
+	}
+	return ok
 }
 
 // caughtUp reports whether non-voter id has kept up for PromoteStableFor, as this leader

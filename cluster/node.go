@@ -93,7 +93,9 @@ type Node struct {
 	gossip gossipState
 
 	reconcileCh chan struct{}
-	// removedAt: when this node, as leader, removed a server (only the reconcile loop uses it).
+	// removedAt: when this node, as leader, removed a server — by the reconcile loop (dead)
+	// or on request (RemoveServer) — so reconcile does not add it back before RejoinDelay.
+	removedMu   sync.Mutex
 	removedAt   map[string]time.Time
 	bootstrapCh chan struct{}
 

@@ -55,6 +55,13 @@ func (n *Node) RemoveServer(ctx context.Context, id string, force bool) ([]strin
 		n.log.Warn("removing a server with --force although the voters left have no live majority: the cluster cannot commit until enough of them answer again",
 			"server", id, "err", err)
 	}
+	// A server removed while it runs is still in gossip: reconcile adds it back as a non-voter
+	// (documented), but not before RejoinDelay, as after removing a dead one — at once, its
+	// old replication may still be winding down, and the caller would be answered a
+	// configuration that still lists it. Noted before the change: reconcile runs on the
+	// configuration change itself. (A removal that fails leaves it in the configuration, where
+	// the note does not matter.)
+	n.noteRemoved(id, n.clock.Now())
 	f := n.raft.RemoveServer(raft.ServerID(id), cf.Index(), 10*time.Second)
 	if err := n.wait(ctx, f); err != nil {
 		switch {
