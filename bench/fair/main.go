@@ -15,10 +15,12 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/quotad/quotad/client"
@@ -100,12 +102,24 @@ func main() {
 	keep := flag.Bool("keep", false, "keep the cluster's data dirs and logs")
 	only := flag.String("only", "", "run one scenario: seed, weighted, lone, interactive, pause, aimd, failover, rate_sweep")
 	flag.Parse()
+	// Every way out — main returning, check failing on any goroutine, SIGINT or SIGTERM, a
+	// panic of main's goroutine — runs the cleanups: the agents are processes of their own and
+	// outlive this one otherwise (an orphaned cluster kept two cores busy and, started under
+	// flock without -o, held /work/bench.lock).
+	defer runCleanups()
+	defer func() {
+		if r := recover(); r != nil {
+			runCleanups()
+			panic(r)
+		}
+	}()
+	go cleanupOnSignal()
 	dir, err := os.MkdirTemp("", "quotad-bench-fair-")
 	check(err)
 	if *keep {
-		defer logf("kept %s (node logs: node*.log)", dir)
+		atExit(func() { logf("kept %s (node logs: node*.log)", dir) })
 	} else {
-		defer os.RemoveAll(dir)
+		atExit(func() { os.RemoveAll(dir) })
 	}
 	logf("building quotad in %s", dir)
 	bin, err := proccluster.Build(".", dir)
@@ -113,8 +127,8 @@ func main() {
 	lf := filepath.Join(dir, "limits.yaml")
 	check(os.WriteFile(lf, []byte(limits+"---\n"+aimdLimits()+sweepLimits()), 0o644))
 	c, err := proccluster.Start(proccluster.Config{Binary: bin, Dir: dir, Nodes: 3, LimitsFile: lf})
-	check(err)
-	defer c.KillAll()
+	check(err) // Start kills the nodes it started before failing
+	atExit(c.KillAll)
 	_, err = c.WaitLeader(30 * time.Second)
 	check(err)
 
@@ -518,9 +532,50 @@ func logf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, time.Now().Format("15:04:05 ")+format+"\n", args...)
 }
 
+// check ends the bench on err, from any goroutine, after the cleanups (runCleanups).
 func check(err error) {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench-fair:", err)
+		runCleanups()
 		os.Exit(1)
 	}
+}
+
+// cleanups run once, last registered first, on every way out of the bench (see main).
+var cleanups struct {
+	mu   sync.Mutex
+	fns  []func()
+	done bool
+}
+
+// atExit registers fn to run on the bench's way out.
+func atExit(fn func()) {
+	cleanups.mu.Lock()
+	defer cleanups.mu.Unlock()
+	cleanups.fns = append(cleanups.fns, fn)
+}
+
+// runCleanups runs the registered cleanups once; a concurrent caller (check on another
+// goroutine) waits until they are done, so none exits while agents still run.
+func runCleanups() {
+	cleanups.mu.Lock()
+	defer cleanups.mu.Unlock()
+	if cleanups.done {
+		return
+	}
+	cleanups.done = true
+	for i := len(cleanups.fns) - 1; i >= 0; i-- {
+		cleanups.fns[i]()
+	}
+}
+
+// cleanupOnSignal runs the cleanups and exits on SIGINT or SIGTERM (killed by a timeout, or
+// ^C where the agents are not in the terminal's process group).
+func cleanupOnSignal() {
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	s := <-sig
+	logf("%v: stopping the cluster", s)
+	runCleanups()
+	os.Exit(1)
 }

@@ -112,7 +112,10 @@ func sweepOne(c *proccluster.Cluster, rate int) SweepPoint {
 	defer closeB()
 	time.Sleep(3 * time.Second) // the backlogs form
 
-	leader := c.Leader(ctx)
+	// An election under load (seen at load 17: leadership lost and regained within 3 s)
+	// must not end the bench: wait for the leader.
+	leader, err := c.WaitLeader(30 * time.Second)
+	check(err)
 	hist0 := commitHistogram(c, leader)
 	var mu sync.Mutex
 	var waits, probes []float64
