@@ -57,7 +57,7 @@ func laneFair(t *testing.T, ts int64) *fair {
 	f.s.fsm.Apply(&raft.Log{Index: 1, Type: raft.LogCommand, Data: fsm.EncodeEntry(ts, [][]byte{op})})
 	f.s.node = &clockNode{now: ts}
 	f.horizon = fairHorizonInitial
-	f.prop = newProposer(f.s.node, ProposerConfig{MaxBatch: 1024, MaxInflight: 1})
+	f.prop = newOrderedProposer(f.s.node, ProposerConfig{MaxBatch: 1024, MaxInflight: 1})
 	f.prop.slots <- struct{}{} // never freed: nothing is committed (clockNode cannot)
 	t.Cleanup(f.prop.close)
 	return f
