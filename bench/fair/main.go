@@ -25,6 +25,7 @@ import (
 
 	"github.com/quotad/quotad/client"
 	"github.com/quotad/quotad/internal/proccluster"
+	"github.com/quotad/quotad/rpc"
 )
 
 const limits = `domain: seed
@@ -101,6 +102,15 @@ func ptr(f float64) *float64 { return &f }
 
 var scale = flag.Float64("scale", 1, "multiplies every scenario's duration")
 
+// identityWaiters is the agents' --max-waiters-per-identity. Every worker of the bench, of
+// every tenant, uses the cluster's one client certificate — one identity, where real tenants
+// have a credential each — and the agent's default (a quarter of --max-waiters-per-domain:
+// 2,500) then capped all tenants together: at 10,000/s, rate_sweep's 4,000 heavy workers got
+// 22,573 too_many_waiters refusals in 10 s, the small tenants among them, and the bucket
+// idled whenever the 2,500 were all in flight (utilization 0.70, A:B 2.47, small p99 1.6 s).
+var identityWaiters = flag.Int("max-waiters-per-identity", rpc.DefaultMaxWaitersPerDomain,
+	"the agents' --max-waiters-per-identity (0: the agent's default, a quarter of --max-waiters-per-domain)")
+
 func dur(d time.Duration) time.Duration { return time.Duration(float64(d) * *scale) }
 
 func main() {
@@ -132,7 +142,11 @@ func main() {
 	check(err)
 	lf := filepath.Join(dir, "limits.yaml")
 	check(os.WriteFile(lf, []byte(limits+"---\n"+aimdLimits()+sweepLimits()), 0o644))
-	c, err := proccluster.Start(proccluster.Config{Binary: bin, Dir: dir, Nodes: 3, LimitsFile: lf})
+	var extra []string
+	if *identityWaiters > 0 {
+		extra = []string{"--max-waiters-per-identity", fmt.Sprint(*identityWaiters)}
+	}
+	c, err := proccluster.Start(proccluster.Config{Binary: bin, Dir: dir, Nodes: 3, LimitsFile: lf, ExtraArgs: extra})
 	check(err) // Start kills the nodes it started before failing
 	atExit(c.KillAll)
 	_, err = c.WaitLeader(30 * time.Second)

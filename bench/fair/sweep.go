@@ -79,6 +79,11 @@ type SweepPoint struct {
 	// waiter released and in flight (commit, hold, answer, the client's next request), so the
 	// bench's backlog, not the scheduler, left the bucket idle then. -1: no reading.
 	BacklogEmptyShare float64 `json:"backlog_empty_share"`
+	// TooManyWaiters counts the admissions of this domain the leader refused too_many_waiters
+	// over the measured time (client.Wait sleeps and asks again): every worker here uses the
+	// cluster's one client certificate, whose waiters in a domain --max-waiters-per-identity
+	// caps (a quarter of --max-waiters-per-domain, 2,500 by default). -1: unreadable.
+	TooManyWaiters float64 `json:"too_many_waiters"`
 }
 
 func rateSweep(c *proccluster.Cluster) []SweepPoint {
@@ -86,8 +91,8 @@ func rateSweep(c *proccluster.Cluster) []SweepPoint {
 	for _, r := range sweepRatesList() {
 		p := sweepOne(c, r)
 		out = append(out, p)
-		logf("rate_sweep %d/s: utilization %.3f, A:B %.3f, small p99 %.1f ms (%.2f intervals, %d requests), commit p99 %.1f ms, decision p99 %.1f ms, target %.1f ms (%s dominates), load %.1f, backlog empty in %.3f of readings",
-			r, p.Utilization, p.HeavyShareRatio, p.SmallWaitP99Ms, p.SmallWaitP99Intervals, p.SmallRequests, p.CommitP99Ms, p.DecisionP99Ms, p.TargetMs, p.Dominant, p.LoadAvg, p.BacklogEmptyShare)
+		logf("rate_sweep %d/s: utilization %.3f, A:B %.3f, small p99 %.1f ms (%.2f intervals, %d requests), commit p99 %.1f ms, decision p99 %.1f ms, target %.1f ms (%s dominates), load %.1f, backlog empty in %.3f of readings, %.0f refused too_many_waiters",
+			r, p.Utilization, p.HeavyShareRatio, p.SmallWaitP99Ms, p.SmallWaitP99Intervals, p.SmallRequests, p.CommitP99Ms, p.DecisionP99Ms, p.TargetMs, p.Dominant, p.LoadAvg, p.BacklogEmptyShare, p.TooManyWaiters)
 	}
 	return out
 }
@@ -122,6 +127,7 @@ func sweepOne(c *proccluster.Cluster, rate int) SweepPoint {
 	leader, err := c.WaitLeader(30 * time.Second)
 	check(err)
 	hist0 := commitHistogram(c, leader)
+	tmw0 := tooManyWaiters(c, leader, domain)
 	var mu sync.Mutex
 	var waits, probes []float64
 	stop := time.Now().Add(measure)
@@ -191,6 +197,7 @@ func sweepOne(c *proccluster.Cluster, rate int) SweepPoint {
 	elapsed := time.Since(t0)
 	others.Wait()
 	hist1 := commitHistogram(c, leader)
+	tmw1 := tooManyWaiters(c, leader, domain)
 	cancel()
 	wg.Wait()
 
@@ -202,6 +209,10 @@ func sweepOne(c *proccluster.Cluster, rate int) SweepPoint {
 	p := SweepPoint{Rate: rate, Utilization: round3(float64(n) / (float64(rate) * elapsed.Seconds())),
 		SmallRequests: len(waits), SmallWaitP99Ms: quantile(waits, 0.99), DecisionP99Ms: quantile(probes, 0.99),
 		CommitP99Ms: round3(histQuantile(hist0, hist1, 0.99) * 1000), LoadAvg: loadAvg(), BacklogEmptyShare: -1}
+	p.TooManyWaiters = -1
+	if tmw0 >= 0 && tmw1 >= 0 {
+		p.TooManyWaiters = tmw1 - tmw0
+	}
 	if n := readings.Load(); n > 0 {
 		p.BacklogEmptyShare = round3(float64(empty.Load()) / float64(n))
 	}
@@ -244,6 +255,21 @@ func leaderProfile(c *proccluster.Cluster, i int, d time.Duration, file string) 
 // fairWaiting reads node i's quotad_fair_waiting summed over domain's scopes; ok is false
 // if the metrics could not be read.
 func fairWaiting(c *proccluster.Cluster, i int, domain string) (float64, bool) {
+	return metricSum(c, i, `quotad_fair_waiting{domain="`+domain+`"`)
+}
+
+// tooManyWaiters reads node i's too_many_waiters refusals in domain so far (-1: unreadable).
+func tooManyWaiters(c *proccluster.Cluster, i int, domain string) float64 {
+	n, ok := metricSum(c, i, `quotad_fair_denials_total{domain="`+domain+`",reason="too_many_waiters"`)
+	if !ok {
+		return -1
+	}
+	return n
+}
+
+// metricSum sums node i's /metrics samples whose line starts with prefix; ok is false if the
+// metrics could not be read.
+func metricSum(c *proccluster.Cluster, i int, prefix string) (float64, bool) {
 	hc, err := proccluster.HTTPClient(c.Credentials(), 2*time.Second)
 	if err != nil {
 		return 0, false
@@ -256,7 +282,6 @@ func fairWaiting(c *proccluster.Cluster, i int, domain string) (float64, bool) {
 	if resp.StatusCode != http.StatusOK {
 		return 0, false
 	}
-	prefix := `quotad_fair_waiting{domain="` + domain + `"`
 	var n float64
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
