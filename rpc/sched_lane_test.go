@@ -380,9 +380,14 @@ func TestSchedWaitingLaneReachesRaftInReleaseOrder(t *testing.T) {
 	tracing = false
 	got := slices.Clone(grants)
 	tmu.Unlock()
+	now := c.Leader()
 	cancel()
 	wg.Wait()
 
+	if now != leader {
+		// Release order is each leader's own; an election under load mixes two sequences.
+		t.Skipf("leadership moved from node%d to node%d during the measurement (an election under load)", leader, now)
+	}
 	if len(got) < 200 {
 		t.Fatalf("only %d grants through the waiting lane in 2 s of a 1000/s bucket with 200 waiters", len(got))
 	}
