@@ -437,22 +437,38 @@ func (n *Node) Apply(ctx context.Context, data []byte) (any, error) {
 // the restore's barrier, never committed while the restore is being prepared. encode runs
 // while restores are held off: it must not block.
 func (n *Node) ApplyNow(ctx context.Context, encode func(ts int64, version int) []byte) (any, int64, error) {
-	timeout, err := n.applyTimeout(ctx)
+	wait, err := n.EnqueueNow(ctx, encode)
 	if err != nil {
 		return nil, 0, err
+	}
+	return wait()
+}
+
+// EnqueueNow is ApplyNow's first half: it stamps the entry encode builds and queues it in
+// raft, and returns a function that waits for its commit (bounded by ctx, as ApplyNow) and
+// returns the FSM's response and the timestamp. Entries queued by successive calls from one
+// goroutine reach the log in that order — what ApplyNow from concurrent goroutines cannot
+// promise (each races the others to raft's queue). Errors as ApplyNow: before anything was
+// queued from EnqueueNow, after from the wait.
+func (n *Node) EnqueueNow(ctx context.Context, encode func(ts int64, version int) []byte) (func() (any, int64, error), error) {
+	timeout, err := n.applyTimeout(ctx)
+	if err != nil {
+		return nil, err
 	}
 	n.stampMu.RLock()
 	ts, err := n.Now()
 	if err != nil {
 		n.stampMu.RUnlock()
-		return nil, 0, err
+		return nil, err
 	}
 	f := n.raft.Apply(encode(ts, n.CommandVersion()), timeout)
 	n.stampMu.RUnlock()
-	if err := n.wait(ctx, f); err != nil {
-		return nil, 0, applyError(err)
-	}
-	return f.Response(), ts, nil
+	return func() (any, int64, error) {
+		if err := n.wait(ctx, f); err != nil {
+			return nil, 0, applyError(err)
+		}
+		return f.Response(), ts, nil
+	}, nil
 }
 
 // applyTimeout checks the node and ctx before an apply and returns the enqueue timeout

@@ -19,6 +19,10 @@ type Applier interface {
 	// it at (0: this build's), and returns the FSM's response and the timestamp
 	// (cluster.Node.ApplyNow, cluster.Node.CommandVersion).
 	ApplyNow(ctx context.Context, encode func(ts int64, version int) []byte) (any, int64, error)
+	// EnqueueNow is ApplyNow's first half: it stamps and queues the entry and returns the
+	// wait for its commit; entries queued by successive calls from one goroutine reach the
+	// log in that order (cluster.Node.EnqueueNow).
+	EnqueueNow(ctx context.Context, encode func(ts int64, version int) []byte) (func() (any, int64, error), error)
 }
 
 // ProposerConfig tunes group commit.
@@ -58,6 +62,8 @@ func (c ProposerConfig) Validate() error {
 type proposer struct {
 	node Applier
 	cfg  ProposerConfig
+	// ordered: entries reach Raft in the order their ops were submitted (newOrderedProposer).
+	ordered bool
 
 	mu      sync.Mutex
 	queue   []queuedOp
@@ -99,7 +105,20 @@ type proposalResult struct {
 // errStopped: the proposer is shutting down.
 var errStopped = errors.New("rpc: server is shutting down")
 
-func newProposer(node Applier, cfg ProposerConfig) *proposer {
+func newProposer(node Applier, cfg ProposerConfig) *proposer { return startProposer(node, cfg, false) }
+
+// newOrderedProposer is a proposer whose entries reach Raft in the order their ops were
+// submitted, also with several entries committing at once: its loop stamps and queues each
+// entry in Raft itself, one after the other, and only the wait for the commit runs on a
+// goroutine of its own (newProposer's loop hands each entry to a goroutine that stamps and
+// queues it, and MaxInflight of those race each other to Raft's queue). There is no direct
+// path (a caller's goroutine committing would race the loop). The waiting lane's (fair.prop):
+// the scheduler submits its batches in release order, and the FSM must grant them in it.
+func newOrderedProposer(node Applier, cfg ProposerConfig) *proposer {
+	return startProposer(node, cfg, true)
+}
+
+func startProposer(node Applier, cfg ProposerConfig, ordered bool) *proposer {
 	if cfg.MaxBatch <= 0 {
 		cfg.MaxBatch = DefaultProposerConfig().MaxBatch
 	}
@@ -112,6 +131,7 @@ func newProposer(node Applier, cfg ProposerConfig) *proposer {
 	p := &proposer{
 		node:    node,
 		cfg:     cfg,
+		ordered: ordered,
 		drained: make(chan struct{}),
 		wake:    make(chan struct{}, 1),
 		slots:   make(chan struct{}, cfg.MaxInflight),
@@ -171,7 +191,7 @@ func (p *proposer) do(ctx context.Context, ops [][]byte) (*call, error) {
 // would each free their slot and go direct again, hundreds of one-op entries instead of a few
 // batched ones, exactly when the log is slow.
 func (p *proposer) direct(ops [][]byte) (*call, bool) {
-	if len(ops) == 0 || len(ops) > p.cfg.MaxBatch {
+	if p.ordered || len(ops) == 0 || len(ops) > p.cfg.MaxBatch {
 		return nil, false
 	}
 	select {
@@ -289,7 +309,11 @@ func (p *proposer) loop() {
 			close(p.drained)
 			p.drained = make(chan struct{})
 			p.mu.Unlock()
-			go p.commit(batch)
+			if p.ordered {
+				p.enqueue(batch)
+			} else {
+				go p.commit(batch)
+			}
 		}
 	}
 }
@@ -299,22 +323,47 @@ func (p *proposer) commit(batch []queuedOp) { p.commitCtx(context.Background(), 
 // commitCtx commits batch as one entry, frees the commit slot its caller took, then answers
 // its ops. ctx (with ApplyTimeout) bounds the wait.
 func (p *proposer) commitCtx(ctx context.Context, batch []queuedOp) {
-	freed := false
-	free := func() {
-		if !freed {
-			freed = true
-			<-p.slots
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.ApplyTimeout)
+	defer cancel()
+	out, ts, err := p.node.ApplyNow(ctx, p.encode(batch))
+	p.finish(batch, start, out, ts, err)
+}
+
+// enqueue stamps batch's entry and queues it in Raft from the calling goroutine (the
+// ordered proposer's loop: entries reach the log in the order it takes batches), then waits
+// for the commit, frees the slot and answers the ops on a goroutine of its own, as commit.
+func (p *proposer) enqueue(batch []queuedOp) {
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.ApplyTimeout)
+	wait, err := p.node.EnqueueNow(ctx, p.encode(batch))
+	if err != nil {
+		cancel()
+		p.finish(batch, start, nil, 0, err)
+		return
+	}
+	go func() {
+		defer cancel()
+		out, ts, err := wait()
+		p.finish(batch, start, out, ts, err)
+	}()
+}
+
+// finish frees the commit slot of batch's entry, resolved with the FSM's response out (or
+// err), then answers its ops: a caller that goes again as soon as it has its answer finds
+// the proposer idle (the direct path).
+func (p *proposer) finish(batch []queuedOp, start time.Time, out any, ts int64, err error) {
+	var res *fsm.Result
+	if err == nil {
+		var ok bool
+		if res, ok = out.(*fsm.Result); !ok || len(res.Ops) != len(batch) {
+			err = fmt.Errorf("rpc: the FSM answered %T for a command of %d ops", out, len(batch))
 		}
 	}
-	defer free()
-	start := time.Now()
-	res, ts, err := p.apply(ctx, batch)
 	if p.observe != nil {
 		p.observe(len(batch), time.Since(start), err)
 	}
-	// The entry is resolved: free its slot before answering, so a caller that goes again
-	// as soon as it has its answer finds the proposer idle (the direct path).
-	free()
+	<-p.slots
 	for i, q := range batch {
 		if err != nil {
 			q.c.answer(q.i, proposalResult{err: err})
@@ -328,26 +377,17 @@ func (p *proposer) commitCtx(ctx context.Context, batch []queuedOp) {
 // queueing its entry in raft. Atomic: tests set and clear it while clusters run.
 var stampedHook atomic.Pointer[func()]
 
-func (p *proposer) apply(ctx context.Context, batch []queuedOp) (*fsm.Result, int64, error) {
+// encode returns what builds batch's entry from its timestamp (cluster.Node.ApplyNow).
+func (p *proposer) encode(batch []queuedOp) func(ts int64, version int) []byte {
 	ops := make([][]byte, len(batch))
 	for i, q := range batch {
 		ops[i] = q.data
 	}
-	ctx, cancel := context.WithTimeout(ctx, p.cfg.ApplyTimeout)
-	defer cancel()
 	// Timestamp and enqueue are one step a snapshot restore excludes (cluster.Node.ApplyNow).
-	out, ts, err := p.node.ApplyNow(ctx, func(ts int64, version int) []byte {
+	return func(ts int64, version int) []byte {
 		if h := stampedHook.Load(); h != nil {
 			(*h)()
 		}
 		return fsm.EncodeEntryAt(version, ts, ops)
-	})
-	if err != nil {
-		return nil, 0, err
 	}
-	res, ok := out.(*fsm.Result)
-	if !ok || len(res.Ops) != len(batch) {
-		return nil, 0, fmt.Errorf("rpc: the FSM answered %T for a command of %d ops", out, len(batch))
-	}
-	return res, ts, nil
 }

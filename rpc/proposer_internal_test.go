@@ -3,6 +3,7 @@ package rpc
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -29,14 +30,19 @@ func newGatedApplier() *gatedApplier {
 }
 
 func (g *gatedApplier) ApplyNow(ctx context.Context, encode func(ts int64, version int) []byte) (any, int64, error) {
-	ts := time.Now().UnixNano()
-	out, err := g.apply(ctx, encode(ts, 0))
-	return out, ts, err
+	wait, err := g.EnqueueNow(ctx, encode)
+	if err != nil {
+		return nil, 0, err
+	}
+	return wait()
 }
 
-func (g *gatedApplier) apply(ctx context.Context, data []byte) (any, error) {
+// EnqueueNow records the entry at once (its place in the "log") and returns the wait for
+// the gate.
+func (g *gatedApplier) EnqueueNow(ctx context.Context, encode func(ts int64, version int) []byte) (func() (any, int64, error), error) {
+	ts := time.Now().UnixNano()
 	var cmd fsmv1.Command
-	if err := proto.Unmarshal(data, &cmd); err != nil {
+	if err := proto.Unmarshal(encode(ts, 0), &cmd); err != nil {
 		return nil, err
 	}
 	var ids []string
@@ -47,12 +53,14 @@ func (g *gatedApplier) apply(ctx context.Context, data []byte) (any, error) {
 	g.entries = append(g.entries, ids)
 	g.mu.Unlock()
 	g.started <- struct{}{}
-	select {
-	case <-g.gate:
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-	return &fsm.Result{Ops: make([]fsm.OpResult, len(cmd.Ops))}, nil
+	return func() (any, int64, error) {
+		select {
+		case <-g.gate:
+		case <-ctx.Done():
+			return nil, 0, ctx.Err()
+		}
+		return &fsm.Result{Ops: make([]fsm.OpResult, len(cmd.Ops))}, ts, nil
+	}, nil
 }
 
 func (g *gatedApplier) got() [][]string {
@@ -200,4 +208,44 @@ func waitQueued(t *testing.T, p *proposer, n int) {
 		time.Sleep(time.Millisecond)
 	}
 	t.Fatalf("queue never held %d ops", n)
+}
+
+// The ordered proposer queues its entries in Raft one after the other from its loop, yet
+// keeps MaxInflight of them committing at once: the second entry is queued while the first
+// still commits (waiting for each commit before queueing the next would cap the waiting
+// lane at one entry per commit latency), and a third waits for a free slot.
+func TestOrderedProposerKeepsEntriesInFlight(t *testing.T) {
+	g := newGatedApplier()
+	p := newOrderedProposer(g, ProposerConfig{MaxBatch: 1, MaxInflight: 2, ApplyTimeout: 5 * time.Second})
+	defer p.close()
+	ctx := context.Background()
+	var calls []*call
+	for _, id := range []string{"a", "b", "c"} {
+		c, err := p.submit(ctx, [][]byte{releaseOp(t, id)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls = append(calls, c)
+	}
+	waitStarted(t, g)
+	waitStarted(t, g) // b queued in Raft while a still commits
+	time.Sleep(20 * time.Millisecond)
+	if got := fmt.Sprint(g.got()); got != "[[a] [b]]" {
+		t.Fatalf("entries %s with two commit slots, both held, want [[a] [b]]", got)
+	}
+	g.gate <- struct{}{} // one commit resolves: c takes its slot
+	waitStarted(t, g)
+	g.gate <- struct{}{}
+	g.gate <- struct{}{}
+	for i, c := range calls {
+		if err := p.wait(ctx, c); err != nil || c.results[0].err != nil {
+			t.Fatalf("call %d: %v %v", i, err, c.results[0].err)
+		}
+	}
+	if got := fmt.Sprint(g.got()); got != "[[a] [b] [c]]" {
+		t.Fatalf("entries %s, want [[a] [b] [c]]", got)
+	}
+	if n := p.directs.Load(); n != 0 {
+		t.Fatalf("%d direct commits: the ordered proposer has no direct path (it would race the loop)", n)
+	}
 }

@@ -117,6 +117,7 @@ type fair struct {
 	applied     map[string]uint64
 	appliedConc map[string]uint64
 	seq         uint64
+	relSeq      uint64 // waiters released so far: the next one's place in release order
 	limits      *quota.Limits
 	limitsAt    time.Time
 	usage       map[string]*shareWindow // by bucket key: who got the capacity lately
@@ -175,6 +176,8 @@ type waiter struct {
 	idx        int
 	submitErr  error
 	releasedAt int64
+	// relSeq is its place in release order (1, 2, ...; f.relSeq).
+	relSeq uint64
 	// For fairTraceHook: its flow had nothing waiting (it went ahead of backlogged flows);
 	// released by its own pass (not the pump's); the wall time of its release.
 	newcomer, selfPass bool
@@ -186,10 +189,12 @@ type waiter struct {
 type fairTrace struct {
 	Adm                        *quotadv1.Admission
 	Newcomer, SelfPass, Direct bool
-	Arrived, Released          time.Time
-	Stamp, Moment              time.Time // the entry's timestamp; when the grant takes effect
-	Applied                    time.Time // the waiter saw its entry applied
-	Answered                   time.Time // after the hold
+	// Release is the grant's place in the scheduler's release order (0 for a direct one).
+	Release           uint64
+	Arrived, Released time.Time
+	Stamp, Moment     time.Time // the entry's timestamp; when the grant takes effect
+	Applied           time.Time // the waiter saw its entry applied
+	Answered          time.Time // after the hold
 	// StampFSM and MomentFSM are the entry's timestamp and the grant's moment in the leader's
 	// FSM time (ns; 0 for a direct decision): the bucket's own clock.
 	StampFSM, MomentFSM int64
@@ -280,7 +285,7 @@ func newFair(s *Server) *fair {
 		applied:     make(map[string]uint64),
 		appliedConc: make(map[string]uint64),
 		usage:       make(map[string]*shareWindow),
-		prop:        newProposer(s.node, ProposerConfig{MaxBatch: s.prop.cfg.MaxBatch, MaxInflight: fairLaneInflight, ApplyTimeout: s.prop.cfg.ApplyTimeout}),
+		prop:        newOrderedProposer(s.node, ProposerConfig{MaxBatch: s.prop.cfg.MaxBatch, MaxInflight: fairLaneInflight, ApplyTimeout: s.prop.cfg.ApplyTimeout}),
 		horizon:     fairHorizonInitial,
 		kick:        make(chan struct{}, 1),
 		stop:        make(chan struct{}),
@@ -865,7 +870,7 @@ func (f *fair) released(ctx context.Context, w *waiter) (*quotadv1.Decision, boo
 	}
 	if hook := fairTraceHook.Load(); hook != nil && r.res.Decision.Admitted {
 		toWall := func(t int64) time.Time { return w.releasedWall.Add(time.Duration(t - w.releasedAt)) }
-		(*hook)(fairTrace{Adm: w.adm, Newcomer: w.newcomer, SelfPass: w.selfPass, Arrived: w.arrived, Released: w.releasedWall,
+		(*hook)(fairTrace{Adm: w.adm, Newcomer: w.newcomer, SelfPass: w.selfPass, Release: w.relSeq, Arrived: w.arrived, Released: w.releasedWall,
 			Stamp: toWall(r.ts), Moment: toWall(r.ts + int64(r.res.Decision.RetryAfter)), Applied: applied, Answered: time.Now(),
 			StampFSM: r.ts, MomentFSM: r.ts + int64(r.res.Decision.RetryAfter)})
 	}
@@ -1362,6 +1367,8 @@ func (f *fair) takeLocked(q *fairQueue, w *waiter, now int64, wall time.Time, se
 	q.cost -= min(q.cost, w.cost)
 	f.reserve(w)
 	w.releasedAt, w.releasedWall, w.selfPass = now, wall, self
+	f.relSeq++
+	w.relSeq = f.relSeq
 	f.relFlows[flowKey(q, w.item.Flow)]++
 }
 

@@ -44,7 +44,7 @@ func laneFair(t *testing.T, ts int64) *fair {
 	f := fairWithLimits(t, newcomerLimits, ts)
 	f.s.node = &clockNode{now: ts}
 	f.horizon = fairHorizonInitial
-	f.prop = newProposer(f.s.node, ProposerConfig{MaxBatch: 1024, MaxInflight: 1})
+	f.prop = newOrderedProposer(f.s.node, ProposerConfig{MaxBatch: 1024, MaxInflight: 1})
 	f.prop.slots <- struct{}{} // never freed: nothing is committed (clockNode cannot)
 	t.Cleanup(f.prop.close)
 	return f

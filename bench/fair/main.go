@@ -15,14 +15,17 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/quotad/quotad/client"
 	"github.com/quotad/quotad/internal/proccluster"
+	"github.com/quotad/quotad/rpc"
 )
 
 const limits = `domain: seed
@@ -82,7 +85,13 @@ type Report struct {
 	RateSweep []SweepPoint `json:"rate_sweep"`
 	// AIMDUtilizationRuns lists the AIMD scenario's utilization per run with -aimd-runs N > 1
 	// (each run on a fresh domain of the same cluster; AIMD429Rate and AIMDUtilization are
-	// the first run's).
+	// the first run's), to 4 digits. Each run is its own minute of real time against a provider
+	// of its own, but on a quiet machine the runs retrace one trajectory: every run starts at the
+	// ceiling, the decreases come when the provider's burst runs dry (deterministic at a given
+	// rate) and the increases every stable_window after them, so the same 30 s of the same
+	// sawtooth is measured each time: 0.912 to 3 digits (1,641 or 1,642 of 1,800 requests) in
+	// 16 of the 20 runs committed in fairness.json so far. Under load they differ (0.852, 0.603,
+	// 0.709 at load 14-17, session 8).
 	AIMDUtilizationRuns []float64 `json:"aimd_utilization_runs,omitempty"`
 	// PauseResumeSpreadMs is, in the pause scenario, p90 − p10 of the paused endpoint's
 	// workers' first re-admission after the pause ended (see pause).
@@ -93,6 +102,15 @@ func ptr(f float64) *float64 { return &f }
 
 var scale = flag.Float64("scale", 1, "multiplies every scenario's duration")
 
+// identityWaiters is the agents' --max-waiters-per-identity. Every worker of the bench, of
+// every tenant, uses the cluster's one client certificate — one identity, where real tenants
+// have a credential each — and the agent's default (a quarter of --max-waiters-per-domain:
+// 2,500) then capped all tenants together: at 10,000/s, rate_sweep's 4,000 heavy workers got
+// 22,573 too_many_waiters refusals in 10 s, the small tenants among them, and the bucket
+// idled whenever the 2,500 were all in flight (utilization 0.70, A:B 2.47, small p99 1.6 s).
+var identityWaiters = flag.Int("max-waiters-per-identity", rpc.DefaultMaxWaitersPerDomain,
+	"the agents' --max-waiters-per-identity (0: the agent's default, a quarter of --max-waiters-per-domain)")
+
 func dur(d time.Duration) time.Duration { return time.Duration(float64(d) * *scale) }
 
 func main() {
@@ -100,21 +118,37 @@ func main() {
 	keep := flag.Bool("keep", false, "keep the cluster's data dirs and logs")
 	only := flag.String("only", "", "run one scenario: seed, weighted, lone, interactive, pause, aimd, failover, rate_sweep")
 	flag.Parse()
+	// Every way out — main returning, check failing on any goroutine, SIGINT or SIGTERM, a
+	// panic of main's goroutine — runs the cleanups: the agents are processes of their own and
+	// outlive this one otherwise (an orphaned cluster kept two cores busy and, started under
+	// flock without -o, held /work/bench.lock).
+	defer runCleanups()
+	defer func() {
+		if r := recover(); r != nil {
+			runCleanups()
+			panic(r)
+		}
+	}()
+	go cleanupOnSignal()
 	dir, err := os.MkdirTemp("", "quotad-bench-fair-")
 	check(err)
 	if *keep {
-		defer logf("kept %s (node logs: node*.log)", dir)
+		atExit(func() { logf("kept %s (node logs: node*.log)", dir) })
 	} else {
-		defer os.RemoveAll(dir)
+		atExit(func() { os.RemoveAll(dir) })
 	}
 	logf("building quotad in %s", dir)
 	bin, err := proccluster.Build(".", dir)
 	check(err)
 	lf := filepath.Join(dir, "limits.yaml")
 	check(os.WriteFile(lf, []byte(limits+"---\n"+aimdLimits()+sweepLimits()), 0o644))
-	c, err := proccluster.Start(proccluster.Config{Binary: bin, Dir: dir, Nodes: 3, LimitsFile: lf})
-	check(err)
-	defer c.KillAll()
+	var extra []string
+	if *identityWaiters > 0 {
+		extra = []string{"--max-waiters-per-identity", fmt.Sprint(*identityWaiters)}
+	}
+	c, err := proccluster.Start(proccluster.Config{Binary: bin, Dir: dir, Nodes: 3, LimitsFile: lf, ExtraArgs: extra})
+	check(err) // Start kills the nodes it started before failing
+	atExit(c.KillAll)
 	_, err = c.WaitLeader(30 * time.Second)
 	check(err)
 
@@ -169,7 +203,7 @@ func main() {
 				rep.AIMD429Rate, rep.AIMDUtilization = ptr(round4(steady.rate429())), ptr(round3(steady.utilization()))
 			}
 			if *aimdRuns > 1 {
-				rep.AIMDUtilizationRuns = append(rep.AIMDUtilizationRuns, round3(steady.utilization()))
+				rep.AIMDUtilizationRuns = append(rep.AIMDUtilizationRuns, round4(steady.utilization()))
 			}
 			target(steady.sent > 0 && steady.rate429() < 0.01, "aimd run %d: 429s %.2f%% of requests after 30 s (< 1%%; first 30 s: %.2f%%)",
 				run, 100*steady.rate429(), 100*conv.rate429())
@@ -518,9 +552,50 @@ func logf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, time.Now().Format("15:04:05 ")+format+"\n", args...)
 }
 
+// check ends the bench on err, from any goroutine, after the cleanups (runCleanups).
 func check(err error) {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench-fair:", err)
+		runCleanups()
 		os.Exit(1)
 	}
+}
+
+// cleanups run once, last registered first, on every way out of the bench (see main).
+var cleanups struct {
+	mu   sync.Mutex
+	fns  []func()
+	done bool
+}
+
+// atExit registers fn to run on the bench's way out.
+func atExit(fn func()) {
+	cleanups.mu.Lock()
+	defer cleanups.mu.Unlock()
+	cleanups.fns = append(cleanups.fns, fn)
+}
+
+// runCleanups runs the registered cleanups once; a concurrent caller (check on another
+// goroutine) waits until they are done, so none exits while agents still run.
+func runCleanups() {
+	cleanups.mu.Lock()
+	defer cleanups.mu.Unlock()
+	if cleanups.done {
+		return
+	}
+	cleanups.done = true
+	for i := len(cleanups.fns) - 1; i >= 0; i-- {
+		cleanups.fns[i]()
+	}
+}
+
+// cleanupOnSignal runs the cleanups and exits on SIGINT or SIGTERM (killed by a timeout, or
+// ^C where the agents are not in the terminal's process group).
+func cleanupOnSignal() {
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	s := <-sig
+	logf("%v: stopping the cluster", s)
+	runCleanups()
+	os.Exit(1)
 }

@@ -74,6 +74,16 @@ type SweepPoint struct {
 	Dominant string  `json:"dominant"`
 	// LoadAvg is the machine's 1-minute load average at the end of this rate's run.
 	LoadAvg float64 `json:"load_avg"`
+	// BacklogEmptyShare is the share of the leader's quotad_fair_waiting readings (5 a second
+	// over the measured time) that found no admission of this domain waiting: every heavy
+	// waiter released and in flight (commit, hold, answer, the client's next request), so the
+	// bench's backlog, not the scheduler, left the bucket idle then. -1: no reading.
+	BacklogEmptyShare float64 `json:"backlog_empty_share"`
+	// TooManyWaiters counts the admissions of this domain the leader refused too_many_waiters
+	// over the measured time (client.Wait sleeps and asks again): every worker here uses the
+	// cluster's one client certificate, whose waiters in a domain --max-waiters-per-identity
+	// caps (a quarter of --max-waiters-per-domain, 2,500 by default). -1: unreadable.
+	TooManyWaiters float64 `json:"too_many_waiters"`
 }
 
 func rateSweep(c *proccluster.Cluster) []SweepPoint {
@@ -81,8 +91,8 @@ func rateSweep(c *proccluster.Cluster) []SweepPoint {
 	for _, r := range sweepRatesList() {
 		p := sweepOne(c, r)
 		out = append(out, p)
-		logf("rate_sweep %d/s: utilization %.3f, A:B %.3f, small p99 %.1f ms (%.2f intervals, %d requests), commit p99 %.1f ms, decision p99 %.1f ms, target %.1f ms (%s dominates), load %.1f",
-			r, p.Utilization, p.HeavyShareRatio, p.SmallWaitP99Ms, p.SmallWaitP99Intervals, p.SmallRequests, p.CommitP99Ms, p.DecisionP99Ms, p.TargetMs, p.Dominant, p.LoadAvg)
+		logf("rate_sweep %d/s: utilization %.3f, A:B %.3f, small p99 %.1f ms (%.2f intervals, %d requests), commit p99 %.1f ms, decision p99 %.1f ms, target %.1f ms (%s dominates), load %.1f, backlog empty in %.3f of readings, %.0f refused too_many_waiters",
+			r, p.Utilization, p.HeavyShareRatio, p.SmallWaitP99Ms, p.SmallWaitP99Intervals, p.SmallRequests, p.CommitP99Ms, p.DecisionP99Ms, p.TargetMs, p.Dominant, p.LoadAvg, p.BacklogEmptyShare, p.TooManyWaiters)
 	}
 	return out
 }
@@ -112,8 +122,12 @@ func sweepOne(c *proccluster.Cluster, rate int) SweepPoint {
 	defer closeB()
 	time.Sleep(3 * time.Second) // the backlogs form
 
-	leader := c.Leader(ctx)
+	// An election under load (seen at load 17: leadership lost and regained within 3 s)
+	// must not end the bench: wait for the leader.
+	leader, err := c.WaitLeader(30 * time.Second)
+	check(err)
 	hist0 := commitHistogram(c, leader)
+	tmw0 := tooManyWaiters(c, leader, domain)
 	var mu sync.Mutex
 	var waits, probes []float64
 	stop := time.Now().Add(measure)
@@ -163,6 +177,18 @@ func sweepOne(c *proccluster.Cluster, rate int) SweepPoint {
 	})
 	t0 := time.Now()
 	counting.Store(true)
+	var empty, readings atomic.Int64
+	others.Go(func() { // the leader's backlog, 5 readings a second
+		for time.Now().Before(stop) {
+			time.Sleep(200 * time.Millisecond)
+			if n, ok := fairWaiting(c, leader, domain); ok {
+				readings.Add(1)
+				if n == 0 {
+					empty.Add(1)
+				}
+			}
+		}
+	})
 	if *sweepProfile != "" {
 		others.Go(func() { leaderProfile(c, leader, time.Until(stop), fmt.Sprint(*sweepProfile, ".", rate)) })
 	}
@@ -171,6 +197,7 @@ func sweepOne(c *proccluster.Cluster, rate int) SweepPoint {
 	elapsed := time.Since(t0)
 	others.Wait()
 	hist1 := commitHistogram(c, leader)
+	tmw1 := tooManyWaiters(c, leader, domain)
 	cancel()
 	wg.Wait()
 
@@ -181,7 +208,14 @@ func sweepOne(c *proccluster.Cluster, rate int) SweepPoint {
 	n := a.Load() + b.Load() + small.Load()
 	p := SweepPoint{Rate: rate, Utilization: round3(float64(n) / (float64(rate) * elapsed.Seconds())),
 		SmallRequests: len(waits), SmallWaitP99Ms: quantile(waits, 0.99), DecisionP99Ms: quantile(probes, 0.99),
-		CommitP99Ms: round3(histQuantile(hist0, hist1, 0.99) * 1000), LoadAvg: loadAvg()}
+		CommitP99Ms: round3(histQuantile(hist0, hist1, 0.99) * 1000), LoadAvg: loadAvg(), BacklogEmptyShare: -1}
+	p.TooManyWaiters = -1
+	if tmw0 >= 0 && tmw1 >= 0 {
+		p.TooManyWaiters = tmw1 - tmw0
+	}
+	if n := readings.Load(); n > 0 {
+		p.BacklogEmptyShare = round3(float64(empty.Load()) / float64(n))
+	}
 	if b.Load() > 0 {
 		p.HeavyShareRatio = round3(float64(a.Load()) / float64(b.Load()))
 	}
@@ -216,6 +250,50 @@ func leaderProfile(c *proccluster.Cluster, i int, d time.Duration, file string) 
 	}
 	check(err)
 	logf("rate_sweep: node%d's CPU profile over %d s in %s", i+1, secs, file)
+}
+
+// fairWaiting reads node i's quotad_fair_waiting summed over domain's scopes; ok is false
+// if the metrics could not be read.
+func fairWaiting(c *proccluster.Cluster, i int, domain string) (float64, bool) {
+	return metricSum(c, i, `quotad_fair_waiting{domain="`+domain+`"`)
+}
+
+// tooManyWaiters reads node i's too_many_waiters refusals in domain so far (-1: unreadable).
+func tooManyWaiters(c *proccluster.Cluster, i int, domain string) float64 {
+	n, ok := metricSum(c, i, `quotad_fair_denials_total{domain="`+domain+`",reason="too_many_waiters"`)
+	if !ok {
+		return -1
+	}
+	return n
+}
+
+// metricSum sums node i's /metrics samples whose line starts with prefix; ok is false if the
+// metrics could not be read.
+func metricSum(c *proccluster.Cluster, i int, prefix string) (float64, bool) {
+	hc, err := proccluster.HTTPClient(c.Credentials(), 2*time.Second)
+	if err != nil {
+		return 0, false
+	}
+	resp, err := hc.Get(c.URL(i, "/metrics"))
+	if err != nil {
+		return 0, false
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, false
+	}
+	var n float64
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if line := sc.Text(); strings.HasPrefix(line, prefix) {
+			f := strings.Fields(line)
+			if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil {
+				n += v
+			}
+		}
+	}
+	return n, sc.Err() == nil
 }
 
 // commitHistogram reads node i's quotad_raft_commit_seconds buckets: upper bound (s) →
