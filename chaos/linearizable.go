@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"time"
@@ -62,8 +63,8 @@ func budgetModel(initial int64) porcupine.Model {
 type LinearizabilityConfig struct {
 	// Initial is every budget bucket's starting balance (its burst; buckets start full).
 	Initial int64
-	// Timeout bounds porcupine's cross-check of one bucket; Budget bounds all of them
-	// together (0: no bound). The verdict is checkBudget's, which is exact and never gives
+	// Timeout bounds porcupine's cross-check of one bucket and Budget all of them together
+	// (0: no bound, either). The verdict is checkBudget's, which is exact and never gives
 	// up; porcupine re-checks each bucket independently while the budget lasts, and a
 	// bucket it cannot decide in time is only counted, not an anomaly.
 	Timeout time.Duration
@@ -134,6 +135,9 @@ func CheckLinearizable(h *History, cfg LinearizabilityConfig) (Result, Lineariza
 				r.anomaly("bucket %q: %d spends are not linearizable: %s", b, len(ops), v.Why)
 			}
 			timeout := cfg.Timeout
+			if timeout <= 0 {
+				timeout = time.Duration(math.MaxInt64) // porcupine's 0: no bound
+			}
 			if cfg.Budget > 0 {
 				timeout = min(timeout, cfg.Budget-time.Since(start))
 			}

@@ -16,9 +16,12 @@ import (
 // becomes leader then keeps writing what the old nodes apply, instead of stopping them all at
 // its first entry.
 //
-// A server whose version is unknown — not seen in gossip, or advertising none (builds before
-// fsm command version 6) — does not lower it: such a node stops at the first entry newer than
-// it applies, as it always did. Non-voters count as voters do: they apply the same log.
+// A server seen in gossip advertising none (builds before fsm command version 6) does not
+// lower it: such a node stops at the first entry newer than it applies, as it always did. A
+// server of the configuration gossip has not reported (yet) — just after this node restarted,
+// before its gossip join got through — counts as the oldest build that advertises
+// (firstAdvertisingVersion): it may be one, and a leader elected in that moment must not stop
+// it. Non-voters count as voters do: they apply the same log.
 //
 // The version is cached (an atomic load per entry) and recomputed whenever gossip or the
 // configuration may have changed (the reconcile loop runs on every node on each gossip event,
@@ -33,6 +36,10 @@ func (n *Node) CommandVersion() int { return int(n.cmdVersion.Load()) }
 // refreshCommandVersion recomputes CommandVersion from the Raft configuration and gossip.
 // It keeps the previous value if the configuration cannot be read (the node is stopping).
 func (n *Node) refreshCommandVersion(ctx context.Context) {
+	// One refresh at a time (leaderTerm and the reconcile loop both call it): a computation
+	// from an older snapshot of gossip must not overwrite a newer one.
+	n.cmdVersionMu.Lock()
+	defer n.cmdVersionMu.Unlock()
 	cf := n.raft.GetConfiguration()
 	if err := n.wait(ctx, cf); err != nil {
 		return
@@ -47,16 +54,24 @@ func (n *Node) refreshCommandVersion(ctx context.Context) {
 	}
 }
 
+// firstAdvertisingVersion is the first fsm command version whose builds advertise it in
+// gossip (fsm.MaxKeysPerParentVersion).
+const firstAdvertisingVersion = 6
+
 // effectiveCommandVersion is the lowest command version advertised by a server of servers
 // (self advertises selfVersion; the others as last seen in peers, alive or not: a failed node
-// comes back with the build it had), capped at own, the newest this node's FSM applies.
-// Unknown versions (0) do not count. 0 if own is 0.
+// comes back with the build it had; one not in peers as firstAdvertisingVersion), capped at
+// own, the newest this node's FSM applies. Advertising none (0) does not count. 0 if own is 0.
 func effectiveCommandVersion(own int, servers []raft.Server, self string, selfVersion int, peers map[string]peer) int {
 	v := own
 	for _, s := range servers {
 		sv := selfVersion
 		if string(s.ID) != self {
-			sv = peers[string(s.ID)].meta.Cmd
+			p, seen := peers[string(s.ID)]
+			sv = p.meta.Cmd
+			if !seen {
+				sv = firstAdvertisingVersion
+			}
 		}
 		if sv > 0 && sv < v {
 			v = sv

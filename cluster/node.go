@@ -82,7 +82,8 @@ type Node struct {
 	// entry stamped before the restore is still on its way to the log.
 	stampMu sync.RWMutex
 	// cmdVersion is the FSM command version new entries are written at (cmdversion.go).
-	cmdVersion atomic.Int64
+	cmdVersion   atomic.Int64
+	cmdVersionMu sync.Mutex // one refreshCommandVersion at a time
 
 	walLog   *wal.Log // the log store with LogStore "wal" (bolt is then only the stable store); else nil
 	logStore string   // the backend in use: LogStoreBoltDB or LogStoreWAL (never LogStoreAuto)

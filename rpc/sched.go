@@ -525,7 +525,10 @@ func (f *fair) gate(adm *quotadv1.Admission) (*quotadv1.Decision, gateSeen) {
 		return nil, gateSeen{}
 	}
 	f.refreshApplied()
-	seen := f.seenLocked()
+	var seen gateSeen
+	if nonWaitingHook.Load() != nil { // tests only: a walk of every pending key under f.mu
+		seen = f.seenLocked()
+	}
 	v, err := f.readPath(adm.Domain, entries(adm.Descriptors))
 	if err != nil {
 		return nil, seen // the FSM will say what is wrong
@@ -544,7 +547,7 @@ func (f *fair) gate(adm *quotadv1.Admission) (*quotadv1.Decision, gateSeen) {
 		if unapplied(f.pending[b.Key], f.applied[b.Key]) == 0 && unapplied(f.pendingConc[b.Key], f.appliedConc[b.Key]) == 0 {
 			continue
 		}
-		if at := f.levelAt(v, i, adm.Cost, true); at > v.now {
+		if at := f.levelAt(v, i, max(adm.Cost, 1), true); at > v.now { // cost 0 is charged 1, as the FSM does
 			wait := fairPoll
 			if at != math.MaxInt64 {
 				wait = time.Duration(at - v.now)

@@ -163,10 +163,12 @@ func TestSchedNonWaitingNeverTakesAWaitersUnits(t *testing.T) {
 		name         string
 		rate, burst  int
 		cost         uint64
-		waitingCosts int // workers of tenant A
+		waitingCosts int    // workers of tenant A
+		plainCost    uint64 // of the plain admissions; 0 is charged as 1
 	}{
-		{"burst1_cost1", 50, 1, 1, 20},
-		{"burst10_cost5", 20, 10, 5, 6},
+		{"burst1_cost1", 50, 1, 1, 20, 1},
+		{"burst10_cost5", 20, 10, 5, 6, 1},
+		{"burst1_cost1_plain_cost0", 50, 1, 1, 20, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// "While A waited" is what the leader held when it decided a plain admission: A's
@@ -226,7 +228,7 @@ descriptors:
 			for g := range 4 {
 				plain.Go(func() {
 					for time.Since(t0) < 2*time.Second {
-						adm := &quotadv1.Admission{RequestId: id.Add(1), Domain: "shared", Cost: 1,
+						adm := &quotadv1.Admission{RequestId: id.Add(1), Domain: "shared", Cost: tc.plainCost,
 							Descriptors: []*quotadv1.Entry{{Key: "tenant", Value: fmt.Sprint("N", g)}}}
 						d, err := acquireOne(ctx, q, "n", adm)
 						switch {

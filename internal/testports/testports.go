@@ -124,7 +124,11 @@ func take(p int) bool {
 	if err := os.MkdirAll(dir, 0o777); err != nil {
 		return false
 	}
-	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(p)), os.O_CREATE|os.O_RDWR, 0o666)
+	// Ports are one machine-wide resource, so the lock files are shared by every user: the
+	// directory is made world-writable and sticky, as /tmp (umask took that from MkdirAll),
+	// and a lock needs only a read descriptor of another user's file.
+	_ = os.Chmod(dir, 0o777|os.ModeSticky)
+	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(p)), os.O_CREATE|os.O_RDONLY, 0o644)
 	if err != nil {
 		return false
 	}
