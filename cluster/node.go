@@ -433,8 +433,8 @@ func (n *Node) Apply(ctx context.Context, data []byte) (any, error) {
 }
 
 // ApplyNow is Apply of the entry encode builds from a fresh Now timestamp, which it also
-// returns, and the command version to write it at (CommandVersion). Taking the timestamp and queueing the entry in raft is one step that a restore
-// excludes (RestoreSnapshotPrepared): an entry stamped before a restore is in the log before
+// returns, and the command version to write it at (CommandVersion). Taking the timestamp and
+// queueing the entry in raft is one step that a restore excludes (RestoreSnapshotPrepared): an entry stamped before a restore is in the log before
 // the restore's barrier, never committed while the restore is being prepared. encode runs
 // while restores are held off: it must not block.
 func (n *Node) ApplyNow(ctx context.Context, encode func(ts int64, version int) []byte) (any, int64, error) {

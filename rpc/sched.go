@@ -335,7 +335,10 @@ func (f *fair) acquire(ctx context.Context, req *quotadv1.AcquireRequest, owner 
 		idx       []int
 		batchErrs []error
 	)
-	seen := make([]gateSeen, len(req.Admissions))
+	var seen []gateSeen // what gate saw, for nonWaitingHook only (tests): no allocation otherwise
+	if nonWaitingHook.Load() != nil {
+		seen = make([]gateSeen, len(req.Admissions))
+	}
 	var wg sync.WaitGroup
 	for i, adm := range req.Admissions {
 		if msg := admissionProblem(adm); msg != "" {
@@ -357,7 +360,9 @@ func (f *fair) acquire(ctx context.Context, req *quotadv1.AcquireRequest, owner 
 		}
 		if !known {
 			d, g := f.gate(adm)
-			seen[i] = g
+			if seen != nil {
+				seen[i] = g
+			}
 			if d != nil {
 				resp.Decisions[i] = d
 				continue
@@ -399,7 +404,9 @@ func (f *fair) acquire(ctx context.Context, req *quotadv1.AcquireRequest, owner 
 	took := time.Since(start)
 	for i, d := range resp.Decisions {
 		s.metrics.observeDecision(d.Reason, took)
-		traceNonWaiting(req.Admissions[i], d, seen[i])
+		if seen != nil {
+			traceNonWaiting(req.Admissions[i], d, seen[i])
+		}
 	}
 	return resp, nil
 }
