@@ -218,6 +218,8 @@ func main() {
 			target(math.Abs(p.HeavyShareRatio-1) <= 0.05, "rate_sweep %d/s: heavy tenants' share ratio %.3f (1.00 +- 0.05)", p.Rate, p.HeavyShareRatio)
 			target(p.SmallWaitP99Ms <= p.TargetMs, "rate_sweep %d/s: small-tenant wait p99 %.1f ms (<= 2 intervals + commit p99 = %.1f ms; %s dominates)",
 				p.Rate, p.SmallWaitP99Ms, p.TargetMs, p.Dominant)
+			target(p.SmallWaitP99Ms <= p.TargetDecisionMs, "rate_sweep %d/s: small-tenant wait p99 %.1f ms (<= 2 intervals + a plain decision's p99 beside it = %.1f ms)",
+				p.Rate, p.SmallWaitP99Ms, p.TargetDecisionMs)
 		}
 	}
 	if want("failover") {

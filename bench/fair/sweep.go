@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/quotad/quotad/client"
 	"github.com/quotad/quotad/internal/proccluster"
+	"github.com/quotad/quotad/rpc"
 )
 
 // The rate sweep (issue 16): one burst-1 domain per rate; two heavy tenants keep requests
@@ -72,6 +74,19 @@ type SweepPoint struct {
 	// TargetMs is 2 token intervals + CommitP99Ms; Dominant names the larger term.
 	TargetMs float64 `json:"target_ms"`
 	Dominant string  `json:"dominant"`
+	// TargetDecisionMs is 2 token intervals + DecisionP99Ms: the bar read with the commit
+	// latency a caller sees (its RPC to the leader, the group commit, raft's commit and the
+	// answer), which no admission — scheduled or not — can beat. CommitP99Ms is raft's
+	// commit alone, inside the leader.
+	TargetDecisionMs float64 `json:"target_decision_ms"`
+	// ReleaseHorizonMs is the leader's release horizon (how far ahead of the bucket's next
+	// unit grants are released: what a newcomer's grant lands behind), mean of the /debug/fair
+	// readings. -1: none read.
+	ReleaseHorizonMs float64 `json:"release_horizon_ms"`
+	// BBacklogEmptyShare is the share of those readings in which tenant B (the smaller heavy
+	// tenant) had no admission waiting: its waiters were all in flight, so it asked for less
+	// than its max-min share and A:B above 1 is max-min's answer, not unfairness. -1: none read.
+	BBacklogEmptyShare float64 `json:"b_backlog_empty_share"`
 	// LoadAvg is the machine's 1-minute load average at the end of this rate's run.
 	LoadAvg float64 `json:"load_avg"`
 	// BacklogEmptyShare is the share of the leader's quotad_fair_waiting readings (5 a second
@@ -91,8 +106,8 @@ func rateSweep(c *proccluster.Cluster) []SweepPoint {
 	for _, r := range sweepRatesList() {
 		p := sweepOne(c, r)
 		out = append(out, p)
-		logf("rate_sweep %d/s: utilization %.3f, A:B %.3f, small p99 %.1f ms (%.2f intervals, %d requests), commit p99 %.1f ms, decision p99 %.1f ms, target %.1f ms (%s dominates), load %.1f, backlog empty in %.3f of readings, %.0f refused too_many_waiters",
-			r, p.Utilization, p.HeavyShareRatio, p.SmallWaitP99Ms, p.SmallWaitP99Intervals, p.SmallRequests, p.CommitP99Ms, p.DecisionP99Ms, p.TargetMs, p.Dominant, p.LoadAvg, p.BacklogEmptyShare, p.TooManyWaiters)
+		logf("rate_sweep %d/s: utilization %.3f, A:B %.3f, small p99 %.1f ms (%.2f intervals, %d requests), commit p99 %.1f ms, decision p99 %.1f ms, target %.1f ms (%s dominates; with decision p99 %.1f ms), release horizon %.1f ms, load %.1f, backlog empty in %.3f of readings (B's: %.3f), %.0f refused too_many_waiters",
+			r, p.Utilization, p.HeavyShareRatio, p.SmallWaitP99Ms, p.SmallWaitP99Intervals, p.SmallRequests, p.CommitP99Ms, p.DecisionP99Ms, p.TargetMs, p.Dominant, p.TargetDecisionMs, p.ReleaseHorizonMs, p.LoadAvg, p.BacklogEmptyShare, p.BBacklogEmptyShare, p.TooManyWaiters)
 	}
 	return out
 }
@@ -178,6 +193,7 @@ func sweepOne(c *proccluster.Cluster, rate int) SweepPoint {
 	t0 := time.Now()
 	counting.Store(true)
 	var empty, readings atomic.Int64
+	var views fairSamples
 	others.Go(func() { // the leader's backlog, 5 readings a second
 		for time.Now().Before(stop) {
 			time.Sleep(200 * time.Millisecond)
@@ -187,6 +203,7 @@ func sweepOne(c *proccluster.Cluster, rate int) SweepPoint {
 					empty.Add(1)
 				}
 			}
+			views.sample(c, leader, domain)
 		}
 	})
 	if *sweepProfile != "" {
@@ -219,9 +236,11 @@ func sweepOne(c *proccluster.Cluster, rate int) SweepPoint {
 	if b.Load() > 0 {
 		p.HeavyShareRatio = round3(float64(a.Load()) / float64(b.Load()))
 	}
+	p.ReleaseHorizonMs, p.BBacklogEmptyShare = views.result()
 	iv := float64(interval) / float64(time.Millisecond)
 	p.SmallWaitP99Intervals = round3(p.SmallWaitP99Ms / iv)
 	p.TargetMs = round3(2*iv + p.CommitP99Ms)
+	p.TargetDecisionMs = round3(2*iv + p.DecisionP99Ms)
 	p.Dominant = "token intervals"
 	if p.CommitP99Ms > 2*iv {
 		p.Dominant = "commit"
@@ -388,4 +407,59 @@ func loadAvg() float64 {
 		return -1
 	}
 	return v
+}
+
+// fairSamples collects the leader's /debug/fair readings of one rate's run.
+type fairSamples struct {
+	mu            sync.Mutex
+	n, bEmpty, nB int
+	horizon       float64
+}
+
+// sample reads node i's /debug/fair once: the release horizon, and whether tenant B had an
+// admission waiting on domain. A failed read is skipped.
+func (s *fairSamples) sample(c *proccluster.Cluster, i int, domain string) {
+	hc, err := proccluster.HTTPClient(c.Credentials(), 2*time.Second)
+	if err != nil {
+		return
+	}
+	resp, err := hc.Get(c.URL(i, "/debug/fair"))
+	if err != nil {
+		return
+	}
+	defer resp.Body.Close()
+	var v rpc.FairView
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&v) != nil || !v.IsLeader {
+		return
+	}
+	waitingB := 0
+	for _, b := range v.Buckets {
+		if b.Domain != domain {
+			continue
+		}
+		for _, f := range b.Flows {
+			if f.Flow == "tenant=B" { // flowOf: key=value
+				waitingB += f.Waiting
+			}
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.n++
+	s.horizon += v.ReleaseHorizonMs
+	s.nB++
+	if waitingB == 0 {
+		s.bEmpty++
+	}
+}
+
+// result is the mean horizon (ms) and the share of readings with B's backlog empty (-1, -1:
+// no reading).
+func (s *fairSamples) result() (horizonMs, bEmpty float64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.n == 0 {
+		return -1, -1
+	}
+	return round3(s.horizon / float64(s.n)), round3(float64(s.bEmpty) / float64(s.nB))
 }
