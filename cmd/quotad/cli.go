@@ -444,7 +444,7 @@ func statusCmd() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "status",
-		Short: "Show the cluster's leader and members",
+		Short: "Show the cluster's leader, members and command versions (rolling upgrades)",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
 			defer cancel()
@@ -464,6 +464,8 @@ func statusCmd() *cobra.Command {
 				Suffrage     string `json:"suffrage"`
 				State        string `json:"state"`
 				AppliedIndex uint64 `json:"applied_index"`
+				// CommandVersion: the newest FSM command version it advertises (0: none seen).
+				CommandVersion int32 `json:"command_version"`
 			}
 			out := struct {
 				Leader *struct {
@@ -471,10 +473,12 @@ func statusCmd() *cobra.Command {
 					GRPCAddr string `json:"grpc_addr"`
 				} `json:"leader"`
 				Members []member `json:"members"`
+				// CommandVersion: the version log entries are written at (the lowest advertised).
+				CommandVersion int32 `json:"command_version"`
 				// A regional cluster (docs/regions.md): its leader's share of each global level.
 				Region       string                  `json:"region,omitempty"`
 				RegionShares []*quotadv1.RegionShare `json:"region_shares,omitempty"`
-			}{Members: []member{}, Region: resp.Region, RegionShares: resp.RegionShares}
+			}{Members: []member{}, CommandVersion: resp.CommandVersion, Region: resp.Region, RegionShares: resp.RegionShares}
 			if l := resp.Leader; l != nil {
 				out.Leader = &struct {
 					ID       string `json:"id"`
@@ -482,7 +486,7 @@ func statusCmd() *cobra.Command {
 				}{l.Id, l.GrpcAddr}
 			}
 			for _, m := range resp.Members {
-				out.Members = append(out.Members, member{m.Id, m.GrpcAddr, m.RaftAddr, m.Suffrage, m.State, m.AppliedIndex})
+				out.Members = append(out.Members, member{m.Id, m.GrpcAddr, m.RaftAddr, m.Suffrage, m.State, m.AppliedIndex, m.CommandVersion})
 			}
 			if asJSON {
 				return printJSON(out)
@@ -492,8 +496,15 @@ func statusCmd() *cobra.Command {
 			} else {
 				fmt.Println("leader: none")
 			}
+			if out.CommandVersion > 0 {
+				fmt.Printf("command version: %d (log entries are written at the lowest any server advertises; cmd= per node)\n", out.CommandVersion)
+			}
 			for _, m := range out.Members {
-				fmt.Printf("  %-8s %-9s %-9s grpc=%s raft=%s applied=%d\n", m.ID, m.State, m.Suffrage, m.GRPCAddr, m.RaftAddr, m.AppliedIndex)
+				cv := "cmd=none"
+				if m.CommandVersion > 0 {
+					cv = fmt.Sprintf("cmd=%d", m.CommandVersion)
+				}
+				fmt.Printf("  %-8s %-9s %-9s grpc=%s raft=%s applied=%d %s\n", m.ID, m.State, m.Suffrage, m.GRPCAddr, m.RaftAddr, m.AppliedIndex, cv)
 			}
 			printRegion(out.Region, out.RegionShares)
 			return nil
