@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -24,7 +25,11 @@ import (
 var (
 	cliTLS       client.TLSFiles
 	cliTokenFile string
+	cliAddrsOnly bool           // --configured-addrs-only
+	cliFlags     *pflag.FlagSet // the root's persistent flags: was --configured-addrs-only given?
 )
+
+const addrsOnlyFlag = "configured-addrs-only"
 
 // defaultAddrs is the --addr default: $QUOTAD_ADDR, else the nodes of `quotad dev`.
 func defaultAddrs() string {
@@ -40,6 +45,9 @@ func connConfig(addrs string) client.Config {
 	cfg := client.DefaultConfig(splitList(addrs)...)
 	cfg.TLSFiles, cfg.TokenFile = cliTLS, cliTokenFile
 	cfg.LoadEnv()
+	if cliFlags != nil && cliFlags.Changed(addrsOnlyFlag) { // the flag wins over the environment
+		cfg.ConfiguredAddrsOnly = cliAddrsOnly
+	}
 	return cfg
 }
 
