@@ -88,7 +88,9 @@ type ShareInfo struct {
 	// Rate (units per second) and Capacity (units) of the tightest local bucket.
 	Rate     float64
 	Capacity float64
-	// Expiry is when the grant ends (this process's clock, less the holder margin).
+	// Expiry is when the grant ends (this process's clock, less the holder margin): the moment
+	// the Limiter stops deciding locally on it. It stays put for one grant; it moves earlier
+	// only when this process's clocks jump ahead (a VM suspend), and later with a renewal.
 	Expiry time.Time
 	// FallbackRate (units per second) is this holder's slice of the level's
 	// shares.fallback_rate, used once the grant has ended unrenewed; 0: it fails closed then.
@@ -252,7 +254,7 @@ func (l *Limiter) Share() ShareInfo {
 	info := st.info
 	if st.mode == modeLocal {
 		_, fast := l.h.clock.now()
-		info.Expiry = time.Now().Add(time.Duration(st.endFast - fast))
+		info.Expiry = time.Now().Add(l.h.clock.untilFast(st.endFast, fast))
 		info.Local = fast < st.endFast
 		if !info.Local {
 			// Say why nothing (or only the fallback) is admitted: Status stays the last answer.
@@ -633,7 +635,7 @@ func (h *shareHolder) apply(resp *shareResponse, paths []*sharePath, sentFast in
 	} else {
 		decreased = false // nothing to acknowledge early
 	}
-	expiry := time.Now().Add(time.Duration(endFast - fast))
+	expiry := time.Now().Add(h.clock.untilFast(endFast, fast))
 	for i, p := range paths {
 		if i >= len(resp.paths) {
 			break
