@@ -102,6 +102,20 @@ func (s *clockSample) extrapolate(mono int64) (slow, fast int64) {
 	return s.slow + d - d>>10, s.fast + d + d>>10
 }
 
+// untilFast is how long from now, in real time, until fast (read now) reaches end, with the
+// clocks running at their normal rate. With the system clocks fast runs 1/1024 ahead of
+// Go's monotonic clock (extrapolate; the sampler keeps what was extrapolated), so a span of
+// fast is 1024/1025 of it in real time: taking it as real time made an expiry computed from
+// it (ShareInfo.Expiry) move ~1 ms earlier per second as the span shrank. A LimiterClock
+// hook's fast runs at the faster clock's own rate.
+func (ts *timeSource) untilFast(end, fast int64) time.Duration {
+	d := end - fast
+	if ts.hook == nil {
+		d -= d / 1025
+	}
+	return time.Duration(d)
+}
+
 // now returns (slow, fast) nanoseconds since the holder started.
 func (ts *timeSource) now() (slow, fast int64) {
 	if ts.hook != nil {

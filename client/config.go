@@ -42,7 +42,8 @@ type Config struct {
 	// leader's own address is unreachable (following it costs each call an attempt timeout)
 	// or goes around the proxy. The trade-off: a call sent to a follower is forwarded to the
 	// leader (one more hop, a little more latency and follower load). Default false: follow
-	// the leader wherever it says it is.
+	// the leader wherever it says it is. LoadEnv sets it from $QUOTAD_CONFIGURED_ADDRS_ONLY;
+	// the quotad CLI's flag is --configured-addrs-only.
 	ConfiguredAddrsOnly bool
 
 	// ClientID is this client's idempotency namespace: request IDs are unique within it.
@@ -101,6 +102,8 @@ type Config struct {
 	// a custom dialer). Transport and per-call credentials are set from TLS, TLSFiles and
 	// Token; do not pass them here.
 	DialOptions []grpc.DialOption
+
+	envErr error // what LoadEnv could not read; Validate reports it
 }
 
 // BatchConfig configures batching. The zero value enables batching with the defaults.
@@ -198,6 +201,9 @@ func (c Config) Validate() error {
 	}
 	if c.AttemptTimeout < 0 {
 		errs = append(errs, fmt.Errorf("AttemptTimeout %v is negative", c.AttemptTimeout))
+	}
+	if c.envErr != nil {
+		errs = append(errs, c.envErr)
 	}
 	if err := c.validateCredentials(); err != nil {
 		errs = append(errs, err)

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 
 	"google.golang.org/grpc"
@@ -23,7 +24,24 @@ const (
 	EnvCACert     = "QUOTAD_CACERT"      // PEM CA that signed the nodes' certificates
 	EnvClientCert = "QUOTAD_CLIENT_CERT" // PEM client certificate (mutual TLS)
 	EnvClientKey  = "QUOTAD_CLIENT_KEY"  // its key
+	// EnvConfiguredAddrsOnly, true or false (also 1/0), sets Config.ConfiguredAddrsOnly:
+	// dial only the addresses given, never a leader's own address.
+	EnvConfiguredAddrsOnly = "QUOTAD_CONFIGURED_ADDRS_ONLY"
 )
+
+// ConfiguredAddrsOnlyFromEnv reads EnvConfiguredAddrsOnly: set is false when it is unset or
+// empty; an error names the value when it is neither true nor false.
+func ConfiguredAddrsOnlyFromEnv() (value, set bool, err error) {
+	s := strings.TrimSpace(os.Getenv(EnvConfiguredAddrsOnly))
+	if s == "" {
+		return false, false, nil
+	}
+	v, err := strconv.ParseBool(s)
+	if err != nil {
+		return false, false, fmt.Errorf("$%s is %q: want true or false (1 or 0); true dials only the configured addresses", EnvConfiguredAddrsOnly, s)
+	}
+	return v, true, nil
+}
 
 // TLSFiles names PEM files to build the client's TLS settings from (Config.TLSFiles).
 type TLSFiles struct {
@@ -69,8 +87,14 @@ func (f TLSFiles) Load() (*tls.Config, error) {
 }
 
 // LoadEnv fills the connection fields of c that are still empty from the environment
-// (EnvAddr, EnvToken, EnvCACert, EnvClientCert, EnvClientKey), so values set by flags win.
+// (EnvAddr, EnvToken, EnvCACert, EnvClientCert, EnvClientKey, EnvConfiguredAddrsOnly when
+// ConfiguredAddrsOnly is false), so values set by flags win. A value it cannot read is
+// reported by Validate (and so by New).
 func (c *Config) LoadEnv() {
+	if !c.ConfiguredAddrsOnly {
+		v, _, err := ConfiguredAddrsOnlyFromEnv()
+		c.ConfiguredAddrsOnly, c.envErr = v, err
+	}
 	if len(c.Addrs) == 0 {
 		for _, a := range strings.Split(os.Getenv(EnvAddr), ",") {
 			if a = strings.TrimSpace(a); a != "" {
@@ -178,7 +202,7 @@ func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]strin
 func (b bearer) RequireTransportSecurity() bool { return !b.plaintextOK }
 
 // Flags registers the connection flags of a quotad tool on fs — -addrs, -cacert,
-// -client-cert, -client-key, -token-file — and returns a function that, once fs is parsed,
+// -client-cert, -client-key, -token-file, -configured-addrs-only — and returns a function that, once fs is parsed,
 // returns DefaultConfig with them, the environment filling what the flags left empty
 // (LoadEnv), and defaultAddrs if neither names a node. The examples use it:
 //
@@ -192,6 +216,7 @@ func Flags(fs *flag.FlagSet, defaultAddrs string) func() Config {
 	fs.StringVar(&files.CertFile, "client-cert", "", "PEM client certificate (or $"+EnvClientCert+")")
 	fs.StringVar(&files.KeyFile, "client-key", "", "PEM key of -client-cert (or $"+EnvClientKey+")")
 	tokenFile := fs.String("token-file", "", "file holding a bearer token (or the token in $"+EnvToken+")")
+	addrsOnly := fs.Bool("configured-addrs-only", false, "dial only -addrs, never the leader's own address: for nodes behind a proxy or load balancer (or $"+EnvConfiguredAddrsOnly+"=true)")
 	return func() Config {
 		cfg := DefaultConfig()
 		for _, a := range strings.Split(*addrs, ",") {
@@ -201,6 +226,11 @@ func Flags(fs *flag.FlagSet, defaultAddrs string) func() Config {
 		}
 		cfg.TLSFiles, cfg.TokenFile = files, *tokenFile
 		cfg.LoadEnv()
+		fs.Visit(func(f *flag.Flag) { // given on the command line: it wins over the environment
+			if f.Name == "configured-addrs-only" {
+				cfg.ConfiguredAddrsOnly, cfg.envErr = *addrsOnly, nil
+			}
+		})
 		if len(cfg.Addrs) == 0 {
 			cfg.Addrs = strings.Split(defaultAddrs, ",")
 		}

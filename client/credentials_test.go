@@ -146,3 +146,43 @@ func TestClientAgainstSecureCluster(t *testing.T) {
 		}
 	}
 }
+
+// $QUOTAD_CONFIGURED_ADDRS_ONLY sets Config.ConfiguredAddrsOnly (LoadEnv, Flags), the flag
+// wins over it either way, and a value that is not a boolean stops New naming it.
+func TestConfiguredAddrsOnlyFromEnvAndFlag(t *testing.T) {
+	t.Setenv(EnvConfiguredAddrsOnly, "true")
+	cfg := Config{Addrs: []string{"127.0.0.1:7101"}}
+	cfg.LoadEnv()
+	if !cfg.ConfiguredAddrsOnly {
+		t.Fatalf("$%s=true: ConfiguredAddrsOnly false", EnvConfiguredAddrsOnly)
+	}
+	for _, tc := range []struct {
+		env  string
+		args []string
+		want bool
+	}{
+		{"1", nil, true},
+		{"false", nil, false},
+		{"", []string{"-configured-addrs-only"}, true},
+		{"true", []string{"-configured-addrs-only=false"}, false},
+		{"bogus", []string{"-configured-addrs-only"}, true}, // the flag decides; the env is not read
+	} {
+		t.Setenv(EnvConfiguredAddrsOnly, tc.env)
+		fs := flag.NewFlagSet("x", flag.ContinueOnError)
+		conn := Flags(fs, "127.0.0.1:7101")
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		cfg := conn()
+		if cfg.ConfiguredAddrsOnly != tc.want || cfg.Validate() != nil {
+			t.Errorf("$%s=%q %v: ConfiguredAddrsOnly %v (validate: %v), want %v", EnvConfiguredAddrsOnly, tc.env, tc.args, cfg.ConfiguredAddrsOnly, cfg.Validate(), tc.want)
+		}
+	}
+	t.Setenv(EnvConfiguredAddrsOnly, "yes please")
+	cfg = Config{Addrs: []string{"127.0.0.1:7101"}}
+	cfg.LoadEnv()
+	if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), `$QUOTAD_CONFIGURED_ADDRS_ONLY is "yes please"`) ||
+		!strings.Contains(err.Error(), "true or false") {
+		t.Fatalf("New with $%s=%q: %v, want an error naming the value", EnvConfiguredAddrsOnly, "yes please", err)
+	}
+}

@@ -14,8 +14,11 @@ import (
 
 // Limiter decides admissions of one request (domain and descriptor path) locally, at memory
 // speed, from a share of the path's buckets that the cluster lends to this client. It is the
-// x/time/rate-style counterpart of Client.Allow: Allow and AllowN answer at once from a local
-// token bucket (no RPC, no allocation), Wait blocks until a unit is available.
+// x/time/rate-style counterpart of Client.Allow: where the path is decided locally, Allow and
+// AllowN answer at once from a local token bucket (no RPC, no allocation); where it is decided
+// centrally (below) they are Client.Allow, one RPC that may block up to
+// LimiterOptions.CentralTimeout. Wait blocks until a unit is available. AllowLocalN never
+// makes an RPC: it answers no where AllowN would ask the cluster.
 //
 // The client holds one share lease for all its Limiters (one holder: its client ID and a
 // random incarnation) and renews it in the background every term/3 ± 10 %, carrying each
@@ -48,7 +51,9 @@ type LimiterOptions struct {
 	// or 1). The cluster lends a path only if its share is at least 20 × this per term and
 	// its bucket at least 2 × this.
 	MaxCost uint64
-	// CentralTimeout bounds a central decision (default 1s).
+	// CentralTimeout bounds a central decision (default 1s): how long Allow and AllowN block
+	// on the cluster where the path is decided centrally, and what a cluster that does not
+	// answer costs each such call before it reports false.
 	CentralTimeout time.Duration
 	// MinDemand (units per second) is the least demand the holder reports for the path, so a
 	// quiet path keeps a share large enough to be lent (a regional leader, which never asks
@@ -83,7 +88,9 @@ type ShareInfo struct {
 	// Rate (units per second) and Capacity (units) of the tightest local bucket.
 	Rate     float64
 	Capacity float64
-	// Expiry is when the grant ends (this process's clock, less the holder margin).
+	// Expiry is when the grant ends (this process's clock, less the holder margin): the moment
+	// the Limiter stops deciding locally on it. It stays put for one grant; it moves earlier
+	// only when this process's clocks jump ahead (a VM suspend), and later with a renewal.
 	Expiry time.Time
 	// FallbackRate (units per second) is this holder's slice of the level's
 	// shares.fallback_rate, used once the grant has ended unrenewed; 0: it fails closed then.
@@ -125,8 +132,14 @@ func (c *Client) Limiter(req Request, opts LimiterOptions) *Limiter {
 // Allow is AllowN(1) (or the request's Cost).
 func (l *Limiter) Allow() bool { return l.AllowN(max(l.req.Cost, 1)) }
 
-// AllowN reports whether n units may be spent now, and if so spends them. It never waits;
-// locally it costs a clock read and one compare-and-swap per lendable level.
+// AllowN reports whether n units may be spent now, and if so spends them. It never waits for
+// units. Locally (the path is lent, its grant has not ended or it has a fallback slice, and n
+// fits the local bucket) it makes no RPC and costs a clock read and one compare-and-swap per
+// lendable level. Otherwise — the path does not lend, its share is too small to lend, n is
+// above the local bucket, or no grant has arrived yet (a new Limiter's first calls) — it
+// asks the cluster (Client.Allow) and blocks until the answer, at most CentralTimeout; an
+// error or a timeout (cluster unreachable) reports false. Use AllowLocalN where a caller
+// must never wait on the network.
 func (l *Limiter) AllowN(n uint64) bool {
 	p := l.p
 	if p == nil || l.closed.Load() {
@@ -241,7 +254,7 @@ func (l *Limiter) Share() ShareInfo {
 	info := st.info
 	if st.mode == modeLocal {
 		_, fast := l.h.clock.now()
-		info.Expiry = time.Now().Add(time.Duration(st.endFast - fast))
+		info.Expiry = time.Now().Add(l.h.clock.untilFast(st.endFast, fast))
 		info.Local = fast < st.endFast
 		if !info.Local {
 			// Say why nothing (or only the fallback) is admitted: Status stays the last answer.
@@ -622,7 +635,7 @@ func (h *shareHolder) apply(resp *shareResponse, paths []*sharePath, sentFast in
 	} else {
 		decreased = false // nothing to acknowledge early
 	}
-	expiry := time.Now().Add(time.Duration(endFast - fast))
+	expiry := time.Now().Add(h.clock.untilFast(endFast, fast))
 	for i, p := range paths {
 		if i >= len(resp.paths) {
 			break

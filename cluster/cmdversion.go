@@ -24,9 +24,13 @@ import (
 // it. Non-voters count as voters do: they apply the same log.
 //
 // The version is cached (an atomic load per entry) and recomputed whenever gossip or the
-// configuration may have changed (the reconcile loop runs on every node on each gossip event,
-// raft peer change and leader change, and every ReconcileInterval) and when this node
-// establishes leadership, before its first entry.
+// configuration may have changed: the reconcile loop runs on every node on each gossip event
+// and leader change and every ReconcileInterval, and on the leader also on each raft peer
+// change (hashicorp/raft reports those only to the leader, which starts and stops replication
+// for them: a follower sees a configuration change at the next gossip event or interval); and
+// when this node establishes leadership, before its first entry. Only the leader's value
+// decides what is written; a follower's is what it would write if elected, and what it shows
+// in Members (quotad status).
 
 // CommandVersion returns the FSM command version this node writes entries at as leader (see
 // above); 0 if its FSM does not say which versions it applies (then the FSM's own encoding

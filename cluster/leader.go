@@ -146,7 +146,8 @@ func (n *Node) tickLoop(ctx context.Context) {
 
 // observeLoop turns raft leader observations (any node's leadership, as seen here) into
 // LeaderChanged notifications, and leader and peer (configuration) changes into a reconcile
-// (which also recomputes CommandVersion).
+// (which also recomputes CommandVersion). Peer observations come only on the leader:
+// hashicorp/raft emits them when it starts or stops replicating to a server.
 func (n *Node) observeLoop() {
 	ch := make(chan raft.Observation, 16)
 	obs := raft.NewObserver(ch, false, func(o *raft.Observation) bool {

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotad/quotad/fsm"
 	"github.com/quotad/quotad/internal/proccluster"
 )
 
@@ -237,10 +239,23 @@ func TestCLIOperatorCommands(t *testing.T) {
 		t.Fatalf("members remove:\n%s", out)
 	}
 	var members struct {
-		Members []struct{ ID string } `json:"members"`
+		CommandVersion int `json:"command_version"`
+		Members        []struct {
+			ID             string
+			CommandVersion int `json:"command_version"`
+		} `json:"members"`
 	}
-	if err := json.Unmarshal([]byte(mustCLI(t, c, "status", "--json")), &members); err != nil || len(members.Members) != 2 {
+	out = mustCLI(t, c, "status", "--json")
+	if err := json.Unmarshal([]byte(out), &members); err != nil || len(members.Members) != 2 {
 		t.Fatalf("status after removing %s: %v %+v", c.Nodes[gone].ID, err, members)
+	}
+	// The effective command version (what entries are written at) and each node's: all one build.
+	if members.CommandVersion != fsm.CommandVersion || members.Members[0].CommandVersion != fsm.CommandVersion {
+		t.Fatalf("status --json: command versions %+v, want %d everywhere\n%s", members, fsm.CommandVersion, out)
+	}
+	if out = mustCLI(t, c, "status"); !strings.Contains(out, fmt.Sprintf("command version: %d ", fsm.CommandVersion)) ||
+		!strings.Contains(out, fmt.Sprintf(" cmd=%d", fsm.CommandVersion)) {
+		t.Fatalf("status does not show the command versions:\n%s", out)
 	}
 
 	// quotad_build_info says what `quotad version` says.

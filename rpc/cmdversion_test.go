@@ -173,3 +173,49 @@ func TestUnknownCommandVersionDoesNotLower(t *testing.T) {
 	})
 	checkEntriesAt(t, c, rec, fsm.CommandVersion)
 }
+
+// TestMembersShowCommandVersions: the Members API (what `quotad status` prints) shows the
+// cluster's effective command version — the one the leader writes entries at — and the
+// version each node advertises, from any node, so an operator doing a rolling upgrade sees
+// which nodes still hold the cluster back.
+func TestMembersShowCommandVersions(t *testing.T) {
+	const old = fsm.CommandVersion - 1
+	c := rpctest.Start(t, 3, waiterTenantLimits, func(i int, cfg *rpc.AgentConfig) {
+		if i == 2 {
+			cfg.Cluster.AdvertisedCommandVersion = old
+		}
+	})
+	leader := c.WaitLeader(10 * time.Second)
+	ids := map[string]int{}
+	for i := range c.Len() {
+		ids[c.ClusterConfig(i).ID] = i
+	}
+	for i := range c.Len() {
+		admin := quotadv1.NewAdminClient(dial(t, c.Addrs()[i]))
+		clustertest.Eventually(t, 10*time.Second, func() error {
+			resp, err := admin.Members(context.Background(), &quotadv1.MembersRequest{})
+			if err != nil {
+				return err
+			}
+			if resp.CommandVersion != old {
+				return fmt.Errorf("node%d (leader node%d) answers command_version %d, want %d", i, leader, resp.CommandVersion, old)
+			}
+			if len(resp.Members) != 3 {
+				return fmt.Errorf("node%d lists %d members", i, len(resp.Members))
+			}
+			for _, m := range resp.Members {
+				want := int32(fsm.CommandVersion)
+				if ids[m.Id] == 2 {
+					want = old
+				}
+				if m.CommandVersion != want {
+					return fmt.Errorf("node%d says %s advertises command version %d, want %d", i, m.Id, m.CommandVersion, want)
+				}
+			}
+			return nil
+		})
+	}
+	if v := c.Agent(c.Leader()).Node().CommandVersion(); v != old {
+		t.Fatalf("the leader writes at %d, want %d", v, old)
+	}
+}

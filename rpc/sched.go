@@ -544,7 +544,7 @@ func (f *fair) gate(adm *quotadv1.Admission) (*quotadv1.Decision, gateSeen) {
 		if q.spare {
 			return nil, seen
 		}
-		return f.denyForWaiters(adm, v.levels[q.level], q.backlog()), seen
+		return f.denyForWaiters(adm, v, q.level, q.backlog()), seen
 	}
 	// No waiter queued on the path, but all of a queue's waiters may be released and not yet
 	// applied (a slow waiting lane under load releases the whole queue): the bucket's units
@@ -559,22 +559,45 @@ func (f *fair) gate(adm *quotadv1.Admission) (*quotadv1.Decision, gateSeen) {
 			if at != math.MaxInt64 {
 				wait = time.Duration(at - v.now)
 			}
-			return f.denyForWaiters(adm, b, wait), seen
+			return f.denyForWaiters(adm, v, i, wait), seen
 		}
 	}
 	return nil, seen
 }
 
-// denyForWaiters is gate's denial on bucket b, whose capacity waiters hold for about wait.
-func (f *fair) denyForWaiters(adm *quotadv1.Admission, b quota.BucketStatus, wait time.Duration) *quotadv1.Decision {
-	d := &quotadv1.Decision{
-		Reason: string(quota.ReasonRateLimited), Scope: b.Scope, Limit: b.Limit,
-		WindowMs: b.Window.Milliseconds(), ResetAfterMs: ceilMs(b.ResetAfter),
-		RetryAfterMs: max(1, ceilMs(wait)),
-		Message:      "requests waiting on this bucket have priority; send with max_wait_ms to queue fairly",
-	}
+// denyForWaiters is gate's denial on level i of v, whose capacity waiters hold for about wait.
+func (f *fair) denyForWaiters(adm *quotadv1.Admission, v *pathView, i int, wait time.Duration) *quotadv1.Decision {
+	reason, b, retry := f.heldBy(v, i, wait)
+	d := heldDecision(reason, b, retry)
+	d.Message = "requests waiting on this bucket have priority; send with max_wait_ms to queue fairly"
 	f.metrics.denied(adm.Domain, d.Reason, "waiters:"+b.Scope)
 	return d
+}
+
+// heldBy says why level i of v cannot take a request now, in the FSM's order of checks: a
+// pause anywhere on the path (the longest: the FSM refuses paused before anything else, and
+// the retry is at least the pause left), then level i's permits all held (counting grants
+// released and not yet applied; a level with no rate can only be held by its permits), else
+// its rate. retry is wait, or fairPoll when wait is unknown (<= 0 or math.MaxInt64: a permit
+// returns on a release the scheduler cannot foresee). f.mu held.
+func (f *fair) heldBy(v *pathView, i int, wait time.Duration) (quota.Reason, quota.BucketStatus, time.Duration) {
+	if wait <= 0 || wait == math.MaxInt64 {
+		wait = fairPoll
+	}
+	p := -1
+	for j, b := range v.levels {
+		if b.PausedFor > 0 && (p < 0 || b.PausedFor > v.levels[p].PausedFor) {
+			p = j
+		}
+	}
+	if p >= 0 {
+		return quota.ReasonPaused, v.levels[p], max(wait, v.levels[p].PausedFor)
+	}
+	b := v.levels[i]
+	if b.MaxInFlight > 0 && (b.Limit == 0 || b.InFlight+unapplied(f.pendingConc[b.Key], f.appliedConc[b.Key]) >= b.MaxInFlight) {
+		return quota.ReasonConcurrencyLimited, b, wait
+	}
+	return quota.ReasonRateLimited, b, wait
 }
 
 // backlog estimates how long the queue's waiting cost takes at the bucket's rate.
@@ -923,21 +946,22 @@ func answer(d fsm.Decision) *quotadv1.Decision {
 // denial is the scheduler's own refusal of a waiting admission (not recorded by the FSM: a
 // retry with the same request ID is decided afresh).
 func (f *fair) denial(domain string, v *pathView, level int, retry time.Duration) *quotadv1.Decision {
-	b := v.levels[level]
-	reason := quota.ReasonRateLimited
-	switch {
-	case b.PausedFor > 0:
-		reason = quota.ReasonPaused
-	case b.MaxInFlight > 0 && b.InFlight >= b.MaxInFlight:
-		reason = quota.ReasonConcurrencyLimited
-	}
-	if retry <= 0 || retry == math.MaxInt64 {
-		retry = fairPoll
-	}
+	reason, b, retry := f.heldBy(v, level, retry)
 	f.metrics.denied(domain, string(reason), b.Scope)
-	return &quotadv1.Decision{Reason: string(reason), Scope: b.Scope, Limit: b.Limit,
+	return heldDecision(reason, b, retry)
+}
+
+// heldDecision is the scheduler's denial for reason on bucket b (heldBy), shaped as the FSM
+// shapes its own: for concurrency_limited, Limit and Remaining count permits.
+func heldDecision(reason quota.Reason, b quota.BucketStatus, retry time.Duration) *quotadv1.Decision {
+	d := &quotadv1.Decision{Reason: string(reason), Scope: b.Scope, Limit: b.Limit,
 		Remaining: b.Remaining, WindowMs: b.Window.Milliseconds(), ResetAfterMs: ceilMs(b.ResetAfter),
 		RetryAfterMs: max(1, ceilMs(retry))}
+	if reason == quota.ReasonConcurrencyLimited {
+		d.Limit, d.Remaining = b.MaxInFlight, b.MaxInFlight-min(b.MaxInFlight, b.InFlight)
+		d.WindowMs, d.ResetAfterMs = 0, 0
+	}
+	return d
 }
 
 // decide proposes a waiter that goes straight to the FSM and returns the FSM's decision

@@ -57,6 +57,9 @@ type Node interface {
 	Leader() (id, grpcAddr string)
 	VerifyRead(ctx context.Context) error
 	Members() []cluster.Member
+	// CommandVersion is the FSM command version this node writes entries at as leader, from
+	// the Raft configuration and gossip (the cluster's effective version).
+	CommandVersion() int
 	TransferLeadership(to string) error
 	RemoveServer(ctx context.Context, id string, force bool) ([]string, error)
 }
@@ -564,11 +567,12 @@ func (s *Server) GetLimits(ctx context.Context, req *quotadv1.GetLimitsRequest) 
 // Members lists the cluster's servers as this node sees them (answered locally, so it works
 // without a leader — that is when an operator needs it most).
 func (s *Server) Members(ctx context.Context, _ *quotadv1.MembersRequest) (*quotadv1.MembersResponse, error) {
-	resp := &quotadv1.MembersResponse{}
+	resp := &quotadv1.MembersResponse{CommandVersion: int32(s.node.CommandVersion())}
 	for _, m := range s.node.Members() {
 		pm := &quotadv1.Member{
 			Id: m.ID, GrpcAddr: m.GRPCAddr, RaftAddr: m.RaftAddr, Suffrage: m.Suffrage,
 			State: m.State, AppliedIndex: m.AppliedIndex, GossipAddr: m.GossipAddr, HttpAddr: m.HTTPAddr,
+			CommandVersion: int32(m.CommandVersion),
 		}
 		if m.State == "leader" {
 			resp.Leader = pm

@@ -223,7 +223,7 @@ func splitList(s string) []string {
 // otherEnv are the QUOTAD_* variables quotad reads besides $QUOTAD_<FLAG> of the agent's
 // flags: the client commands' connection, secrets, `quotad dev`'s directory.
 var otherEnv = []string{client.EnvAddr, client.EnvToken, client.EnvCACert, client.EnvClientCert, client.EnvClientKey,
-	rpc.EnvBootstrapToken, envGossipKey, "QUOTAD_DEV_DIR"}
+	client.EnvConfiguredAddrsOnly, rpc.EnvBootstrapToken, envGossipKey, "QUOTAD_DEV_DIR"}
 
 // envGossipKey holds the gossip key when --gossip-key-file is not given.
 const envGossipKey = "QUOTAD_GOSSIP_KEY"

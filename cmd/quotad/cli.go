@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -24,7 +25,11 @@ import (
 var (
 	cliTLS       client.TLSFiles
 	cliTokenFile string
+	cliAddrsOnly bool           // --configured-addrs-only
+	cliFlags     *pflag.FlagSet // the root's persistent flags: was --configured-addrs-only given?
 )
+
+const addrsOnlyFlag = "configured-addrs-only"
 
 // defaultAddrs is the --addr default: $QUOTAD_ADDR, else the nodes of `quotad dev`.
 func defaultAddrs() string {
@@ -40,6 +45,9 @@ func connConfig(addrs string) client.Config {
 	cfg := client.DefaultConfig(splitList(addrs)...)
 	cfg.TLSFiles, cfg.TokenFile = cliTLS, cliTokenFile
 	cfg.LoadEnv()
+	if cliFlags != nil && cliFlags.Changed(addrsOnlyFlag) { // the flag wins over the environment
+		cfg.ConfiguredAddrsOnly = cliAddrsOnly
+	}
 	return cfg
 }
 
@@ -444,7 +452,7 @@ func statusCmd() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "status",
-		Short: "Show the cluster's leader and members",
+		Short: "Show the cluster's leader, members and command versions (rolling upgrades)",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
 			defer cancel()
@@ -464,6 +472,8 @@ func statusCmd() *cobra.Command {
 				Suffrage     string `json:"suffrage"`
 				State        string `json:"state"`
 				AppliedIndex uint64 `json:"applied_index"`
+				// CommandVersion: the newest FSM command version it advertises (0: none seen).
+				CommandVersion int32 `json:"command_version"`
 			}
 			out := struct {
 				Leader *struct {
@@ -471,10 +481,12 @@ func statusCmd() *cobra.Command {
 					GRPCAddr string `json:"grpc_addr"`
 				} `json:"leader"`
 				Members []member `json:"members"`
+				// CommandVersion: the version log entries are written at (the lowest advertised).
+				CommandVersion int32 `json:"command_version"`
 				// A regional cluster (docs/regions.md): its leader's share of each global level.
 				Region       string                  `json:"region,omitempty"`
 				RegionShares []*quotadv1.RegionShare `json:"region_shares,omitempty"`
-			}{Members: []member{}, Region: resp.Region, RegionShares: resp.RegionShares}
+			}{Members: []member{}, CommandVersion: resp.CommandVersion, Region: resp.Region, RegionShares: resp.RegionShares}
 			if l := resp.Leader; l != nil {
 				out.Leader = &struct {
 					ID       string `json:"id"`
@@ -482,7 +494,7 @@ func statusCmd() *cobra.Command {
 				}{l.Id, l.GrpcAddr}
 			}
 			for _, m := range resp.Members {
-				out.Members = append(out.Members, member{m.Id, m.GrpcAddr, m.RaftAddr, m.Suffrage, m.State, m.AppliedIndex})
+				out.Members = append(out.Members, member{m.Id, m.GrpcAddr, m.RaftAddr, m.Suffrage, m.State, m.AppliedIndex, m.CommandVersion})
 			}
 			if asJSON {
 				return printJSON(out)
@@ -492,8 +504,15 @@ func statusCmd() *cobra.Command {
 			} else {
 				fmt.Println("leader: none")
 			}
+			if out.CommandVersion > 0 {
+				fmt.Printf("command version: %d (log entries are written at the lowest any server advertises; cmd= per node)\n", out.CommandVersion)
+			}
 			for _, m := range out.Members {
-				fmt.Printf("  %-8s %-9s %-9s grpc=%s raft=%s applied=%d\n", m.ID, m.State, m.Suffrage, m.GRPCAddr, m.RaftAddr, m.AppliedIndex)
+				cv := "cmd=none"
+				if m.CommandVersion > 0 {
+					cv = fmt.Sprintf("cmd=%d", m.CommandVersion)
+				}
+				fmt.Printf("  %-8s %-9s %-9s grpc=%s raft=%s applied=%d %s\n", m.ID, m.State, m.Suffrage, m.GRPCAddr, m.RaftAddr, m.AppliedIndex, cv)
 			}
 			printRegion(out.Region, out.RegionShares)
 			return nil

@@ -25,7 +25,8 @@ const reachTimeout = 1500 * time.Millisecond
 var addrSource = "--addr"
 
 // checkAddrFlag runs before every command with an --addr flag: each address must be
-// host:port. (That one of them answers is checked at the first call: reach.)
+// host:port, and $QUOTAD_CONFIGURED_ADDRS_ONLY true or false if set. (That one of them
+// answers is checked at the first call: reach.)
 func checkAddrFlag(cmd *cobra.Command) error {
 	f := cmd.Flags().Lookup("addr")
 	if f == nil {
@@ -45,7 +46,9 @@ func checkAddrFlag(cmd *cobra.Command) error {
 			return fmt.Errorf("%s: %v", source, err)
 		}
 	}
-	return nil
+	// Every client command reads it (through the client library, or dialing --addr only).
+	_, _, err := client.ConfiguredAddrsOnlyFromEnv()
+	return err
 }
 
 // reach probes every address at once and returns nil as soon as one answers (any answer,

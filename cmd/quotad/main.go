@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"google.golang.org/grpc/status"
 
 	"github.com/quotad/quotad/internal/buildinfo"
@@ -31,11 +32,7 @@ func main() {
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error { return checkAddrFlag(cmd) },
 	}
 	root.SetVersionTemplate(buildinfo.Get().String() + "\n")
-	pf := root.PersistentFlags()
-	pf.StringVar(&cliTLS.CAFile, "cacert", "", "client commands: PEM CA that signed the nodes' certificates (or $QUOTAD_CACERT)")
-	pf.StringVar(&cliTLS.CertFile, "client-cert", "", "client commands: PEM client certificate (or $QUOTAD_CLIENT_CERT)")
-	pf.StringVar(&cliTLS.KeyFile, "client-key", "", "client commands: PEM key for --client-cert (or $QUOTAD_CLIENT_KEY)")
-	pf.StringVar(&cliTokenFile, "token-file", "", "client commands: file holding a bearer token (or the token in $QUOTAD_TOKEN)")
+	clientFlags(root.PersistentFlags())
 	root.AddCommand(agentCmd(), devCmd(), acquireCmd(), releaseCmd(), limitsCmd(), statusCmd(), topCmd(), tlsCmd(), keygenCmd(), tokenCmd(), pauseCmd(),
 		versionCmd(), bucketCmd(), feedbackCmd(), operatorCmd(), membersCmd(), snapshotCmd(), sharesCmd(), recoverCmd())
 	refuseStrayArgs(root)
@@ -47,6 +44,17 @@ func main() {
 		fmt.Fprintln(os.Stderr, errorMessage(err))
 		os.Exit(1)
 	}
+}
+
+// clientFlags registers the client commands' connection flags on pf (the root's persistent
+// flags).
+func clientFlags(pf *pflag.FlagSet) {
+	pf.StringVar(&cliTLS.CAFile, "cacert", "", "client commands: PEM CA that signed the nodes' certificates (or $QUOTAD_CACERT)")
+	pf.StringVar(&cliTLS.CertFile, "client-cert", "", "client commands: PEM client certificate (or $QUOTAD_CLIENT_CERT)")
+	pf.StringVar(&cliTLS.KeyFile, "client-key", "", "client commands: PEM key for --client-cert (or $QUOTAD_CLIENT_KEY)")
+	pf.StringVar(&cliTokenFile, "token-file", "", "client commands: file holding a bearer token (or the token in $QUOTAD_TOKEN)")
+	pf.BoolVar(&cliAddrsOnly, addrsOnlyFlag, false, "client commands: dial only --addr, never the leader's own address — for nodes behind a proxy or load balancer; a follower forwards (or $QUOTAD_CONFIGURED_ADDRS_ONLY=true)")
+	cliFlags = pf
 }
 
 // refuseStrayArgs makes every command that declares no arguments refuse them (cobra accepts

@@ -1623,12 +1623,16 @@ type Member struct {
 	// suffrage: voter, nonvoter.
 	Suffrage string `protobuf:"bytes,4,opt,name=suffrage,proto3" json:"suffrage,omitempty"`
 	// state: leader, follower, candidate, unreachable.
-	State         string `protobuf:"bytes,5,opt,name=state,proto3" json:"state,omitempty"`
-	AppliedIndex  uint64 `protobuf:"varint,6,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
-	GossipAddr    string `protobuf:"bytes,7,opt,name=gossip_addr,json=gossipAddr,proto3" json:"gossip_addr,omitempty"`
-	HttpAddr      string `protobuf:"bytes,8,opt,name=http_addr,json=httpAddr,proto3" json:"http_addr,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	State        string `protobuf:"bytes,5,opt,name=state,proto3" json:"state,omitempty"`
+	AppliedIndex uint64 `protobuf:"varint,6,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	GossipAddr   string `protobuf:"bytes,7,opt,name=gossip_addr,json=gossipAddr,proto3" json:"gossip_addr,omitempty"`
+	HttpAddr     string `protobuf:"bytes,8,opt,name=http_addr,json=httpAddr,proto3" json:"http_addr,omitempty"`
+	// command_version: the newest FSM command version the member applies, as it advertises
+	// through gossip (exact for the answering node); 0 if it advertises none (a build before
+	// command version 6) or gossip has not reported it.
+	CommandVersion int32 `protobuf:"varint,9,opt,name=command_version,json=commandVersion,proto3" json:"command_version,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Member) Reset() {
@@ -1717,6 +1721,13 @@ func (x *Member) GetHttpAddr() string {
 	return ""
 }
 
+func (x *Member) GetCommandVersion() int32 {
+	if x != nil {
+		return x.CommandVersion
+	}
+	return 0
+}
+
 type MembersResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Leader  *Member                `protobuf:"bytes,1,opt,name=leader,proto3" json:"leader,omitempty"`
@@ -1726,9 +1737,16 @@ type MembersResponse struct {
 	Region string `protobuf:"bytes,3,opt,name=region,proto3" json:"region,omitempty"`
 	// region_shares: the regional leader's shares of the global cluster's buckets, one per
 	// level with rate_limit.scope global (docs/regions.md).
-	RegionShares  []*RegionShare `protobuf:"bytes,4,rep,name=region_shares,json=regionShares,proto3" json:"region_shares,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	RegionShares []*RegionShare `protobuf:"bytes,4,rep,name=region_shares,json=regionShares,proto3" json:"region_shares,omitempty"`
+	// command_version: the cluster's effective FSM command version, the one the leader writes
+	// log entries at: the lowest command_version advertised by any server of the Raft
+	// configuration (one advertising none does not count; one gossip has not reported counts
+	// as 6), capped at the newest the computing node applies (docs/operations.md, "Rolling
+	// upgrade"). The answering node computes it from its own view of the configuration and
+	// gossip, as the leader does for its entries; 0 if its build does not say.
+	CommandVersion int32 `protobuf:"varint,5,opt,name=command_version,json=commandVersion,proto3" json:"command_version,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *MembersResponse) Reset() {
@@ -1787,6 +1805,13 @@ func (x *MembersResponse) GetRegionShares() []*RegionShare {
 		return x.RegionShares
 	}
 	return nil
+}
+
+func (x *MembersResponse) GetCommandVersion() int32 {
+	if x != nil {
+		return x.CommandVersion
+	}
+	return 0
 }
 
 // RegionShare is a regional leader's share of one global level.
@@ -3677,7 +3702,7 @@ const file_quotad_v1_quotad_proto_rawDesc = "" +
 	"\x11GetLimitsResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x12\n" +
 	"\x04yaml\x18\x02 \x01(\tR\x04yaml\"\x10\n" +
-	"\x0eMembersRequest\"\xe7\x01\n" +
+	"\x0eMembersRequest\"\x90\x02\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\tgrpc_addr\x18\x02 \x01(\tR\bgrpcAddr\x12\x1b\n" +
@@ -3687,12 +3712,14 @@ const file_quotad_v1_quotad_proto_rawDesc = "" +
 	"\rapplied_index\x18\x06 \x01(\x04R\fappliedIndex\x12\x1f\n" +
 	"\vgossip_addr\x18\a \x01(\tR\n" +
 	"gossipAddr\x12\x1b\n" +
-	"\thttp_addr\x18\b \x01(\tR\bhttpAddr\"\xbe\x01\n" +
+	"\thttp_addr\x18\b \x01(\tR\bhttpAddr\x12'\n" +
+	"\x0fcommand_version\x18\t \x01(\x05R\x0ecommandVersion\"\xe7\x01\n" +
 	"\x0fMembersResponse\x12)\n" +
 	"\x06leader\x18\x01 \x01(\v2\x11.quotad.v1.MemberR\x06leader\x12+\n" +
 	"\amembers\x18\x02 \x03(\v2\x11.quotad.v1.MemberR\amembers\x12\x16\n" +
 	"\x06region\x18\x03 \x01(\tR\x06region\x12;\n" +
-	"\rregion_shares\x18\x04 \x03(\v2\x16.quotad.v1.RegionShareR\fregionShares\"\xb9\x02\n" +
+	"\rregion_shares\x18\x04 \x03(\v2\x16.quotad.v1.RegionShareR\fregionShares\x12'\n" +
+	"\x0fcommand_version\x18\x05 \x01(\x05R\x0ecommandVersion\"\xb9\x02\n" +
 	"\vRegionShare\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x14\n" +
