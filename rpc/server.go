@@ -78,6 +78,12 @@ type Server struct {
 
 	region *regionGate // a regional cluster's scope: global levels (region.go); nil: not regional
 
+	// authn re-checks the token of an open AcquireStream (stream.go); nil: no tokens (tests
+	// that build a Server without an agent).
+	authn *authenticator
+	// noStream refuses AcquireStream (AgentConfig.DisableAcquireStream).
+	noStream bool
+
 	// insecure: the agent runs with --insecure, so callers without a credential are all
 	// insecureIdentity (the waiter caps then count them by client_id only).
 	insecure bool
@@ -162,14 +168,8 @@ func (s *Server) Acquire(ctx context.Context, req *quotadv1.AcquireRequest) (*qu
 	}
 	id := IdentityFrom(ctx)
 	for i, adm := range req.Admissions {
-		if adm.GetDomain() == "" {
-			continue // answered as invalid below
-		}
-		if msg := scopeProblem(id, adm.GetDomain(), adm.GetDescriptors(), true); msg != "" {
-			return nil, permissionDenied("admissions[%d]: %s", i, msg)
-		}
-		if msg := s.tenantPathProblem(id, adm.GetDomain(), adm.GetDescriptors()); msg != "" {
-			return nil, permissionDenied("admissions[%d]: %s", i, msg)
+		if err := s.admissionChecks(id, i, adm); err != nil {
+			return nil, err
 		}
 	}
 	if resp, ok := s.plantedFollowerDecides(req); ok {

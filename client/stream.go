@@ -1,0 +1,347 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+// Waiting admissions over one AcquireStream (issue 16).
+//
+// A waiting admission (MaxWaitMs > 0) cannot share a unary batch: the batch would answer when
+// its slowest admission is decided, so a grant on a free bucket would wait for another
+// caller's 30 s wait. Sent one RPC each, thousands of waiting callers cost a call each on
+// both sides. The streamer sends them over one stream to the leader instead: whatever is
+// queued goes in one message (as the batcher drains its queue), and each caller gets its own
+// answer the moment the leader decides it.
+//
+// Failures never double-spend and never lose a caller: an admission keeps its request ID, and
+// when its stream breaks (leader change, node down, no answer within AttemptTimeout plus its
+// max wait) or its answer is a status a unary call would retry (UNAVAILABLE,
+// DEADLINE_EXCEEDED), it is decided by the unary path (acquireOne: leader finding, retries)
+// with the same request ID, so the cluster's dedup table returns a decision already made. A
+// node that refuses the stream (UNIMPLEMENTED: an older build or a regional node;
+// FAILED_PRECONDITION without a leader the client can follow) turns streaming off for
+// streamOffAfterRefusal; a follower naming a leader sends the next stream there.
+
+const (
+	// streamOffAfterRefusal is how long waiting admissions go unary after a node refused the
+	// stream (an older build mid-upgrade, a regional node, a leader the client cannot dial).
+	streamOffAfterRefusal = 30 * time.Second
+	// streamQueue is the capacity of a stream's send queue.
+	streamQueue = 4096
+)
+
+// streamer owns the Client's current AcquireStream. Safe for concurrent use.
+type streamer struct {
+	c *Client
+
+	mu       sync.Mutex
+	cur      *wstream
+	offUntil time.Time // no new stream before this
+	failures int       // streams broken in a row without an answer (backoff)
+	closed   bool
+}
+
+// wstream is one AcquireStream and the admissions it carries.
+type wstream struct {
+	s      *streamer
+	addr   string
+	ctx    context.Context
+	cancel context.CancelFunc
+	sendq  chan *quotadv1.Admission
+	kick   chan struct{} // cancels queued
+	done   chan struct{} // closed when broken
+
+	mu       sync.Mutex
+	calls    map[uint64]*streamCall // undecided, by request ID
+	cancels  []uint64
+	broken   bool
+	answered bool
+}
+
+type streamCall struct {
+	done chan streamResult // buffered: the receiver never blocks
+}
+
+// streamResult is a caller's outcome: a decision, an error, or fallback (decide it by unary
+// Acquire with the same request ID).
+type streamResult struct {
+	d        *quotadv1.Decision
+	at       time.Time
+	err      error
+	fallback bool
+}
+
+func newStreamer(c *Client) *streamer { return &streamer{c: c} }
+
+// submit decides a waiting admission over the stream, falling back to acquireOne.
+func (s *streamer) submit(ctx context.Context, adm *quotadv1.Admission) (*quotadv1.Decision, time.Time, error) {
+	ws := s.stream()
+	if ws == nil {
+		return s.c.acquireOne(ctx, adm)
+	}
+	call := ws.add(ctx, adm)
+	if call == nil {
+		return s.fallback(ctx, adm)
+	}
+	timer := time.NewTimer(s.c.cfg.AttemptTimeout + time.Duration(adm.MaxWaitMs)*time.Millisecond)
+	defer timer.Stop()
+	var r streamResult
+	select {
+	case r = <-call.done:
+	case <-ctx.Done():
+		if !ws.forget(adm.RequestId) {
+			// Answered in the same instant: prefer a decision.
+			select {
+			case r = <-call.done:
+				if r.err == nil && !r.fallback {
+					return r.d, r.at, nil
+				}
+			default:
+			}
+		}
+		return nil, time.Time{}, s.c.unavailable("Acquire", 1, nil, ctx.Err())
+	case <-timer.C:
+		// A leader answers a waiting admission by its max wait: this stream is stuck (a paused
+		// or partitioned node). Every admission on it goes unary.
+		ws.fail(fmt.Errorf("no answer within %v", s.c.cfg.AttemptTimeout+time.Duration(adm.MaxWaitMs)*time.Millisecond), nil)
+		r = <-call.done
+	}
+	if r.fallback {
+		return s.fallback(ctx, adm)
+	}
+	return r.d, r.at, r.err
+}
+
+func (s *streamer) fallback(ctx context.Context, adm *quotadv1.Admission) (*quotadv1.Decision, time.Time, error) {
+	s.c.metrics.streamFallbacks.Add(1)
+	return s.c.acquireOne(ctx, adm)
+}
+
+// stream returns the open stream, opening one unless streaming is off for now (nil).
+func (s *streamer) stream() *wstream {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	if ws := s.cur; ws != nil {
+		select {
+		case <-ws.done:
+		default:
+			return ws
+		}
+	}
+	if time.Now().Before(s.offUntil) {
+		return nil
+	}
+	n, err := s.c.nodes.target()
+	if err != nil {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(s.c.baseCtx)
+	ws := &wstream{s: s, addr: n.addr, ctx: ctx, cancel: cancel, sendq: make(chan *quotadv1.Admission, streamQueue),
+		kick: make(chan struct{}, 1), done: make(chan struct{}), calls: make(map[uint64]*streamCall)}
+	s.cur = ws
+	s.c.metrics.streams.Add(1)
+	go ws.run(n.qc)
+	return ws
+}
+
+func (s *streamer) close() {
+	s.mu.Lock()
+	s.closed = true
+	ws := s.cur
+	s.mu.Unlock()
+	if ws != nil {
+		ws.fail(ErrClosed, nil)
+	}
+}
+
+// broke notes why the stream to addr ended (answered: it had answered something) and when
+// the next stream may open.
+func (s *streamer) broke(addr string, answered bool, err error, md metadata.MD) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if answered {
+		s.failures = 0
+	}
+	leader := firstValue(md)
+	code := status.Code(err)
+	switch {
+	case code == codes.Unimplemented:
+		s.offUntil = time.Now().Add(streamOffAfterRefusal)
+	case leader != "" && leader != addr && s.c.nodes.follow(leader):
+		// A follower (or a deposed leader) named the leader: the next stream goes there.
+	case code == codes.FailedPrecondition:
+		s.offUntil = time.Now().Add(streamOffAfterRefusal) // a leader this client cannot follow
+	default:
+		s.offUntil = time.Now().Add(s.c.cfg.Backoff.delay(s.failures))
+		s.failures++
+	}
+}
+
+// add registers adm and queues it for sending; nil when the stream is broken.
+func (ws *wstream) add(ctx context.Context, adm *quotadv1.Admission) *streamCall {
+	call := &streamCall{done: make(chan streamResult, 1)}
+	ws.mu.Lock()
+	if ws.broken {
+		ws.mu.Unlock()
+		return nil
+	}
+	ws.calls[adm.RequestId] = call
+	ws.mu.Unlock()
+	select {
+	case ws.sendq <- adm:
+	case <-ws.done: // fail answers call
+	case <-ctx.Done():
+		ws.forget(adm.RequestId) // never sent: the cancel is ignored by the leader
+	}
+	return call
+}
+
+// forget drops an undecided admission whose caller gave up and queues its cancel; false when
+// it was already answered (its result is in its call's channel).
+func (ws *wstream) forget(id uint64) bool {
+	ws.mu.Lock()
+	_, ok := ws.calls[id]
+	if ok {
+		delete(ws.calls, id)
+		ws.cancels = append(ws.cancels, id)
+	}
+	ws.mu.Unlock()
+	if ok {
+		select {
+		case ws.kick <- struct{}{}:
+		default:
+		}
+	}
+	return ok
+}
+
+// fail ends the stream: every undecided admission falls back to unary Acquire.
+func (ws *wstream) fail(err error, md metadata.MD) {
+	ws.mu.Lock()
+	if ws.broken {
+		ws.mu.Unlock()
+		return
+	}
+	ws.broken = true
+	calls, answered := ws.calls, ws.answered
+	ws.calls = nil
+	ws.mu.Unlock()
+	close(ws.done)
+	ws.cancel()
+	for _, call := range calls {
+		call.done <- streamResult{fallback: true}
+	}
+	ws.s.broke(ws.addr, answered, err, md)
+}
+
+// run opens the stream, starts its receiver and sends until it breaks.
+func (ws *wstream) run(qc quotadv1.QuotaClient) {
+	cs, err := qc.AcquireStream(ws.ctx)
+	if err != nil {
+		ws.fail(err, nil)
+		return
+	}
+	go ws.recv(cs)
+	c := ws.s.c
+	first := true
+	for {
+		var adms []*quotadv1.Admission
+		select {
+		case a := <-ws.sendq:
+			adms = append(adms, a)
+		case <-ws.kick:
+		case <-ws.done:
+			return
+		}
+	drain: // whatever else is queued goes along
+		for len(adms) < maxAdmissionsPerBatch {
+			select {
+			case a := <-ws.sendq:
+				adms = append(adms, a)
+			default:
+				break drain
+			}
+		}
+		ws.mu.Lock()
+		n := min(len(ws.cancels), maxAdmissionsPerBatch)
+		cancels := ws.cancels[:n:n]
+		ws.cancels = ws.cancels[n:]
+		more := len(ws.cancels) > 0
+		ws.mu.Unlock()
+		if more {
+			select {
+			case ws.kick <- struct{}{}:
+			default:
+			}
+		}
+		if len(adms) == 0 && len(cancels) == 0 {
+			continue
+		}
+		m := &quotadv1.AcquireStreamRequest{Admissions: adms, Cancels: cancels}
+		if first {
+			m.ClientId, first = c.id, false
+		}
+		c.metrics.streamSends.Add(1)
+		c.metrics.streamAdmissions.Add(uint64(len(adms)))
+		if err := cs.Send(m); err != nil {
+			if !errors.Is(err, io.EOF) { // io.EOF: the stream ended; recv gets its status
+				ws.fail(err, nil)
+			}
+			return
+		}
+	}
+}
+
+// recv hands each answer to its caller until the stream ends.
+func (ws *wstream) recv(cs quotadv1.Quota_AcquireStreamClient) {
+	for {
+		resp, err := cs.Recv()
+		if err != nil {
+			md, _ := cs.Header()
+			ws.fail(err, metadata.Join(md, cs.Trailer()))
+			return
+		}
+		at := time.Now()
+		for _, sd := range resp.GetDecisions() {
+			ws.deliver(sd, at)
+		}
+	}
+}
+
+// deliver gives one answer to its caller (none: canceled, or the stream already failed).
+func (ws *wstream) deliver(sd *quotadv1.StreamDecision, at time.Time) {
+	ws.mu.Lock()
+	call := ws.calls[sd.GetRequestId()]
+	delete(ws.calls, sd.GetRequestId())
+	ws.answered = true
+	ws.mu.Unlock()
+	if call == nil {
+		return
+	}
+	switch {
+	case sd.GetCode() != 0:
+		st := status.New(codes.Code(sd.GetCode()), sd.GetMessage())
+		if retryable(st.Code()) {
+			call.done <- streamResult{fallback: true} // as a unary attempt would be retried
+			return
+		}
+		call.done <- streamResult{err: permanentError("Acquire", st, st.Err())}
+	case sd.GetDecision() == nil:
+		call.done <- streamResult{err: fmt.Errorf("quotad: AcquireStream: the answer for request %d has neither a decision nor a status", sd.GetRequestId())}
+	default:
+		call.done <- streamResult{d: sd.GetDecision(), at: at}
+	}
+}
