@@ -151,8 +151,9 @@ type Stats struct {
 	// Streams counts AcquireStreams opened (waiting admissions, Config.Stream).
 	Streams uint64
 	// StreamSends counts messages sent on them, and StreamAdmissions the admissions they
-	// carried: concurrent waiting callers share messages, so under load StreamSends is far
-	// below StreamAdmissions.
+	// carried (one sent again, on a stream to the leader after a follower refused one,
+	// counts twice): concurrent waiting callers share messages, so under load StreamSends is
+	// far below StreamAdmissions.
 	StreamSends, StreamAdmissions uint64
 	// StreamFallbacks counts waiting admissions decided by unary Acquire (same request ID)
 	// after their stream broke or answered with a status a unary call would retry.

@@ -72,54 +72,74 @@ type streamCall struct {
 	done chan streamResult // buffered: the receiver never blocks
 }
 
-// streamResult is a caller's outcome: a decision, an error, or fallback (decide it by unary
-// Acquire with the same request ID).
+// streamResult is a caller's outcome: a decision, an error, fallback (decide it by unary
+// Acquire with the same request ID) or again (send it on the next stream: this one was
+// refused by a node that named the leader).
 type streamResult struct {
-	d        *quotadv1.Decision
-	at       time.Time
-	err      error
-	fallback bool
+	d               *quotadv1.Decision
+	at              time.Time
+	err             error
+	fallback, again bool
 }
 
 func newStreamer(c *Client) *streamer { return &streamer{c: c} }
 
-// submit decides a waiting admission over the stream, falling back to acquireOne.
+// submit decides a waiting admission over the stream, falling back to acquireOne. An
+// admission whose stream a follower refused, naming the leader, is sent once more on a stream
+// to that leader (same request ID) before it falls back.
 func (s *streamer) submit(ctx context.Context, adm *quotadv1.Admission) (*quotadv1.Decision, time.Time, error) {
-	ws := s.stream()
-	if ws == nil {
-		return s.c.acquireOne(ctx, adm)
+	for try := 0; ; try++ {
+		ws := s.stream()
+		if ws == nil {
+			if try > 0 {
+				return s.fallback(ctx, adm)
+			}
+			return s.c.acquireOne(ctx, adm)
+		}
+		r, ok := s.await(ctx, ws, adm)
+		if !ok {
+			return nil, time.Time{}, s.c.unavailable("Acquire", try+1, nil, ctx.Err())
+		}
+		switch {
+		case r.again && try == 0:
+			continue
+		case r.again, r.fallback:
+			return s.fallback(ctx, adm)
+		}
+		return r.d, r.at, r.err
 	}
+}
+
+// await sends adm on ws and waits for its answer; false when ctx ended first.
+func (s *streamer) await(ctx context.Context, ws *wstream, adm *quotadv1.Admission) (streamResult, bool) {
 	call := ws.add(ctx, adm)
 	if call == nil {
-		return s.fallback(ctx, adm)
+		return streamResult{fallback: true}, true
 	}
-	timer := time.NewTimer(s.c.cfg.AttemptTimeout + time.Duration(adm.MaxWaitMs)*time.Millisecond)
+	limit := s.c.cfg.AttemptTimeout + time.Duration(adm.MaxWaitMs)*time.Millisecond
+	timer := time.NewTimer(limit)
 	defer timer.Stop()
-	var r streamResult
 	select {
-	case r = <-call.done:
+	case r := <-call.done:
+		return r, true
 	case <-ctx.Done():
 		if !ws.forget(adm.RequestId) {
 			// Answered in the same instant: prefer a decision.
 			select {
-			case r = <-call.done:
-				if r.err == nil && !r.fallback {
-					return r.d, r.at, nil
+			case r := <-call.done:
+				if r.err == nil && !r.fallback && !r.again {
+					return r, true
 				}
 			default:
 			}
 		}
-		return nil, time.Time{}, s.c.unavailable("Acquire", 1, nil, ctx.Err())
+		return streamResult{}, false
 	case <-timer.C:
 		// A leader answers a waiting admission by its max wait: this stream is stuck (a paused
 		// or partitioned node). Every admission on it goes unary.
-		ws.fail(fmt.Errorf("no answer within %v", s.c.cfg.AttemptTimeout+time.Duration(adm.MaxWaitMs)*time.Millisecond), nil)
-		r = <-call.done
+		ws.fail(fmt.Errorf("no answer within %v", limit), nil)
+		return <-call.done, true
 	}
-	if r.fallback {
-		return s.fallback(ctx, adm)
-	}
-	return r.d, r.at, r.err
 }
 
 func (s *streamer) fallback(ctx context.Context, adm *quotadv1.Admission) (*quotadv1.Decision, time.Time, error) {
@@ -168,8 +188,9 @@ func (s *streamer) close() {
 }
 
 // broke notes why the stream to addr ended (answered: it had answered something) and when
-// the next stream may open.
-func (s *streamer) broke(addr string, answered bool, err error, md metadata.MD) {
+// the next stream may open. It reports whether the stream was refused by a node that named
+// the leader, whom the next stream goes to.
+func (s *streamer) broke(addr string, answered bool, err error, md metadata.MD) (again bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if answered {
@@ -182,12 +203,14 @@ func (s *streamer) broke(addr string, answered bool, err error, md metadata.MD) 
 		s.offUntil = time.Now().Add(streamOffAfterRefusal)
 	case leader != "" && leader != addr && s.c.nodes.follow(leader):
 		// A follower (or a deposed leader) named the leader: the next stream goes there.
+		return code == codes.FailedPrecondition
 	case code == codes.FailedPrecondition:
 		s.offUntil = time.Now().Add(streamOffAfterRefusal) // a leader this client cannot follow
 	default:
 		s.offUntil = time.Now().Add(s.c.cfg.Backoff.delay(s.failures))
 		s.failures++
 	}
+	return false
 }
 
 // add registers adm and queues it for sending; nil when the stream is broken.
@@ -241,10 +264,10 @@ func (ws *wstream) fail(err error, md metadata.MD) {
 	ws.mu.Unlock()
 	close(ws.done)
 	ws.cancel()
+	again := ws.s.broke(ws.addr, answered, err, md)
 	for _, call := range calls {
-		call.done <- streamResult{fallback: true}
+		call.done <- streamResult{fallback: !again, again: again}
 	}
-	ws.s.broke(ws.addr, answered, err, md)
 }
 
 // run opens the stream, starts its receiver and sends until it breaks.
