@@ -143,6 +143,11 @@ func (s *streamer) await(ctx context.Context, ws *wstream, adm *quotadv1.Admissi
 }
 
 func (s *streamer) fallback(ctx context.Context, adm *quotadv1.Admission) (*quotadv1.Decision, time.Time, error) {
+	select {
+	case <-s.c.closing: // the stream broke because the client is closing
+		return nil, time.Time{}, ErrClosed
+	default:
+	}
 	s.c.metrics.streamFallbacks.Add(1)
 	return s.c.acquireOne(ctx, adm)
 }
