@@ -38,11 +38,16 @@ const (
 	streamOffAfterRefusal = 30 * time.Second
 	// streamQueue is the capacity of a stream's send queue.
 	streamQueue = 4096
+	// streamIdle: a stream with nothing undecided and nothing sent for this long is closed
+	// (half-close; the leader ends it), so an idle client holds nothing on the leader. The
+	// next waiting admission opens a new one.
+	streamIdle = 30 * time.Second
 )
 
 // streamer owns the Client's current AcquireStream. Safe for concurrent use.
 type streamer struct {
-	c *Client
+	c    *Client
+	idle time.Duration // streamIdle (tests shorten it)
 
 	mu       sync.Mutex
 	cur      *wstream
@@ -65,6 +70,7 @@ type wstream struct {
 	calls    map[uint64]*streamCall // undecided, by request ID
 	cancels  []uint64
 	broken   bool
+	retired  bool // closed for being idle (broken too)
 	answered bool
 }
 
@@ -76,32 +82,36 @@ type streamCall struct {
 // Acquire with the same request ID) or again (send it on the next stream: this one was
 // refused by a node that named the leader).
 type streamResult struct {
-	d               *quotadv1.Decision
-	at              time.Time
-	err             error
-	fallback, again bool
+	d                       *quotadv1.Decision
+	at                      time.Time
+	err                     error
+	fallback, again, reopen bool
 }
 
-func newStreamer(c *Client) *streamer { return &streamer{c: c} }
+func newStreamer(c *Client) *streamer { return &streamer{c: c, idle: streamIdle} }
 
 // submit decides a waiting admission over the stream, falling back to acquireOne. An
 // admission whose stream a follower refused, naming the leader, is sent once more on a stream
 // to that leader (same request ID) before it falls back.
 func (s *streamer) submit(ctx context.Context, adm *quotadv1.Admission) (*quotadv1.Decision, time.Time, error) {
-	for try := 0; ; try++ {
+	refused := false
+	for tries := 1; ; tries++ {
 		ws := s.stream()
 		if ws == nil {
-			if try > 0 {
+			if refused {
 				return s.fallback(ctx, adm)
 			}
 			return s.c.acquireOne(ctx, adm)
 		}
 		r, ok := s.await(ctx, ws, adm)
 		if !ok {
-			return nil, time.Time{}, s.c.unavailable("Acquire", try+1, nil, ctx.Err())
+			return nil, time.Time{}, s.c.unavailable("Acquire", tries, nil, ctx.Err())
 		}
 		switch {
-		case r.again && try == 0:
+		case r.reopen:
+			continue // the stream was closed for being idle as this admission came: a new one
+		case r.again && !refused:
+			refused = true
 			continue
 		case r.again, r.fallback:
 			return s.fallback(ctx, adm)
@@ -112,9 +122,9 @@ func (s *streamer) submit(ctx context.Context, adm *quotadv1.Admission) (*quotad
 
 // await sends adm on ws and waits for its answer; false when ctx ended first.
 func (s *streamer) await(ctx context.Context, ws *wstream, adm *quotadv1.Admission) (streamResult, bool) {
-	call := ws.add(ctx, adm)
+	call, retired := ws.add(ctx, adm)
 	if call == nil {
-		return streamResult{fallback: true}, true
+		return streamResult{fallback: !retired, reopen: retired}, true
 	}
 	limit := s.c.cfg.AttemptTimeout + time.Duration(adm.MaxWaitMs)*time.Millisecond
 	timer := time.NewTimer(limit)
@@ -218,13 +228,15 @@ func (s *streamer) broke(addr string, answered bool, err error, md metadata.MD) 
 	return false
 }
 
-// add registers adm and queues it for sending; nil when the stream is broken.
-func (ws *wstream) add(ctx context.Context, adm *quotadv1.Admission) *streamCall {
-	call := &streamCall{done: make(chan streamResult, 1)}
+// add registers adm and queues it for sending; nil when the stream is broken (retired: it
+// was closed for being idle).
+func (ws *wstream) add(ctx context.Context, adm *quotadv1.Admission) (call *streamCall, retired bool) {
+	call = &streamCall{done: make(chan streamResult, 1)}
 	ws.mu.Lock()
 	if ws.broken {
+		retired = ws.retired
 		ws.mu.Unlock()
-		return nil
+		return nil, retired
 	}
 	ws.calls[adm.RequestId] = call
 	ws.mu.Unlock()
@@ -234,7 +246,22 @@ func (ws *wstream) add(ctx context.Context, adm *quotadv1.Admission) *streamCall
 	case <-ctx.Done():
 		ws.forget(adm.RequestId) // never sent: the cancel is ignored by the leader
 	}
-	return call
+	return call, false
+}
+
+// retire closes an idle stream (nothing undecided, no cancel to send): it stops taking
+// admissions and half-closes, and the leader ends it. False if it is not idle.
+func (ws *wstream) retire(cs quotadv1.Quota_AcquireStreamClient) bool {
+	ws.mu.Lock()
+	if ws.broken || len(ws.calls) > 0 || len(ws.cancels) > 0 || len(ws.sendq) > 0 {
+		ws.mu.Unlock()
+		return false
+	}
+	ws.broken, ws.retired = true, true
+	ws.mu.Unlock()
+	close(ws.done)
+	_ = cs.CloseSend()
+	return true
 }
 
 // forget drops an undecided admission whose caller gave up and queues its cancel; false when
@@ -261,6 +288,7 @@ func (ws *wstream) fail(err error, md metadata.MD) {
 	ws.mu.Lock()
 	if ws.broken {
 		ws.mu.Unlock()
+		ws.cancel() // a retired stream's end (io.EOF)
 		return
 	}
 	ws.broken = true
@@ -285,6 +313,8 @@ func (ws *wstream) run(qc quotadv1.QuotaClient) {
 	go ws.recv(cs)
 	c := ws.s.c
 	first := true
+	idle := time.NewTimer(ws.s.idle)
+	defer idle.Stop()
 	for {
 		var adms []*quotadv1.Admission
 		select {
@@ -293,6 +323,12 @@ func (ws *wstream) run(qc quotadv1.QuotaClient) {
 		case <-ws.kick:
 		case <-ws.done:
 			return
+		case <-idle.C:
+			if ws.retire(cs) {
+				return
+			}
+			idle.Reset(ws.s.idle)
+			continue
 		}
 	drain: // whatever else is queued goes along
 		for len(adms) < maxAdmissionsPerBatch {
@@ -330,6 +366,7 @@ func (ws *wstream) run(qc quotadv1.QuotaClient) {
 			}
 			return
 		}
+		idle.Reset(ws.s.idle)
 	}
 }
 

@@ -208,3 +208,40 @@ func TestClusterStreamFallsBackToUnary(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterStreamIdleClosed: a stream with nothing undecided is closed after the idle time
+// (the leader holds nothing for an idle client), and the next waiting admission opens a new
+// one without falling back to unary.
+func TestClusterStreamIdleClosed(t *testing.T) {
+	tc, cfg := secureStreamCluster(t)
+	c := newTestClient(t, tc.Addrs(), func(c *Config) { *c = cfg })
+	c.stream.idle = 300 * time.Millisecond // before the first stream opens
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	streams := func() int {
+		n := 0
+		for i := range tc.Len() {
+			if a := tc.Agent(i); a != nil {
+				n += a.AcquireStreams()
+			}
+		}
+		return n
+	}
+	for round := range 2 {
+		if _, err := c.Wait(ctx, Request{Domain: "counted", Descriptors: Descriptors("pace", "idle")}); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		if n := streams(); n != 1 {
+			t.Fatalf("round %d: %d streams open on the cluster after a Wait, want 1", round, n)
+		}
+		clustertest.Eventually(t, 10*time.Second, func() error {
+			if n := streams(); n != 0 {
+				return fmt.Errorf("%d streams still open", n)
+			}
+			return nil
+		})
+	}
+	if st := c.Stats(); st.StreamFallbacks != 0 || st.RPCs != 0 || st.Streams < 2 {
+		t.Fatalf("client %+v: want each Wait on a stream (a new one after the idle close), none unary", st)
+	}
+}

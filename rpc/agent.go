@@ -341,6 +341,9 @@ func (a *Agent) registerGauges() {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "quotad_dedup_entries", Help: "Decisions remembered for request-ID retries.",
 		}, func() float64 { return float64(a.fsm.Stats().DedupEntries) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "quotad_acquire_streams", Help: "AcquireStreams open on this node (a follower refuses them).",
+		}, func() float64 { return float64(a.AcquireStreams()) }),
 	)
 }
 

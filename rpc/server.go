@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -83,6 +84,8 @@ type Server struct {
 	authn *authenticator
 	// noStream refuses AcquireStream (AgentConfig.DisableAcquireStream).
 	noStream bool
+	// openStreams counts the AcquireStreams being served (quotad_acquire_streams).
+	openStreams atomic.Int64
 
 	// insecure: the agent runs with --insecure, so callers without a credential are all
 	// insecureIdentity (the waiter caps then count them by client_id only).

@@ -43,8 +43,9 @@ const (
 	DefaultMaxStreamAdmissions = 2 * DefaultMaxWaitersPerClient
 	// ScopeStreamWaiters is the scope of a too_many_waiters denial by the per-stream cap.
 	ScopeStreamWaiters = "stream"
-	// streamAuthRecheck is how often an open stream re-checks its caller's token when the
-	// client sends nothing: a revoked token ends the stream within this.
+	// streamAuthRecheck is how often an open stream with undecided admissions re-checks its
+	// caller's token (and this node's leadership) when the client sends nothing: a revoked
+	// token ends the stream within this.
 	streamAuthRecheck = time.Second
 	// streamMaxAnswers caps the answers in one response message.
 	streamMaxAnswers = 1024
@@ -85,6 +86,8 @@ func (s *Server) AcquireStream(ss quotadv1.Quota_AcquireStreamServer) error {
 	if err := ss.SendHeader(nil); err != nil { // the header now: the client learns the leader
 		return err
 	}
+	s.openStreams.Add(1)
+	defer s.openStreams.Add(-1)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	st := &acquireStream{s: s, ss: ss, ctx: ctx, id: IdentityFrom(ctx), max: s.fair.slots.perStream(),
@@ -103,6 +106,9 @@ func (s *Server) AcquireStream(ss quotadv1.Quota_AcquireStreamServer) error {
 	<-sent
 	return err
 }
+
+// AcquireStreams returns the AcquireStreams open on this agent (quotad_acquire_streams).
+func (a *Agent) AcquireStreams() int { return int(a.server.openStreams.Load()) }
 
 // notLeaderForStream is a follower's refusal of an AcquireStream.
 func notLeaderForStream(leaderAddr string) error {
@@ -133,8 +139,11 @@ func (st *acquireStream) serve() error {
 			}
 		}
 	}()
+	// The token and leadership are re-checked on every message and, while admissions are
+	// undecided, every streamAuthRecheck: an idle stream costs no wake-ups.
 	tick := time.NewTicker(streamAuthRecheck)
 	defer tick.Stop()
+	tick.Stop()
 	var drained chan struct{} // closed when every admission is answered after the half-close
 	for {
 		select {
@@ -151,14 +160,24 @@ func (st *acquireStream) serve() error {
 			if r.err != nil {
 				return r.err
 			}
+			st.s.metrics.streamMessage("received")
 			if err := st.handle(r.m); err != nil {
 				return err
+			}
+			if len(r.m.Admissions) > 0 {
+				tick.Reset(streamAuthRecheck)
 			}
 		case <-drained:
 			return nil
 		case <-tick.C:
 			if err := st.check(); err != nil {
 				return err
+			}
+			st.mu.Lock()
+			idle := len(st.pending) == 0
+			st.mu.Unlock()
+			if idle {
+				tick.Stop()
 			}
 		case <-st.ctx.Done():
 			return st.ctx.Err()
@@ -314,6 +333,7 @@ func (st *acquireStream) send() {
 		if err := st.ss.Send(resp); err != nil {
 			failed = true
 		}
+		st.s.metrics.streamMessage("sent")
 	}
 }
 
