@@ -30,7 +30,8 @@ import (
 // with the same request ID, so the cluster's dedup table returns a decision already made. A
 // node that refuses the stream (UNIMPLEMENTED: an older build or a regional node;
 // FAILED_PRECONDITION without a leader the client can follow) turns streaming off for
-// streamOffAfterRefusal; a follower naming a leader sends the next stream there.
+// streamOffAfterRefusal; the admissions of a stream a follower refused naming the leader are
+// sent once more, on a stream to that leader. A stream idle for streamIdle is closed.
 
 const (
 	// streamOffAfterRefusal is how long waiting admissions go unary after a node refused the

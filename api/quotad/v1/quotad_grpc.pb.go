@@ -60,8 +60,8 @@ type QuotaClient interface {
 	// Only the leader serves it. A follower refuses with FAILED_PRECONDITION and the leader in
 	// "x-quotad-leader" (it does not forward streams); a regional node refuses with
 	// UNIMPLEMENTED. A client then decides by Acquire (which any node forwards). The caller's
-	// credential is checked again on every message and every second: a revoked token ends the
-	// stream (UNAUTHENTICATED). The stream ends when the client half-closes and every
+	// token is checked again on every message and, while admissions are undecided, every
+	// second: a revoked token ends the stream (UNAUTHENTICATED). The stream ends when the client half-closes and every
 	// admission is answered, or when either side cancels it; undecided admissions are then
 	// abandoned (their waits end) and may be retried with the same request IDs.
 	AcquireStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[AcquireStreamRequest, AcquireStreamResponse], error)
@@ -220,8 +220,8 @@ type QuotaServer interface {
 	// Only the leader serves it. A follower refuses with FAILED_PRECONDITION and the leader in
 	// "x-quotad-leader" (it does not forward streams); a regional node refuses with
 	// UNIMPLEMENTED. A client then decides by Acquire (which any node forwards). The caller's
-	// credential is checked again on every message and every second: a revoked token ends the
-	// stream (UNAUTHENTICATED). The stream ends when the client half-closes and every
+	// token is checked again on every message and, while admissions are undecided, every
+	// second: a revoked token ends the stream (UNAUTHENTICATED). The stream ends when the client half-closes and every
 	// admission is answered, or when either side cancels it; undecided admissions are then
 	// abandoned (their waits end) and may be retried with the same request IDs.
 	AcquireStream(grpc.BidiStreamingServer[AcquireStreamRequest, AcquireStreamResponse]) error
