@@ -44,15 +44,16 @@ var (
 // Methods is the method → access table. Keys are gRPC full method names.
 var Methods = map[string]Access{
 	// quotad.v1.Quota: spending quota and reading buckets.
-	"/quotad.v1.Quota/Acquire":      workers,
-	"/quotad.v1.Quota/Release":      workers, // own leases only (the FSM checks the owner)
-	"/quotad.v1.Quota/Renew":        workers, // own leases only
-	"/quotad.v1.Quota/Refund":       workers, // own requests only (request IDs are namespaced by owner)
-	"/quotad.v1.Quota/Feedback":     workers,
-	"/quotad.v1.Quota/Share":        workers, // shares belong to the caller's identity
-	"/quotad.v1.Quota/ReleaseShare": workers, // own holders only (the holder key includes the identity)
-	"/quotad.v1.Quota/Status":       workOrRead,
-	"/quotad.v1.Quota/ShareStatus":  readers, // every holder of a path, whoever owns it
+	"/quotad.v1.Quota/Acquire":       workers,
+	"/quotad.v1.Quota/AcquireStream": workers, // each admission checked as Acquire's; the token re-checked per message
+	"/quotad.v1.Quota/Release":       workers, // own leases only (the FSM checks the owner)
+	"/quotad.v1.Quota/Renew":         workers, // own leases only
+	"/quotad.v1.Quota/Refund":        workers, // own requests only (request IDs are namespaced by owner)
+	"/quotad.v1.Quota/Feedback":      workers,
+	"/quotad.v1.Quota/Share":         workers, // shares belong to the caller's identity
+	"/quotad.v1.Quota/ReleaseShare":  workers, // own holders only (the holder key includes the identity)
+	"/quotad.v1.Quota/Status":        workOrRead,
+	"/quotad.v1.Quota/ShareStatus":   readers, // every holder of a path, whoever owns it
 
 	// quotad.v1.Admin: reads for readers, every change for admins.
 	"/quotad.v1.Admin/GetLimits":          workOrRead, // a worker sees only its domains (a regional leader follows them)

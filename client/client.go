@@ -24,7 +24,8 @@ type Client struct {
 	id      string
 	seq     atomic.Uint64
 	nodes   *nodes
-	batcher *batcher // nil when batching is disabled
+	batcher *batcher  // nil when batching is disabled
+	stream  *streamer // waiting admissions over AcquireStream; nil when disabled
 
 	baseCtx   context.Context // canceled by Close: ends batch RPCs and lease renewals
 	cancel    context.CancelFunc
@@ -38,7 +39,8 @@ type Client struct {
 	shares     *shareHolder // Limiters' share holder, started by the first Limiter
 
 	metrics struct {
-		admissions, batches, held, rpcs, retries atomic.Uint64
+		admissions, batches, held, rpcs, retries                atomic.Uint64
+		streams, streamSends, streamAdmissions, streamFallbacks atomic.Uint64
 	}
 }
 
@@ -82,6 +84,9 @@ func New(cfg Config) (*Client, error) {
 	if !cfg.Batch.Disabled {
 		c.batcher = newBatcher(c, cfg.Batch)
 	}
+	if !cfg.Stream.Disabled {
+		c.stream = newStreamer(c)
+	}
 	return c, nil
 }
 
@@ -116,6 +121,9 @@ func (c *Client) Close() error {
 		cancel()
 
 		close(c.closing)
+		if c.stream != nil {
+			c.stream.close()
+		}
 		c.cancel()
 		if c.batcher != nil {
 			close(c.batcher.stop)
@@ -140,6 +148,16 @@ type Stats struct {
 	RPCs uint64
 	// Retries counts failed RPC attempts of any method that were retried.
 	Retries uint64
+	// Streams counts AcquireStreams opened (waiting admissions, Config.Stream).
+	Streams uint64
+	// StreamSends counts messages sent on them, and StreamAdmissions the admissions they
+	// carried (one sent again, on a stream to the leader after a follower refused one,
+	// counts twice): concurrent waiting callers share messages, so under load StreamSends is
+	// far below StreamAdmissions.
+	StreamSends, StreamAdmissions uint64
+	// StreamFallbacks counts waiting admissions decided by unary Acquire (same request ID)
+	// after their stream broke or answered with a status a unary call would retry.
+	StreamFallbacks uint64
 }
 
 // Stats returns the client's counters.
@@ -150,6 +168,11 @@ func (c *Client) Stats() Stats {
 		BatchesHeld: c.metrics.held.Load(),
 		RPCs:        c.metrics.rpcs.Load(),
 		Retries:     c.metrics.retries.Load(),
+
+		Streams:          c.metrics.streams.Load(),
+		StreamSends:      c.metrics.streamSends.Load(),
+		StreamAdmissions: c.metrics.streamAdmissions.Load(),
+		StreamFallbacks:  c.metrics.streamFallbacks.Load(),
 	}
 }
 
@@ -174,9 +197,13 @@ func (c *Client) Allow(ctx context.Context, req Request) (Decision, error) {
 		at  time.Time
 		err error
 	)
-	if c.batcher == nil || adm.MaxWaitMs > 0 {
+	switch {
+	case adm.MaxWaitMs > 0 && c.stream != nil:
+		// Not in a unary batch: it would answer when its slowest admission is decided.
+		pd, at, err = c.stream.submit(ctx, adm)
+	case c.batcher == nil || adm.MaxWaitMs > 0:
 		pd, at, err = c.acquireOne(ctx, adm)
-	} else {
+	default:
 		pd, at, err = c.batcher.submit(ctx, adm)
 	}
 	if err != nil {

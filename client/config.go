@@ -77,6 +77,10 @@ type Config struct {
 	// Batch configures the coalescing of concurrent admissions into one RPC.
 	Batch BatchConfig
 
+	// Stream configures how waiting admissions (Wait, Acquire, a Request with MaxWait) reach
+	// the leader: by default over one AcquireStream per Client, shared by its callers.
+	Stream StreamConfig
+
 	// LimiterClock, if set, replaces the system clocks the Limiters time their shares with
 	// (CLOCK_MONOTONIC_RAW and CLOCK_BOOTTIME): for tests and the chaos suite, which slew and
 	// stop clocks. Nil: the system clocks.
@@ -117,6 +121,21 @@ type BatchConfig struct {
 	// MaxSize sends a batch as soon as it holds this many admissions (default
 	// DefaultBatchMaxSize, at most 4096).
 	MaxSize int
+}
+
+// StreamConfig configures the stream that carries waiting admissions. The zero value
+// streams.
+//
+// Waiting admissions of concurrent callers share one AcquireStream to the leader: what is
+// queued goes in one message, and each admission is answered the moment the leader decides
+// it (a unary batch would answer all of them with its slowest). A stream that breaks, or a
+// node that does not serve it (an older build, a regional node, a leader this client cannot
+// dial), costs nothing but the unary path: each undecided admission is decided by its own
+// Acquire RPC with the same request ID, never twice.
+type StreamConfig struct {
+	// Disabled sends every waiting admission in its own Acquire RPC (the behaviour before
+	// streams).
+	Disabled bool
 }
 
 // BackoffConfig configures exponential backoff with full jitter: before retry n (n = 0, 1,

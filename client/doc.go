@@ -26,7 +26,9 @@
 //	errors.Is(err, ErrInvalid)      the request itself is wrong; retrying will not help
 //
 // Concurrent calls from many goroutines are coalesced into one Acquire RPC per short window
-// (see BatchConfig); each caller still gets its own decision.
+// (see BatchConfig); each caller still gets its own decision. Waiting admissions (Wait,
+// Acquire, MaxWait) share one AcquireStream to the leader instead, each answered as soon as
+// it is decided (see StreamConfig).
 //
 // The package imports only quotad's API package: it never depends on the server's internals.
 // Package quotahttp builds net/http middleware and an outbound http.RoundTripper on top of it.

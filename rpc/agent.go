@@ -78,8 +78,9 @@ type AgentConfig struct {
 	// is refused with ResourceExhausted before it is decoded. 0 means DefaultMaxRequestBytes.
 	MaxRequestBytes int
 	// Waiters caps the admissions waiting on the leader per client, per identity and per
-	// domain (--max-waiters-per-client, --max-waiters-per-identity, --max-waiters-per-domain);
-	// zero fields mean the defaults.
+	// domain (--max-waiters-per-client, --max-waiters-per-identity, --max-waiters-per-domain)
+	// and the undecided admissions of one AcquireStream (--max-stream-admissions); zero
+	// fields mean the defaults.
 	Waiters WaiterCaps
 	// UnaryInterceptors are chained innermost on the gRPC server, after authentication (the
 	// chaos build adds one that loses replies of committed admissions).
@@ -87,6 +88,9 @@ type AgentConfig struct {
 	// RLS configures Envoy's rate limit service (--rls-unknown-domain, --rls-headers,
 	// --rls-near-limit-ratio).
 	RLS RLSOptions
+	// DisableAcquireStream refuses AcquireStream with UNIMPLEMENTED, as a build without it
+	// would (--disable-acquire-stream): clients decide waiting admissions by unary Acquire.
+	DisableAcquireStream bool
 	// Region, if set, makes the agent a member of a regional cluster under a global one
 	// (--region, --global-addrs; rpc/region.go, package region).
 	Region *RegionConfig
@@ -228,6 +232,8 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 	a.server.setLogger(log)
 	a.server.rls.batchBytes = maxRequest / 2
 	a.server.rls.authn = authn
+	a.server.authn = authn
+	a.server.noStream = cfg.DisableAcquireStream
 	a.registerGauges()
 
 	a.grpc = grpc.NewServer(grpcOpts...)
@@ -335,6 +341,9 @@ func (a *Agent) registerGauges() {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "quotad_dedup_entries", Help: "Decisions remembered for request-ID retries.",
 		}, func() float64 { return float64(a.fsm.Stats().DedupEntries) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "quotad_acquire_streams", Help: "AcquireStreams open on this node (a follower refuses them).",
+		}, func() float64 { return float64(a.AcquireStreams()) }),
 	)
 }
 

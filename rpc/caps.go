@@ -49,6 +49,11 @@ type WaiterCaps struct {
 	PerIdentity int
 	// PerDomain caps the waiting admissions in one domain (--max-waiters-per-domain).
 	PerDomain int
+	// PerStream caps the undecided admissions of one AcquireStream, waiting or still being
+	// decided (--max-stream-admissions, default DefaultMaxStreamAdmissions); one beyond is
+	// denied too_many_waiters (scope "stream"). The caps above apply to a stream's admissions
+	// as to unary ones.
+	PerStream int
 }
 
 // DefaultPerIdentity is the default per-identity waiter cap for a per-domain cap: a quarter
@@ -64,6 +69,9 @@ func (c WaiterCaps) withDefaults() WaiterCaps {
 	}
 	if c.PerIdentity <= 0 {
 		c.PerIdentity = DefaultPerIdentity(c.PerDomain)
+	}
+	if c.PerStream <= 0 {
+		c.PerStream = DefaultMaxStreamAdmissions
 	}
 	return c
 }

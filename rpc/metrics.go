@@ -21,8 +21,9 @@ type Metrics struct {
 	commitErrors  prometheus.Counter
 	leaderChanges prometheus.Counter
 	feedback      *prometheus.CounterVec
-	rls           *rlsMetrics   // Envoy RLS (envoy_metrics.go)
-	shares        *shareMetrics // registerShares
+	streamMsgs    *prometheus.CounterVec // AcquireStream messages, by direction (stream.go)
+	rls           *rlsMetrics            // Envoy RLS (envoy_metrics.go)
+	shares        *shareMetrics          // registerShares
 }
 
 // NewMetrics registers quotad's metrics on a fresh registry (never the global one, so several
@@ -61,10 +62,22 @@ func NewMetrics() *Metrics {
 			"(paused, decreased, attributed: counted against the named scope; evidence: a 429 without a reason for a whole domain, which changes nothing).",
 	}, []string{"domain", "status", "outcome"})
 	m.Registry.MustRegister(m.feedback)
+	m.streamMsgs = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quotad_acquire_stream_messages_total",
+		Help: "AcquireStream messages on this node: received (admissions and cancels from clients) and sent (answers, several per message when ready at once).",
+	}, []string{"direction"})
+	m.Registry.MustRegister(m.streamMsgs)
 	m.rls = newRLSMetrics(m.Registry)
 	m.Registry.MustRegister(m.decisions, m.decisionTime, m.commitTime, m.entryOps, m.commitErrors,
 		m.leaderChanges, buildInfoGauge(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// streamMessage counts one AcquireStream message in direction ("received" or "sent").
+func (m *Metrics) streamMessage(direction string) {
+	if m != nil {
+		m.streamMsgs.WithLabelValues(direction).Inc()
+	}
 }
 
 func (m *Metrics) observeDecision(reason string, took time.Duration) {

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -80,6 +81,14 @@ type Server struct {
 	limitsMu sync.Mutex // serializes ApplyLimits' read-merge-propose on the leader (limits.go)
 
 	region *regionGate // a regional cluster's scope: global levels (region.go); nil: not regional
+
+	// authn re-checks the token of an open AcquireStream (stream.go); nil: no tokens (tests
+	// that build a Server without an agent).
+	authn *authenticator
+	// noStream refuses AcquireStream (AgentConfig.DisableAcquireStream).
+	noStream bool
+	// openStreams counts the AcquireStreams being served (quotad_acquire_streams).
+	openStreams atomic.Int64
 
 	// insecure: the agent runs with --insecure, so callers without a credential are all
 	// insecureIdentity (the waiter caps then count them by client_id only).
@@ -165,14 +174,8 @@ func (s *Server) Acquire(ctx context.Context, req *quotadv1.AcquireRequest) (*qu
 	}
 	id := IdentityFrom(ctx)
 	for i, adm := range req.Admissions {
-		if adm.GetDomain() == "" {
-			continue // answered as invalid below
-		}
-		if msg := scopeProblem(id, adm.GetDomain(), adm.GetDescriptors(), true); msg != "" {
-			return nil, permissionDenied("admissions[%d]: %s", i, msg)
-		}
-		if msg := s.tenantPathProblem(id, adm.GetDomain(), adm.GetDescriptors()); msg != "" {
-			return nil, permissionDenied("admissions[%d]: %s", i, msg)
+		if err := s.admissionChecks(id, i, adm); err != nil {
+			return nil, err
 		}
 	}
 	if resp, ok := s.plantedFollowerDecides(req); ok {

@@ -154,6 +154,7 @@ over the environment, which wins over the file (docs/operations.md, "Configurati
 	f.StringVar(&acfg.BootstrapTokenFile, "bootstrap-token-file", "", "file holding the bootstrap admin token (quotad keygen --token) (or $QUOTAD_BOOTSTRAP_TOKEN)")
 	f.BoolVar(&acfg.Insecure, "insecure", false, "run without TLS and gossip encryption, calls without credentials act as admin: a throwaway cluster on a trusted network only")
 	f.BoolVar(&acfg.EnableDebug, "enable-debug", false, "serve /debug/pprof, /debug/state and /debug/fair on the HTTP port (admin credential required)")
+	f.BoolVar(&acfg.DisableAcquireStream, "disable-acquire-stream", false, "refuse AcquireStream (UNIMPLEMENTED): clients then send each waiting admission in its own Acquire call")
 	f.IntVar(&gcPercent, "gc-percent", defaultGCPercent, "Go GC target: heap growth in percent over the live heap between collections (GOGC; -1 keeps $GOGC or Go's 100)")
 	f.StringVar(&memLimit, "memory-limit", "", "soft memory limit for the Go runtime, e.g. 2GiB (GOMEMLIMIT; empty keeps $GOMEMLIMIT or none)")
 	f.StringVar(&gcHeadroom, "gc-headroom", "64MiB", "once the live heap is large, let it grow at most this much between collections (0: GOGC alone decides)")

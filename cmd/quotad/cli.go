@@ -60,7 +60,8 @@ func newClient(ctx context.Context, addrs string) (*client.Client, error) {
 		return nil, err
 	}
 	cfg := connConfig(addrs)
-	cfg.Batch.Disabled = true // one decision per invocation: nothing to batch
+	cfg.Batch.Disabled = true  // one decision per invocation: nothing to batch
+	cfg.Stream.Disabled = true // nor to stream
 	return client.New(cfg)
 }
 

@@ -475,6 +475,197 @@ func (x *AcquireRequest) GetAdmissions() []*Admission {
 	return nil
 }
 
+// AcquireStreamRequest is one message of a client on an AcquireStream: new admissions, cancels,
+// or both.
+type AcquireStreamRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// client_id is the idempotency namespace of every admission on the stream, as in
+	// AcquireRequest. Required in the first message; later ones may leave it empty or repeat it
+	// (a different one ends the stream with INVALID_ARGUMENT).
+	ClientId string `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	// admissions to decide, validated as Acquire's (at most 10000 per message). Each is answered
+	// on its own by request_id. A request_id still undecided on this stream may not be sent
+	// again on it (INVALID_ARGUMENT ends the stream). At most --max-stream-admissions may be
+	// undecided on one stream; one beyond is answered too_many_waiters (scope "stream").
+	Admissions []*Admission `protobuf:"bytes,2,rep,name=admissions,proto3" json:"admissions,omitempty"`
+	// cancels are request IDs of this stream's undecided admissions the caller gave up on: their
+	// waits end as a canceled Acquire's do, and they get no answer. One already decided (its
+	// answer may be on the way) or unknown is ignored.
+	Cancels       []uint64 `protobuf:"varint,3,rep,packed,name=cancels,proto3" json:"cancels,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AcquireStreamRequest) Reset() {
+	*x = AcquireStreamRequest{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AcquireStreamRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AcquireStreamRequest) ProtoMessage() {}
+
+func (x *AcquireStreamRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AcquireStreamRequest.ProtoReflect.Descriptor instead.
+func (*AcquireStreamRequest) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *AcquireStreamRequest) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
+}
+
+func (x *AcquireStreamRequest) GetAdmissions() []*Admission {
+	if x != nil {
+		return x.Admissions
+	}
+	return nil
+}
+
+func (x *AcquireStreamRequest) GetCancels() []uint64 {
+	if x != nil {
+		return x.Cancels
+	}
+	return nil
+}
+
+// StreamDecision answers one admission of an AcquireStream.
+type StreamDecision struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RequestId uint64                 `protobuf:"varint,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// decision is set when the admission was decided (as Acquire would answer it).
+	Decision *Decision `protobuf:"bytes,2,opt,name=decision,proto3" json:"decision,omitempty"`
+	// code and message, when code is non-zero, are the gRPC status Acquire would have failed
+	// with for this admission alone (e.g. UNAVAILABLE: leadership changed while it waited, the
+	// outcome is unknown; PERMISSION_DENIED: the caller may not spend on its path). Retry
+	// UNAVAILABLE and DEADLINE_EXCEEDED with the same request ID.
+	Code          uint32 `protobuf:"varint,3,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamDecision) Reset() {
+	*x = StreamDecision{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamDecision) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamDecision) ProtoMessage() {}
+
+func (x *StreamDecision) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamDecision.ProtoReflect.Descriptor instead.
+func (*StreamDecision) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *StreamDecision) GetRequestId() uint64 {
+	if x != nil {
+		return x.RequestId
+	}
+	return 0
+}
+
+func (x *StreamDecision) GetDecision() *Decision {
+	if x != nil {
+		return x.Decision
+	}
+	return nil
+}
+
+func (x *StreamDecision) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *StreamDecision) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+// AcquireStreamResponse carries the answers that were ready at once (one or more).
+type AcquireStreamResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Decisions     []*StreamDecision      `protobuf:"bytes,1,rep,name=decisions,proto3" json:"decisions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AcquireStreamResponse) Reset() {
+	*x = AcquireStreamResponse{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AcquireStreamResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AcquireStreamResponse) ProtoMessage() {}
+
+func (x *AcquireStreamResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AcquireStreamResponse.ProtoReflect.Descriptor instead.
+func (*AcquireStreamResponse) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *AcquireStreamResponse) GetDecisions() []*StreamDecision {
+	if x != nil {
+		return x.Decisions
+	}
+	return nil
+}
+
 type Decision struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Admitted bool                   `protobuf:"varint,1,opt,name=admitted,proto3" json:"admitted,omitempty"`
@@ -508,7 +699,7 @@ type Decision struct {
 
 func (x *Decision) Reset() {
 	*x = Decision{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[7]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -520,7 +711,7 @@ func (x *Decision) String() string {
 func (*Decision) ProtoMessage() {}
 
 func (x *Decision) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[7]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -533,7 +724,7 @@ func (x *Decision) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Decision.ProtoReflect.Descriptor instead.
 func (*Decision) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{7}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Decision) GetAdmitted() bool {
@@ -622,7 +813,7 @@ type AcquireResponse struct {
 
 func (x *AcquireResponse) Reset() {
 	*x = AcquireResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[8]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -634,7 +825,7 @@ func (x *AcquireResponse) String() string {
 func (*AcquireResponse) ProtoMessage() {}
 
 func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[8]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -647,7 +838,7 @@ func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireResponse.ProtoReflect.Descriptor instead.
 func (*AcquireResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{8}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *AcquireResponse) GetDecisions() []*Decision {
@@ -666,7 +857,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[9]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -678,7 +869,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[9]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -691,7 +882,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{9}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ReleaseRequest) GetLeaseId() uint64 {
@@ -710,7 +901,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[10]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -722,7 +913,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[10]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -735,7 +926,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{10}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReleaseResponse) GetReleased() bool {
@@ -757,7 +948,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[11]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -769,7 +960,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[11]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -782,7 +973,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{11}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RenewRequest) GetLeaseId() uint64 {
@@ -808,7 +999,7 @@ type RenewResponse struct {
 
 func (x *RenewResponse) Reset() {
 	*x = RenewResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[12]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -820,7 +1011,7 @@ func (x *RenewResponse) String() string {
 func (*RenewResponse) ProtoMessage() {}
 
 func (x *RenewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[12]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -833,7 +1024,7 @@ func (x *RenewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewResponse.ProtoReflect.Descriptor instead.
 func (*RenewResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{12}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RenewResponse) GetLeaseTtlMs() int64 {
@@ -853,7 +1044,7 @@ type RefundRequest struct {
 
 func (x *RefundRequest) Reset() {
 	*x = RefundRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[13]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -865,7 +1056,7 @@ func (x *RefundRequest) String() string {
 func (*RefundRequest) ProtoMessage() {}
 
 func (x *RefundRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[13]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -878,7 +1069,7 @@ func (x *RefundRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RefundRequest.ProtoReflect.Descriptor instead.
 func (*RefundRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{13}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RefundRequest) GetClientId() string {
@@ -906,7 +1097,7 @@ type RefundResponse struct {
 
 func (x *RefundResponse) Reset() {
 	*x = RefundResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[14]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -918,7 +1109,7 @@ func (x *RefundResponse) String() string {
 func (*RefundResponse) ProtoMessage() {}
 
 func (x *RefundResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[14]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -931,7 +1122,7 @@ func (x *RefundResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RefundResponse.ProtoReflect.Descriptor instead.
 func (*RefundResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{14}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RefundResponse) GetRefunded() uint64 {
@@ -951,7 +1142,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[15]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -963,7 +1154,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[15]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -976,7 +1167,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{15}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *StatusRequest) GetDomain() string {
@@ -1013,7 +1204,7 @@ type BucketStatus struct {
 
 func (x *BucketStatus) Reset() {
 	*x = BucketStatus{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[16]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1025,7 +1216,7 @@ func (x *BucketStatus) String() string {
 func (*BucketStatus) ProtoMessage() {}
 
 func (x *BucketStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[16]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1038,7 +1229,7 @@ func (x *BucketStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BucketStatus.ProtoReflect.Descriptor instead.
 func (*BucketStatus) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{16}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *BucketStatus) GetScope() string {
@@ -1122,7 +1313,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[17]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1134,7 +1325,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[17]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1147,7 +1338,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{17}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *StatusResponse) GetBuckets() []*BucketStatus {
@@ -1187,7 +1378,7 @@ type FeedbackRequest struct {
 
 func (x *FeedbackRequest) Reset() {
 	*x = FeedbackRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[18]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1199,7 +1390,7 @@ func (x *FeedbackRequest) String() string {
 func (*FeedbackRequest) ProtoMessage() {}
 
 func (x *FeedbackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[18]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1212,7 +1403,7 @@ func (x *FeedbackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FeedbackRequest.ProtoReflect.Descriptor instead.
 func (*FeedbackRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{18}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *FeedbackRequest) GetDomain() string {
@@ -1269,7 +1460,7 @@ type FeedbackResponse struct {
 
 func (x *FeedbackResponse) Reset() {
 	*x = FeedbackResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[19]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1281,7 +1472,7 @@ func (x *FeedbackResponse) String() string {
 func (*FeedbackResponse) ProtoMessage() {}
 
 func (x *FeedbackResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[19]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1294,7 +1485,7 @@ func (x *FeedbackResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FeedbackResponse.ProtoReflect.Descriptor instead.
 func (*FeedbackResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{19}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *FeedbackResponse) GetPausedForMs() int64 {
@@ -1355,7 +1546,7 @@ type ApplyLimitsRequest struct {
 
 func (x *ApplyLimitsRequest) Reset() {
 	*x = ApplyLimitsRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[20]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1367,7 +1558,7 @@ func (x *ApplyLimitsRequest) String() string {
 func (*ApplyLimitsRequest) ProtoMessage() {}
 
 func (x *ApplyLimitsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[20]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1380,7 +1571,7 @@ func (x *ApplyLimitsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyLimitsRequest.ProtoReflect.Descriptor instead.
 func (*ApplyLimitsRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{20}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ApplyLimitsRequest) GetYaml() string {
@@ -1435,7 +1626,7 @@ type ApplyLimitsResponse struct {
 
 func (x *ApplyLimitsResponse) Reset() {
 	*x = ApplyLimitsResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[21]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1447,7 +1638,7 @@ func (x *ApplyLimitsResponse) String() string {
 func (*ApplyLimitsResponse) ProtoMessage() {}
 
 func (x *ApplyLimitsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[21]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1460,7 +1651,7 @@ func (x *ApplyLimitsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyLimitsResponse.ProtoReflect.Descriptor instead.
 func (*ApplyLimitsResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{21}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ApplyLimitsResponse) GetVersion() uint64 {
@@ -1499,7 +1690,7 @@ type GetLimitsRequest struct {
 
 func (x *GetLimitsRequest) Reset() {
 	*x = GetLimitsRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[22]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1511,7 +1702,7 @@ func (x *GetLimitsRequest) String() string {
 func (*GetLimitsRequest) ProtoMessage() {}
 
 func (x *GetLimitsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[22]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1524,7 +1715,7 @@ func (x *GetLimitsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLimitsRequest.ProtoReflect.Descriptor instead.
 func (*GetLimitsRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{22}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{25}
 }
 
 type GetLimitsResponse struct {
@@ -1537,7 +1728,7 @@ type GetLimitsResponse struct {
 
 func (x *GetLimitsResponse) Reset() {
 	*x = GetLimitsResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[23]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1549,7 +1740,7 @@ func (x *GetLimitsResponse) String() string {
 func (*GetLimitsResponse) ProtoMessage() {}
 
 func (x *GetLimitsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[23]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1562,7 +1753,7 @@ func (x *GetLimitsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLimitsResponse.ProtoReflect.Descriptor instead.
 func (*GetLimitsResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{23}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GetLimitsResponse) GetVersion() uint64 {
@@ -1587,7 +1778,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[24]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1599,7 +1790,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[24]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1612,7 +1803,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{24}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{27}
 }
 
 type Member struct {
@@ -1637,7 +1828,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[25]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1649,7 +1840,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[25]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1662,7 +1853,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{25}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Member) GetId() string {
@@ -1751,7 +1942,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[26]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1763,7 +1954,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[26]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1776,7 +1967,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{26}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *MembersResponse) GetLeader() *Member {
@@ -1842,7 +2033,7 @@ type RegionShare struct {
 
 func (x *RegionShare) Reset() {
 	*x = RegionShare{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[27]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1854,7 +2045,7 @@ func (x *RegionShare) String() string {
 func (*RegionShare) ProtoMessage() {}
 
 func (x *RegionShare) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[27]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1867,7 +2058,7 @@ func (x *RegionShare) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionShare.ProtoReflect.Descriptor instead.
 func (*RegionShare) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{27}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RegionShare) GetDomain() string {
@@ -1964,7 +2155,7 @@ type TransferLeadershipRequest struct {
 
 func (x *TransferLeadershipRequest) Reset() {
 	*x = TransferLeadershipRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[28]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1976,7 +2167,7 @@ func (x *TransferLeadershipRequest) String() string {
 func (*TransferLeadershipRequest) ProtoMessage() {}
 
 func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[28]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1989,7 +2180,7 @@ func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{28}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *TransferLeadershipRequest) GetTo() string {
@@ -2008,7 +2199,7 @@ type TransferLeadershipResponse struct {
 
 func (x *TransferLeadershipResponse) Reset() {
 	*x = TransferLeadershipResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[29]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2020,7 +2211,7 @@ func (x *TransferLeadershipResponse) String() string {
 func (*TransferLeadershipResponse) ProtoMessage() {}
 
 func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[29]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2033,7 +2224,7 @@ func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{29}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *TransferLeadershipResponse) GetLeaderId() string {
@@ -2057,7 +2248,7 @@ type RemoveServerRequest struct {
 
 func (x *RemoveServerRequest) Reset() {
 	*x = RemoveServerRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[30]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2069,7 +2260,7 @@ func (x *RemoveServerRequest) String() string {
 func (*RemoveServerRequest) ProtoMessage() {}
 
 func (x *RemoveServerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[30]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2082,7 +2273,7 @@ func (x *RemoveServerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveServerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveServerRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{30}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RemoveServerRequest) GetId() string {
@@ -2109,7 +2300,7 @@ type RemoveServerResponse struct {
 
 func (x *RemoveServerResponse) Reset() {
 	*x = RemoveServerResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[31]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2121,7 +2312,7 @@ func (x *RemoveServerResponse) String() string {
 func (*RemoveServerResponse) ProtoMessage() {}
 
 func (x *RemoveServerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[31]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2134,7 +2325,7 @@ func (x *RemoveServerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveServerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveServerResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{31}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RemoveServerResponse) GetMembers() []string {
@@ -2159,7 +2350,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[32]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2171,7 +2362,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[32]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2184,7 +2375,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{32}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *CreateTokenRequest) GetRole() string {
@@ -2230,7 +2421,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[33]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2242,7 +2433,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[33]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2255,7 +2446,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{33}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *CreateTokenResponse) GetToken() string {
@@ -2287,7 +2478,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[34]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2299,7 +2490,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[34]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2312,7 +2503,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{34}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{37}
 }
 
 type TokenInfo struct {
@@ -2330,7 +2521,7 @@ type TokenInfo struct {
 
 func (x *TokenInfo) Reset() {
 	*x = TokenInfo{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[35]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2342,7 +2533,7 @@ func (x *TokenInfo) String() string {
 func (*TokenInfo) ProtoMessage() {}
 
 func (x *TokenInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[35]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2355,7 +2546,7 @@ func (x *TokenInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
 func (*TokenInfo) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{35}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *TokenInfo) GetAccessor() string {
@@ -2409,7 +2600,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[36]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2421,7 +2612,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[36]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2434,7 +2625,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{36}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListTokensResponse) GetTokens() []*TokenInfo {
@@ -2453,7 +2644,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[37]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2465,7 +2656,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[37]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2478,7 +2669,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{37}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *RevokeTokenRequest) GetAccessor() string {
@@ -2496,7 +2687,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[38]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2508,7 +2699,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[38]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2521,7 +2712,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{38}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{41}
 }
 
 type LiftPauseRequest struct {
@@ -2535,7 +2726,7 @@ type LiftPauseRequest struct {
 
 func (x *LiftPauseRequest) Reset() {
 	*x = LiftPauseRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[39]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2547,7 +2738,7 @@ func (x *LiftPauseRequest) String() string {
 func (*LiftPauseRequest) ProtoMessage() {}
 
 func (x *LiftPauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[39]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2560,7 +2751,7 @@ func (x *LiftPauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LiftPauseRequest.ProtoReflect.Descriptor instead.
 func (*LiftPauseRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{39}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *LiftPauseRequest) GetDomain() string {
@@ -2588,7 +2779,7 @@ type LiftPauseResponse struct {
 
 func (x *LiftPauseResponse) Reset() {
 	*x = LiftPauseResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[40]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2600,7 +2791,7 @@ func (x *LiftPauseResponse) String() string {
 func (*LiftPauseResponse) ProtoMessage() {}
 
 func (x *LiftPauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[40]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2613,7 +2804,7 @@ func (x *LiftPauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LiftPauseResponse.ProtoReflect.Descriptor instead.
 func (*LiftPauseResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{40}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *LiftPauseResponse) GetLifted() bool {
@@ -2649,7 +2840,7 @@ type ShareRequest struct {
 
 func (x *ShareRequest) Reset() {
 	*x = ShareRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[41]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2661,7 +2852,7 @@ func (x *ShareRequest) String() string {
 func (*ShareRequest) ProtoMessage() {}
 
 func (x *ShareRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[41]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2674,7 +2865,7 @@ func (x *ShareRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShareRequest.ProtoReflect.Descriptor instead.
 func (*ShareRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{41}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ShareRequest) GetHolderId() string {
@@ -2727,7 +2918,7 @@ type SharePath struct {
 
 func (x *SharePath) Reset() {
 	*x = SharePath{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[42]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2739,7 +2930,7 @@ func (x *SharePath) String() string {
 func (*SharePath) ProtoMessage() {}
 
 func (x *SharePath) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[42]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2752,7 +2943,7 @@ func (x *SharePath) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SharePath.ProtoReflect.Descriptor instead.
 func (*SharePath) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{42}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *SharePath) GetDomain() string {
@@ -2804,7 +2995,7 @@ type ShareResponse struct {
 
 func (x *ShareResponse) Reset() {
 	*x = ShareResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[43]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2816,7 +3007,7 @@ func (x *ShareResponse) String() string {
 func (*ShareResponse) ProtoMessage() {}
 
 func (x *ShareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[43]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2829,7 +3020,7 @@ func (x *ShareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShareResponse.ProtoReflect.Descriptor instead.
 func (*ShareResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{43}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ShareResponse) GetSeq() uint64 {
@@ -2894,7 +3085,7 @@ type PathShare struct {
 
 func (x *PathShare) Reset() {
 	*x = PathShare{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[44]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2906,7 +3097,7 @@ func (x *PathShare) String() string {
 func (*PathShare) ProtoMessage() {}
 
 func (x *PathShare) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[44]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2919,7 +3110,7 @@ func (x *PathShare) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PathShare.ProtoReflect.Descriptor instead.
 func (*PathShare) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{44}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *PathShare) GetStatus() string {
@@ -2974,7 +3165,7 @@ type LevelShare struct {
 
 func (x *LevelShare) Reset() {
 	*x = LevelShare{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[45]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2986,7 +3177,7 @@ func (x *LevelShare) String() string {
 func (*LevelShare) ProtoMessage() {}
 
 func (x *LevelShare) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[45]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2999,7 +3190,7 @@ func (x *LevelShare) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LevelShare.ProtoReflect.Descriptor instead.
 func (*LevelShare) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{45}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *LevelShare) GetKey() string {
@@ -3058,7 +3249,7 @@ type ReleaseShareRequest struct {
 
 func (x *ReleaseShareRequest) Reset() {
 	*x = ReleaseShareRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[46]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3070,7 +3261,7 @@ func (x *ReleaseShareRequest) String() string {
 func (*ReleaseShareRequest) ProtoMessage() {}
 
 func (x *ReleaseShareRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[46]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3083,7 +3274,7 @@ func (x *ReleaseShareRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseShareRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseShareRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{46}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ReleaseShareRequest) GetHolderId() string {
@@ -3124,7 +3315,7 @@ type LevelTokens struct {
 
 func (x *LevelTokens) Reset() {
 	*x = LevelTokens{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[47]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3136,7 +3327,7 @@ func (x *LevelTokens) String() string {
 func (*LevelTokens) ProtoMessage() {}
 
 func (x *LevelTokens) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[47]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3149,7 +3340,7 @@ func (x *LevelTokens) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LevelTokens.ProtoReflect.Descriptor instead.
 func (*LevelTokens) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{47}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *LevelTokens) GetKey() string {
@@ -3176,7 +3367,7 @@ type ReleaseShareResponse struct {
 
 func (x *ReleaseShareResponse) Reset() {
 	*x = ReleaseShareResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[48]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3188,7 +3379,7 @@ func (x *ReleaseShareResponse) String() string {
 func (*ReleaseShareResponse) ProtoMessage() {}
 
 func (x *ReleaseShareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[48]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3201,7 +3392,7 @@ func (x *ReleaseShareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseShareResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseShareResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{48}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ReleaseShareResponse) GetReturned() uint64 {
@@ -3222,7 +3413,7 @@ type ShareStatusRequest struct {
 
 func (x *ShareStatusRequest) Reset() {
 	*x = ShareStatusRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[49]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3234,7 +3425,7 @@ func (x *ShareStatusRequest) String() string {
 func (*ShareStatusRequest) ProtoMessage() {}
 
 func (x *ShareStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[49]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3247,7 +3438,7 @@ func (x *ShareStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShareStatusRequest.ProtoReflect.Descriptor instead.
 func (*ShareStatusRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{49}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ShareStatusRequest) GetDomain() string {
@@ -3284,7 +3475,7 @@ type LendStatus struct {
 
 func (x *LendStatus) Reset() {
 	*x = LendStatus{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[50]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3296,7 +3487,7 @@ func (x *LendStatus) String() string {
 func (*LendStatus) ProtoMessage() {}
 
 func (x *LendStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[50]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3309,7 +3500,7 @@ func (x *LendStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LendStatus.ProtoReflect.Descriptor instead.
 func (*LendStatus) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{50}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *LendStatus) GetKey() string {
@@ -3400,7 +3591,7 @@ type HolderShare struct {
 
 func (x *HolderShare) Reset() {
 	*x = HolderShare{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[51]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3412,7 +3603,7 @@ func (x *HolderShare) String() string {
 func (*HolderShare) ProtoMessage() {}
 
 func (x *HolderShare) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[51]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3425,7 +3616,7 @@ func (x *HolderShare) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HolderShare.ProtoReflect.Descriptor instead.
 func (*HolderShare) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{51}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *HolderShare) GetKey() string {
@@ -3524,7 +3715,7 @@ type ShareStatusResponse struct {
 
 func (x *ShareStatusResponse) Reset() {
 	*x = ShareStatusResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[52]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3536,7 +3727,7 @@ func (x *ShareStatusResponse) String() string {
 func (*ShareStatusResponse) ProtoMessage() {}
 
 func (x *ShareStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[52]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3549,7 +3740,7 @@ func (x *ShareStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShareStatusResponse.ProtoReflect.Descriptor instead.
 func (*ShareStatusResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{52}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ShareStatusResponse) GetBuckets() []*LendStatus {
@@ -3618,7 +3809,21 @@ const file_quotad_v1_quotad_proto_rawDesc = "" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x124\n" +
 	"\n" +
 	"admissions\x18\x02 \x03(\v2\x14.quotad.v1.AdmissionR\n" +
-	"admissions\"\xc8\x02\n" +
+	"admissions\"\x83\x01\n" +
+	"\x14AcquireStreamRequest\x12\x1b\n" +
+	"\tclient_id\x18\x01 \x01(\tR\bclientId\x124\n" +
+	"\n" +
+	"admissions\x18\x02 \x03(\v2\x14.quotad.v1.AdmissionR\n" +
+	"admissions\x12\x18\n" +
+	"\acancels\x18\x03 \x03(\x04R\acancels\"\x8e\x01\n" +
+	"\x0eStreamDecision\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\x04R\trequestId\x12/\n" +
+	"\bdecision\x18\x02 \x01(\v2\x13.quotad.v1.DecisionR\bdecision\x12\x12\n" +
+	"\x04code\x18\x03 \x01(\rR\x04code\x12\x18\n" +
+	"\amessage\x18\x04 \x01(\tR\amessage\"P\n" +
+	"\x15AcquireStreamResponse\x127\n" +
+	"\tdecisions\x18\x01 \x03(\v2\x19.quotad.v1.StreamDecisionR\tdecisions\"\xc8\x02\n" +
 	"\bDecision\x12\x1a\n" +
 	"\badmitted\x18\x01 \x01(\bR\badmitted\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x14\n" +
@@ -3849,9 +4054,10 @@ const file_quotad_v1_quotad_proto_rawDesc = "" +
 	"\abuckets\x18\x01 \x03(\v2\x15.quotad.v1.LendStatusR\abuckets\x120\n" +
 	"\aholders\x18\x02 \x03(\v2\x16.quotad.v1.HolderShareR\aholders\x12#\n" +
 	"\rapplied_index\x18\x03 \x01(\x04R\fappliedIndex\x12\x1b\n" +
-	"\tleader_id\x18\x04 \x01(\tR\bleaderId2\xe5\x04\n" +
+	"\tleader_id\x18\x04 \x01(\tR\bleaderId2\xbd\x05\n" +
 	"\x05Quota\x12@\n" +
-	"\aAcquire\x12\x19.quotad.v1.AcquireRequest\x1a\x1a.quotad.v1.AcquireResponse\x12@\n" +
+	"\aAcquire\x12\x19.quotad.v1.AcquireRequest\x1a\x1a.quotad.v1.AcquireResponse\x12V\n" +
+	"\rAcquireStream\x12\x1f.quotad.v1.AcquireStreamRequest\x1a .quotad.v1.AcquireStreamResponse(\x010\x01\x12@\n" +
 	"\aRelease\x12\x19.quotad.v1.ReleaseRequest\x1a\x1a.quotad.v1.ReleaseResponse\x12:\n" +
 	"\x05Renew\x12\x17.quotad.v1.RenewRequest\x1a\x18.quotad.v1.RenewResponse\x12=\n" +
 	"\x06Refund\x12\x18.quotad.v1.RefundRequest\x1a\x19.quotad.v1.RefundResponse\x12=\n" +
@@ -3886,7 +4092,7 @@ func file_quotad_v1_quotad_proto_rawDescGZIP() []byte {
 	return file_quotad_v1_quotad_proto_rawDescData
 }
 
-var file_quotad_v1_quotad_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
+var file_quotad_v1_quotad_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
 var file_quotad_v1_quotad_proto_goTypes = []any{
 	(*ForwardedCall)(nil),              // 0: quotad.v1.ForwardedCall
 	(*ForwardRateLimitRequest)(nil),    // 1: quotad.v1.ForwardRateLimitRequest
@@ -3895,118 +4101,126 @@ var file_quotad_v1_quotad_proto_goTypes = []any{
 	(*Entry)(nil),                      // 4: quotad.v1.Entry
 	(*Admission)(nil),                  // 5: quotad.v1.Admission
 	(*AcquireRequest)(nil),             // 6: quotad.v1.AcquireRequest
-	(*Decision)(nil),                   // 7: quotad.v1.Decision
-	(*AcquireResponse)(nil),            // 8: quotad.v1.AcquireResponse
-	(*ReleaseRequest)(nil),             // 9: quotad.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),            // 10: quotad.v1.ReleaseResponse
-	(*RenewRequest)(nil),               // 11: quotad.v1.RenewRequest
-	(*RenewResponse)(nil),              // 12: quotad.v1.RenewResponse
-	(*RefundRequest)(nil),              // 13: quotad.v1.RefundRequest
-	(*RefundResponse)(nil),             // 14: quotad.v1.RefundResponse
-	(*StatusRequest)(nil),              // 15: quotad.v1.StatusRequest
-	(*BucketStatus)(nil),               // 16: quotad.v1.BucketStatus
-	(*StatusResponse)(nil),             // 17: quotad.v1.StatusResponse
-	(*FeedbackRequest)(nil),            // 18: quotad.v1.FeedbackRequest
-	(*FeedbackResponse)(nil),           // 19: quotad.v1.FeedbackResponse
-	(*ApplyLimitsRequest)(nil),         // 20: quotad.v1.ApplyLimitsRequest
-	(*ApplyLimitsResponse)(nil),        // 21: quotad.v1.ApplyLimitsResponse
-	(*GetLimitsRequest)(nil),           // 22: quotad.v1.GetLimitsRequest
-	(*GetLimitsResponse)(nil),          // 23: quotad.v1.GetLimitsResponse
-	(*MembersRequest)(nil),             // 24: quotad.v1.MembersRequest
-	(*Member)(nil),                     // 25: quotad.v1.Member
-	(*MembersResponse)(nil),            // 26: quotad.v1.MembersResponse
-	(*RegionShare)(nil),                // 27: quotad.v1.RegionShare
-	(*TransferLeadershipRequest)(nil),  // 28: quotad.v1.TransferLeadershipRequest
-	(*TransferLeadershipResponse)(nil), // 29: quotad.v1.TransferLeadershipResponse
-	(*RemoveServerRequest)(nil),        // 30: quotad.v1.RemoveServerRequest
-	(*RemoveServerResponse)(nil),       // 31: quotad.v1.RemoveServerResponse
-	(*CreateTokenRequest)(nil),         // 32: quotad.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil),        // 33: quotad.v1.CreateTokenResponse
-	(*ListTokensRequest)(nil),          // 34: quotad.v1.ListTokensRequest
-	(*TokenInfo)(nil),                  // 35: quotad.v1.TokenInfo
-	(*ListTokensResponse)(nil),         // 36: quotad.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),         // 37: quotad.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),        // 38: quotad.v1.RevokeTokenResponse
-	(*LiftPauseRequest)(nil),           // 39: quotad.v1.LiftPauseRequest
-	(*LiftPauseResponse)(nil),          // 40: quotad.v1.LiftPauseResponse
-	(*ShareRequest)(nil),               // 41: quotad.v1.ShareRequest
-	(*SharePath)(nil),                  // 42: quotad.v1.SharePath
-	(*ShareResponse)(nil),              // 43: quotad.v1.ShareResponse
-	(*PathShare)(nil),                  // 44: quotad.v1.PathShare
-	(*LevelShare)(nil),                 // 45: quotad.v1.LevelShare
-	(*ReleaseShareRequest)(nil),        // 46: quotad.v1.ReleaseShareRequest
-	(*LevelTokens)(nil),                // 47: quotad.v1.LevelTokens
-	(*ReleaseShareResponse)(nil),       // 48: quotad.v1.ReleaseShareResponse
-	(*ShareStatusRequest)(nil),         // 49: quotad.v1.ShareStatusRequest
-	(*LendStatus)(nil),                 // 50: quotad.v1.LendStatus
-	(*HolderShare)(nil),                // 51: quotad.v1.HolderShare
-	(*ShareStatusResponse)(nil),        // 52: quotad.v1.ShareStatusResponse
+	(*AcquireStreamRequest)(nil),       // 7: quotad.v1.AcquireStreamRequest
+	(*StreamDecision)(nil),             // 8: quotad.v1.StreamDecision
+	(*AcquireStreamResponse)(nil),      // 9: quotad.v1.AcquireStreamResponse
+	(*Decision)(nil),                   // 10: quotad.v1.Decision
+	(*AcquireResponse)(nil),            // 11: quotad.v1.AcquireResponse
+	(*ReleaseRequest)(nil),             // 12: quotad.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),            // 13: quotad.v1.ReleaseResponse
+	(*RenewRequest)(nil),               // 14: quotad.v1.RenewRequest
+	(*RenewResponse)(nil),              // 15: quotad.v1.RenewResponse
+	(*RefundRequest)(nil),              // 16: quotad.v1.RefundRequest
+	(*RefundResponse)(nil),             // 17: quotad.v1.RefundResponse
+	(*StatusRequest)(nil),              // 18: quotad.v1.StatusRequest
+	(*BucketStatus)(nil),               // 19: quotad.v1.BucketStatus
+	(*StatusResponse)(nil),             // 20: quotad.v1.StatusResponse
+	(*FeedbackRequest)(nil),            // 21: quotad.v1.FeedbackRequest
+	(*FeedbackResponse)(nil),           // 22: quotad.v1.FeedbackResponse
+	(*ApplyLimitsRequest)(nil),         // 23: quotad.v1.ApplyLimitsRequest
+	(*ApplyLimitsResponse)(nil),        // 24: quotad.v1.ApplyLimitsResponse
+	(*GetLimitsRequest)(nil),           // 25: quotad.v1.GetLimitsRequest
+	(*GetLimitsResponse)(nil),          // 26: quotad.v1.GetLimitsResponse
+	(*MembersRequest)(nil),             // 27: quotad.v1.MembersRequest
+	(*Member)(nil),                     // 28: quotad.v1.Member
+	(*MembersResponse)(nil),            // 29: quotad.v1.MembersResponse
+	(*RegionShare)(nil),                // 30: quotad.v1.RegionShare
+	(*TransferLeadershipRequest)(nil),  // 31: quotad.v1.TransferLeadershipRequest
+	(*TransferLeadershipResponse)(nil), // 32: quotad.v1.TransferLeadershipResponse
+	(*RemoveServerRequest)(nil),        // 33: quotad.v1.RemoveServerRequest
+	(*RemoveServerResponse)(nil),       // 34: quotad.v1.RemoveServerResponse
+	(*CreateTokenRequest)(nil),         // 35: quotad.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),        // 36: quotad.v1.CreateTokenResponse
+	(*ListTokensRequest)(nil),          // 37: quotad.v1.ListTokensRequest
+	(*TokenInfo)(nil),                  // 38: quotad.v1.TokenInfo
+	(*ListTokensResponse)(nil),         // 39: quotad.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),         // 40: quotad.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),        // 41: quotad.v1.RevokeTokenResponse
+	(*LiftPauseRequest)(nil),           // 42: quotad.v1.LiftPauseRequest
+	(*LiftPauseResponse)(nil),          // 43: quotad.v1.LiftPauseResponse
+	(*ShareRequest)(nil),               // 44: quotad.v1.ShareRequest
+	(*SharePath)(nil),                  // 45: quotad.v1.SharePath
+	(*ShareResponse)(nil),              // 46: quotad.v1.ShareResponse
+	(*PathShare)(nil),                  // 47: quotad.v1.PathShare
+	(*LevelShare)(nil),                 // 48: quotad.v1.LevelShare
+	(*ReleaseShareRequest)(nil),        // 49: quotad.v1.ReleaseShareRequest
+	(*LevelTokens)(nil),                // 50: quotad.v1.LevelTokens
+	(*ReleaseShareResponse)(nil),       // 51: quotad.v1.ReleaseShareResponse
+	(*ShareStatusRequest)(nil),         // 52: quotad.v1.ShareStatusRequest
+	(*LendStatus)(nil),                 // 53: quotad.v1.LendStatus
+	(*HolderShare)(nil),                // 54: quotad.v1.HolderShare
+	(*ShareStatusResponse)(nil),        // 55: quotad.v1.ShareStatusResponse
 }
 var file_quotad_v1_quotad_proto_depIdxs = []int32{
 	0,  // 0: quotad.v1.ForwardRateLimitRequest.calls:type_name -> quotad.v1.ForwardedCall
 	2,  // 1: quotad.v1.ForwardRateLimitResponse.results:type_name -> quotad.v1.ForwardedResult
 	4,  // 2: quotad.v1.Admission.descriptors:type_name -> quotad.v1.Entry
 	5,  // 3: quotad.v1.AcquireRequest.admissions:type_name -> quotad.v1.Admission
-	7,  // 4: quotad.v1.AcquireResponse.decisions:type_name -> quotad.v1.Decision
-	4,  // 5: quotad.v1.StatusRequest.descriptors:type_name -> quotad.v1.Entry
-	16, // 6: quotad.v1.StatusResponse.buckets:type_name -> quotad.v1.BucketStatus
-	4,  // 7: quotad.v1.FeedbackRequest.descriptors:type_name -> quotad.v1.Entry
-	25, // 8: quotad.v1.MembersResponse.leader:type_name -> quotad.v1.Member
-	25, // 9: quotad.v1.MembersResponse.members:type_name -> quotad.v1.Member
-	27, // 10: quotad.v1.MembersResponse.region_shares:type_name -> quotad.v1.RegionShare
-	35, // 11: quotad.v1.ListTokensResponse.tokens:type_name -> quotad.v1.TokenInfo
-	4,  // 12: quotad.v1.LiftPauseRequest.descriptors:type_name -> quotad.v1.Entry
-	42, // 13: quotad.v1.ShareRequest.paths:type_name -> quotad.v1.SharePath
-	4,  // 14: quotad.v1.SharePath.descriptors:type_name -> quotad.v1.Entry
-	44, // 15: quotad.v1.ShareResponse.paths:type_name -> quotad.v1.PathShare
-	45, // 16: quotad.v1.PathShare.levels:type_name -> quotad.v1.LevelShare
-	47, // 17: quotad.v1.ReleaseShareRequest.tokens:type_name -> quotad.v1.LevelTokens
-	4,  // 18: quotad.v1.ShareStatusRequest.descriptors:type_name -> quotad.v1.Entry
-	50, // 19: quotad.v1.ShareStatusResponse.buckets:type_name -> quotad.v1.LendStatus
-	51, // 20: quotad.v1.ShareStatusResponse.holders:type_name -> quotad.v1.HolderShare
-	6,  // 21: quotad.v1.Quota.Acquire:input_type -> quotad.v1.AcquireRequest
-	9,  // 22: quotad.v1.Quota.Release:input_type -> quotad.v1.ReleaseRequest
-	11, // 23: quotad.v1.Quota.Renew:input_type -> quotad.v1.RenewRequest
-	13, // 24: quotad.v1.Quota.Refund:input_type -> quotad.v1.RefundRequest
-	15, // 25: quotad.v1.Quota.Status:input_type -> quotad.v1.StatusRequest
-	18, // 26: quotad.v1.Quota.Feedback:input_type -> quotad.v1.FeedbackRequest
-	41, // 27: quotad.v1.Quota.Share:input_type -> quotad.v1.ShareRequest
-	46, // 28: quotad.v1.Quota.ReleaseShare:input_type -> quotad.v1.ReleaseShareRequest
-	49, // 29: quotad.v1.Quota.ShareStatus:input_type -> quotad.v1.ShareStatusRequest
-	20, // 30: quotad.v1.Admin.ApplyLimits:input_type -> quotad.v1.ApplyLimitsRequest
-	22, // 31: quotad.v1.Admin.GetLimits:input_type -> quotad.v1.GetLimitsRequest
-	24, // 32: quotad.v1.Admin.Members:input_type -> quotad.v1.MembersRequest
-	28, // 33: quotad.v1.Admin.TransferLeadership:input_type -> quotad.v1.TransferLeadershipRequest
-	30, // 34: quotad.v1.Admin.RemoveServer:input_type -> quotad.v1.RemoveServerRequest
-	32, // 35: quotad.v1.Admin.CreateToken:input_type -> quotad.v1.CreateTokenRequest
-	34, // 36: quotad.v1.Admin.ListTokens:input_type -> quotad.v1.ListTokensRequest
-	37, // 37: quotad.v1.Admin.RevokeToken:input_type -> quotad.v1.RevokeTokenRequest
-	39, // 38: quotad.v1.Admin.LiftPause:input_type -> quotad.v1.LiftPauseRequest
-	1,  // 39: quotad.v1.Peer.ForwardRateLimit:input_type -> quotad.v1.ForwardRateLimitRequest
-	8,  // 40: quotad.v1.Quota.Acquire:output_type -> quotad.v1.AcquireResponse
-	10, // 41: quotad.v1.Quota.Release:output_type -> quotad.v1.ReleaseResponse
-	12, // 42: quotad.v1.Quota.Renew:output_type -> quotad.v1.RenewResponse
-	14, // 43: quotad.v1.Quota.Refund:output_type -> quotad.v1.RefundResponse
-	17, // 44: quotad.v1.Quota.Status:output_type -> quotad.v1.StatusResponse
-	19, // 45: quotad.v1.Quota.Feedback:output_type -> quotad.v1.FeedbackResponse
-	43, // 46: quotad.v1.Quota.Share:output_type -> quotad.v1.ShareResponse
-	48, // 47: quotad.v1.Quota.ReleaseShare:output_type -> quotad.v1.ReleaseShareResponse
-	52, // 48: quotad.v1.Quota.ShareStatus:output_type -> quotad.v1.ShareStatusResponse
-	21, // 49: quotad.v1.Admin.ApplyLimits:output_type -> quotad.v1.ApplyLimitsResponse
-	23, // 50: quotad.v1.Admin.GetLimits:output_type -> quotad.v1.GetLimitsResponse
-	26, // 51: quotad.v1.Admin.Members:output_type -> quotad.v1.MembersResponse
-	29, // 52: quotad.v1.Admin.TransferLeadership:output_type -> quotad.v1.TransferLeadershipResponse
-	31, // 53: quotad.v1.Admin.RemoveServer:output_type -> quotad.v1.RemoveServerResponse
-	33, // 54: quotad.v1.Admin.CreateToken:output_type -> quotad.v1.CreateTokenResponse
-	36, // 55: quotad.v1.Admin.ListTokens:output_type -> quotad.v1.ListTokensResponse
-	38, // 56: quotad.v1.Admin.RevokeToken:output_type -> quotad.v1.RevokeTokenResponse
-	40, // 57: quotad.v1.Admin.LiftPause:output_type -> quotad.v1.LiftPauseResponse
-	3,  // 58: quotad.v1.Peer.ForwardRateLimit:output_type -> quotad.v1.ForwardRateLimitResponse
-	40, // [40:59] is the sub-list for method output_type
-	21, // [21:40] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	5,  // 4: quotad.v1.AcquireStreamRequest.admissions:type_name -> quotad.v1.Admission
+	10, // 5: quotad.v1.StreamDecision.decision:type_name -> quotad.v1.Decision
+	8,  // 6: quotad.v1.AcquireStreamResponse.decisions:type_name -> quotad.v1.StreamDecision
+	10, // 7: quotad.v1.AcquireResponse.decisions:type_name -> quotad.v1.Decision
+	4,  // 8: quotad.v1.StatusRequest.descriptors:type_name -> quotad.v1.Entry
+	19, // 9: quotad.v1.StatusResponse.buckets:type_name -> quotad.v1.BucketStatus
+	4,  // 10: quotad.v1.FeedbackRequest.descriptors:type_name -> quotad.v1.Entry
+	28, // 11: quotad.v1.MembersResponse.leader:type_name -> quotad.v1.Member
+	28, // 12: quotad.v1.MembersResponse.members:type_name -> quotad.v1.Member
+	30, // 13: quotad.v1.MembersResponse.region_shares:type_name -> quotad.v1.RegionShare
+	38, // 14: quotad.v1.ListTokensResponse.tokens:type_name -> quotad.v1.TokenInfo
+	4,  // 15: quotad.v1.LiftPauseRequest.descriptors:type_name -> quotad.v1.Entry
+	45, // 16: quotad.v1.ShareRequest.paths:type_name -> quotad.v1.SharePath
+	4,  // 17: quotad.v1.SharePath.descriptors:type_name -> quotad.v1.Entry
+	47, // 18: quotad.v1.ShareResponse.paths:type_name -> quotad.v1.PathShare
+	48, // 19: quotad.v1.PathShare.levels:type_name -> quotad.v1.LevelShare
+	50, // 20: quotad.v1.ReleaseShareRequest.tokens:type_name -> quotad.v1.LevelTokens
+	4,  // 21: quotad.v1.ShareStatusRequest.descriptors:type_name -> quotad.v1.Entry
+	53, // 22: quotad.v1.ShareStatusResponse.buckets:type_name -> quotad.v1.LendStatus
+	54, // 23: quotad.v1.ShareStatusResponse.holders:type_name -> quotad.v1.HolderShare
+	6,  // 24: quotad.v1.Quota.Acquire:input_type -> quotad.v1.AcquireRequest
+	7,  // 25: quotad.v1.Quota.AcquireStream:input_type -> quotad.v1.AcquireStreamRequest
+	12, // 26: quotad.v1.Quota.Release:input_type -> quotad.v1.ReleaseRequest
+	14, // 27: quotad.v1.Quota.Renew:input_type -> quotad.v1.RenewRequest
+	16, // 28: quotad.v1.Quota.Refund:input_type -> quotad.v1.RefundRequest
+	18, // 29: quotad.v1.Quota.Status:input_type -> quotad.v1.StatusRequest
+	21, // 30: quotad.v1.Quota.Feedback:input_type -> quotad.v1.FeedbackRequest
+	44, // 31: quotad.v1.Quota.Share:input_type -> quotad.v1.ShareRequest
+	49, // 32: quotad.v1.Quota.ReleaseShare:input_type -> quotad.v1.ReleaseShareRequest
+	52, // 33: quotad.v1.Quota.ShareStatus:input_type -> quotad.v1.ShareStatusRequest
+	23, // 34: quotad.v1.Admin.ApplyLimits:input_type -> quotad.v1.ApplyLimitsRequest
+	25, // 35: quotad.v1.Admin.GetLimits:input_type -> quotad.v1.GetLimitsRequest
+	27, // 36: quotad.v1.Admin.Members:input_type -> quotad.v1.MembersRequest
+	31, // 37: quotad.v1.Admin.TransferLeadership:input_type -> quotad.v1.TransferLeadershipRequest
+	33, // 38: quotad.v1.Admin.RemoveServer:input_type -> quotad.v1.RemoveServerRequest
+	35, // 39: quotad.v1.Admin.CreateToken:input_type -> quotad.v1.CreateTokenRequest
+	37, // 40: quotad.v1.Admin.ListTokens:input_type -> quotad.v1.ListTokensRequest
+	40, // 41: quotad.v1.Admin.RevokeToken:input_type -> quotad.v1.RevokeTokenRequest
+	42, // 42: quotad.v1.Admin.LiftPause:input_type -> quotad.v1.LiftPauseRequest
+	1,  // 43: quotad.v1.Peer.ForwardRateLimit:input_type -> quotad.v1.ForwardRateLimitRequest
+	11, // 44: quotad.v1.Quota.Acquire:output_type -> quotad.v1.AcquireResponse
+	9,  // 45: quotad.v1.Quota.AcquireStream:output_type -> quotad.v1.AcquireStreamResponse
+	13, // 46: quotad.v1.Quota.Release:output_type -> quotad.v1.ReleaseResponse
+	15, // 47: quotad.v1.Quota.Renew:output_type -> quotad.v1.RenewResponse
+	17, // 48: quotad.v1.Quota.Refund:output_type -> quotad.v1.RefundResponse
+	20, // 49: quotad.v1.Quota.Status:output_type -> quotad.v1.StatusResponse
+	22, // 50: quotad.v1.Quota.Feedback:output_type -> quotad.v1.FeedbackResponse
+	46, // 51: quotad.v1.Quota.Share:output_type -> quotad.v1.ShareResponse
+	51, // 52: quotad.v1.Quota.ReleaseShare:output_type -> quotad.v1.ReleaseShareResponse
+	55, // 53: quotad.v1.Quota.ShareStatus:output_type -> quotad.v1.ShareStatusResponse
+	24, // 54: quotad.v1.Admin.ApplyLimits:output_type -> quotad.v1.ApplyLimitsResponse
+	26, // 55: quotad.v1.Admin.GetLimits:output_type -> quotad.v1.GetLimitsResponse
+	29, // 56: quotad.v1.Admin.Members:output_type -> quotad.v1.MembersResponse
+	32, // 57: quotad.v1.Admin.TransferLeadership:output_type -> quotad.v1.TransferLeadershipResponse
+	34, // 58: quotad.v1.Admin.RemoveServer:output_type -> quotad.v1.RemoveServerResponse
+	36, // 59: quotad.v1.Admin.CreateToken:output_type -> quotad.v1.CreateTokenResponse
+	39, // 60: quotad.v1.Admin.ListTokens:output_type -> quotad.v1.ListTokensResponse
+	41, // 61: quotad.v1.Admin.RevokeToken:output_type -> quotad.v1.RevokeTokenResponse
+	43, // 62: quotad.v1.Admin.LiftPause:output_type -> quotad.v1.LiftPauseResponse
+	3,  // 63: quotad.v1.Peer.ForwardRateLimit:output_type -> quotad.v1.ForwardRateLimitResponse
+	44, // [44:64] is the sub-list for method output_type
+	24, // [24:44] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_quotad_v1_quotad_proto_init() }
@@ -4020,7 +4234,7 @@ func file_quotad_v1_quotad_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quotad_v1_quotad_proto_rawDesc), len(file_quotad_v1_quotad_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   53,
+			NumMessages:   56,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

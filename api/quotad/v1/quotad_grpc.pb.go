@@ -28,15 +28,16 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Quota_Acquire_FullMethodName      = "/quotad.v1.Quota/Acquire"
-	Quota_Release_FullMethodName      = "/quotad.v1.Quota/Release"
-	Quota_Renew_FullMethodName        = "/quotad.v1.Quota/Renew"
-	Quota_Refund_FullMethodName       = "/quotad.v1.Quota/Refund"
-	Quota_Status_FullMethodName       = "/quotad.v1.Quota/Status"
-	Quota_Feedback_FullMethodName     = "/quotad.v1.Quota/Feedback"
-	Quota_Share_FullMethodName        = "/quotad.v1.Quota/Share"
-	Quota_ReleaseShare_FullMethodName = "/quotad.v1.Quota/ReleaseShare"
-	Quota_ShareStatus_FullMethodName  = "/quotad.v1.Quota/ShareStatus"
+	Quota_Acquire_FullMethodName       = "/quotad.v1.Quota/Acquire"
+	Quota_AcquireStream_FullMethodName = "/quotad.v1.Quota/AcquireStream"
+	Quota_Release_FullMethodName       = "/quotad.v1.Quota/Release"
+	Quota_Renew_FullMethodName         = "/quotad.v1.Quota/Renew"
+	Quota_Refund_FullMethodName        = "/quotad.v1.Quota/Refund"
+	Quota_Status_FullMethodName        = "/quotad.v1.Quota/Status"
+	Quota_Feedback_FullMethodName      = "/quotad.v1.Quota/Feedback"
+	Quota_Share_FullMethodName         = "/quotad.v1.Quota/Share"
+	Quota_ReleaseShare_FullMethodName  = "/quotad.v1.Quota/ReleaseShare"
+	Quota_ShareStatus_FullMethodName   = "/quotad.v1.Quota/ShareStatus"
 )
 
 // QuotaClient is the client API for Quota service.
@@ -48,6 +49,22 @@ type QuotaClient interface {
 	// Acquire decides a batch of admissions. Each admission is decided independently and
 	// all-or-nothing across the buckets on its descriptor path. Decisions come back in order.
 	Acquire(ctx context.Context, in *AcquireRequest, opts ...grpc.CallOption) (*AcquireResponse, error)
+	// AcquireStream decides admissions sent over one long-lived stream, each answered as soon as
+	// it is decided: an admission on a free bucket is never held behind another's wait, as it
+	// would be in one Acquire call. Meant for waiting admissions (max_wait_ms > 0) of many
+	// concurrent callers of one client; non-waiting ones are decided too. Every admission gets
+	// exactly the checks and the decision path of Acquire, and keeps its request ID: after a
+	// broken stream, retrying an undecided admission by Acquire with the same request ID never
+	// debits twice.
+	//
+	// Only the leader serves it. A follower refuses with FAILED_PRECONDITION and the leader in
+	// "x-quotad-leader" (it does not forward streams); a regional node refuses with
+	// UNIMPLEMENTED. A client then decides by Acquire (which any node forwards). The caller's
+	// token is checked again on every message and, while admissions are undecided, every
+	// second: a revoked token ends the stream (UNAUTHENTICATED). The stream ends when the client half-closes and every
+	// admission is answered, or when either side cancels it; undecided admissions are then
+	// abandoned (their waits end) and may be retried with the same request IDs.
+	AcquireStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[AcquireStreamRequest, AcquireStreamResponse], error)
 	// Release returns the concurrency permits held by a lease. Releasing an unknown or expired
 	// lease is not an error (the permit has already returned); released reports which.
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
@@ -89,6 +106,19 @@ func (c *quotaClient) Acquire(ctx context.Context, in *AcquireRequest, opts ...g
 	}
 	return out, nil
 }
+
+func (c *quotaClient) AcquireStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[AcquireStreamRequest, AcquireStreamResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Quota_ServiceDesc.Streams[0], Quota_AcquireStream_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[AcquireStreamRequest, AcquireStreamResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Quota_AcquireStreamClient = grpc.BidiStreamingClient[AcquireStreamRequest, AcquireStreamResponse]
 
 func (c *quotaClient) Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
@@ -179,6 +209,22 @@ type QuotaServer interface {
 	// Acquire decides a batch of admissions. Each admission is decided independently and
 	// all-or-nothing across the buckets on its descriptor path. Decisions come back in order.
 	Acquire(context.Context, *AcquireRequest) (*AcquireResponse, error)
+	// AcquireStream decides admissions sent over one long-lived stream, each answered as soon as
+	// it is decided: an admission on a free bucket is never held behind another's wait, as it
+	// would be in one Acquire call. Meant for waiting admissions (max_wait_ms > 0) of many
+	// concurrent callers of one client; non-waiting ones are decided too. Every admission gets
+	// exactly the checks and the decision path of Acquire, and keeps its request ID: after a
+	// broken stream, retrying an undecided admission by Acquire with the same request ID never
+	// debits twice.
+	//
+	// Only the leader serves it. A follower refuses with FAILED_PRECONDITION and the leader in
+	// "x-quotad-leader" (it does not forward streams); a regional node refuses with
+	// UNIMPLEMENTED. A client then decides by Acquire (which any node forwards). The caller's
+	// token is checked again on every message and, while admissions are undecided, every
+	// second: a revoked token ends the stream (UNAUTHENTICATED). The stream ends when the client half-closes and every
+	// admission is answered, or when either side cancels it; undecided admissions are then
+	// abandoned (their waits end) and may be retried with the same request IDs.
+	AcquireStream(grpc.BidiStreamingServer[AcquireStreamRequest, AcquireStreamResponse]) error
 	// Release returns the concurrency permits held by a lease. Releasing an unknown or expired
 	// lease is not an error (the permit has already returned); released reports which.
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
@@ -213,6 +259,9 @@ type UnimplementedQuotaServer struct{}
 
 func (UnimplementedQuotaServer) Acquire(context.Context, *AcquireRequest) (*AcquireResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Acquire not implemented")
+}
+func (UnimplementedQuotaServer) AcquireStream(grpc.BidiStreamingServer[AcquireStreamRequest, AcquireStreamResponse]) error {
+	return status.Errorf(codes.Unimplemented, "method AcquireStream not implemented")
 }
 func (UnimplementedQuotaServer) Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Release not implemented")
@@ -276,6 +325,13 @@ func _Quota_Acquire_Handler(srv interface{}, ctx context.Context, dec func(inter
 	}
 	return interceptor(ctx, in, info, handler)
 }
+
+func _Quota_AcquireStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(QuotaServer).AcquireStream(&grpc.GenericServerStream[AcquireStreamRequest, AcquireStreamResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Quota_AcquireStreamServer = grpc.BidiStreamingServer[AcquireStreamRequest, AcquireStreamResponse]
 
 func _Quota_Release_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ReleaseRequest)
@@ -465,7 +521,14 @@ var Quota_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Quota_ShareStatus_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "AcquireStream",
+			Handler:       _Quota_AcquireStream_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "quotad/v1/quotad.proto",
 }
 

@@ -1,0 +1,413 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+// Waiting admissions over one AcquireStream (issue 16).
+//
+// A waiting admission (MaxWaitMs > 0) cannot share a unary batch: the batch would answer when
+// its slowest admission is decided, so a grant on a free bucket would wait for another
+// caller's 30 s wait. Sent one RPC each, thousands of waiting callers cost a call each on
+// both sides. The streamer sends them over one stream to the leader instead: whatever is
+// queued goes in one message (as the batcher drains its queue), and each caller gets its own
+// answer the moment the leader decides it.
+//
+// Failures never double-spend and never lose a caller: an admission keeps its request ID, and
+// when its stream breaks (leader change, node down, no answer within AttemptTimeout plus its
+// max wait) or its answer is a status a unary call would retry (UNAVAILABLE,
+// DEADLINE_EXCEEDED), it is decided by the unary path (acquireOne: leader finding, retries)
+// with the same request ID, so the cluster's dedup table returns a decision already made. A
+// node that refuses the stream (UNIMPLEMENTED: an older build or a regional node;
+// FAILED_PRECONDITION without a leader the client can follow) turns streaming off for
+// streamOffAfterRefusal; the admissions of a stream a follower refused naming the leader are
+// sent once more, on a stream to that leader. A stream idle for streamIdle is closed.
+
+const (
+	// streamOffAfterRefusal is how long waiting admissions go unary after a node refused the
+	// stream (an older build mid-upgrade, a regional node, a leader the client cannot dial).
+	streamOffAfterRefusal = 30 * time.Second
+	// streamQueue is the capacity of a stream's send queue.
+	streamQueue = 4096
+	// streamIdle: a stream with nothing undecided and nothing sent for this long is closed
+	// (half-close; the leader ends it), so an idle client holds nothing on the leader. The
+	// next waiting admission opens a new one.
+	streamIdle = 30 * time.Second
+)
+
+// streamer owns the Client's current AcquireStream. Safe for concurrent use.
+type streamer struct {
+	c    *Client
+	idle time.Duration // streamIdle (tests shorten it)
+
+	mu       sync.Mutex
+	cur      *wstream
+	offUntil time.Time // no new stream before this
+	failures int       // streams broken in a row without an answer (backoff)
+	closed   bool
+}
+
+// wstream is one AcquireStream and the admissions it carries.
+type wstream struct {
+	s      *streamer
+	addr   string
+	ctx    context.Context
+	cancel context.CancelFunc
+	sendq  chan *quotadv1.Admission
+	kick   chan struct{} // cancels queued
+	done   chan struct{} // closed when broken
+
+	mu       sync.Mutex
+	calls    map[uint64]*streamCall // undecided, by request ID
+	cancels  []uint64
+	broken   bool
+	retired  bool // closed for being idle (broken too)
+	answered bool
+}
+
+type streamCall struct {
+	done chan streamResult // buffered: the receiver never blocks
+}
+
+// streamResult is a caller's outcome: a decision, an error, fallback (decide it by unary
+// Acquire with the same request ID) or again (send it on the next stream: this one was
+// refused by a node that named the leader).
+type streamResult struct {
+	d                       *quotadv1.Decision
+	at                      time.Time
+	err                     error
+	fallback, again, reopen bool
+}
+
+func newStreamer(c *Client) *streamer { return &streamer{c: c, idle: streamIdle} }
+
+// submit decides a waiting admission over the stream, falling back to acquireOne. An
+// admission whose stream a follower refused, naming the leader, is sent once more on a stream
+// to that leader (same request ID) before it falls back.
+func (s *streamer) submit(ctx context.Context, adm *quotadv1.Admission) (*quotadv1.Decision, time.Time, error) {
+	refused := false
+	for tries := 1; ; tries++ {
+		ws := s.stream()
+		if ws == nil {
+			if refused {
+				return s.fallback(ctx, adm)
+			}
+			return s.c.acquireOne(ctx, adm)
+		}
+		r, ok := s.await(ctx, ws, adm)
+		if !ok {
+			return nil, time.Time{}, s.c.unavailable("Acquire", tries, nil, ctx.Err())
+		}
+		switch {
+		case r.reopen:
+			continue // the stream was closed for being idle as this admission came: a new one
+		case r.again && !refused:
+			refused = true
+			continue
+		case r.again, r.fallback:
+			return s.fallback(ctx, adm)
+		}
+		return r.d, r.at, r.err
+	}
+}
+
+// await sends adm on ws and waits for its answer; false when ctx ended first.
+func (s *streamer) await(ctx context.Context, ws *wstream, adm *quotadv1.Admission) (streamResult, bool) {
+	call, retired := ws.add(ctx, adm)
+	if call == nil {
+		return streamResult{fallback: !retired, reopen: retired}, true
+	}
+	limit := s.c.cfg.AttemptTimeout + time.Duration(adm.MaxWaitMs)*time.Millisecond
+	timer := time.NewTimer(limit)
+	defer timer.Stop()
+	select {
+	case r := <-call.done:
+		return r, true
+	case <-ctx.Done():
+		if !ws.forget(adm.RequestId) {
+			// Answered in the same instant: prefer a decision.
+			select {
+			case r := <-call.done:
+				if r.err == nil && !r.fallback && !r.again {
+					return r, true
+				}
+			default:
+			}
+		}
+		return streamResult{}, false
+	case <-timer.C:
+		// A leader answers a waiting admission by its max wait: this stream is stuck (a paused
+		// or partitioned node). Every admission on it goes unary.
+		ws.fail(fmt.Errorf("no answer within %v", limit), nil)
+		return <-call.done, true
+	}
+}
+
+func (s *streamer) fallback(ctx context.Context, adm *quotadv1.Admission) (*quotadv1.Decision, time.Time, error) {
+	select {
+	case <-s.c.closing: // the stream broke because the client is closing
+		return nil, time.Time{}, ErrClosed
+	default:
+	}
+	s.c.metrics.streamFallbacks.Add(1)
+	return s.c.acquireOne(ctx, adm)
+}
+
+// stream returns the open stream, opening one unless streaming is off for now (nil).
+func (s *streamer) stream() *wstream {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	if ws := s.cur; ws != nil {
+		select {
+		case <-ws.done:
+		default:
+			return ws
+		}
+	}
+	if time.Now().Before(s.offUntil) {
+		return nil
+	}
+	n, err := s.c.nodes.target()
+	if err != nil {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(s.c.baseCtx)
+	ws := &wstream{s: s, addr: n.addr, ctx: ctx, cancel: cancel, sendq: make(chan *quotadv1.Admission, streamQueue),
+		kick: make(chan struct{}, 1), done: make(chan struct{}), calls: make(map[uint64]*streamCall)}
+	s.cur = ws
+	s.c.metrics.streams.Add(1)
+	go ws.run(n.qc)
+	return ws
+}
+
+func (s *streamer) close() {
+	s.mu.Lock()
+	s.closed = true
+	ws := s.cur
+	s.mu.Unlock()
+	if ws != nil {
+		ws.fail(ErrClosed, nil)
+	}
+}
+
+// broke notes why the stream to addr ended (answered: it had answered something) and when
+// the next stream may open. It reports whether the stream was refused by a node that named
+// the leader, whom the next stream goes to.
+func (s *streamer) broke(addr string, answered bool, err error, md metadata.MD) (again bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if answered {
+		s.failures = 0
+	}
+	leader := firstValue(md)
+	code := status.Code(err)
+	switch {
+	case code == codes.Unimplemented:
+		s.offUntil = time.Now().Add(streamOffAfterRefusal)
+	case leader != "" && leader != addr && s.c.nodes.follow(leader):
+		// A follower (or a deposed leader) named the leader: the next stream goes there.
+		return code == codes.FailedPrecondition
+	case code == codes.FailedPrecondition:
+		s.offUntil = time.Now().Add(streamOffAfterRefusal) // a leader this client cannot follow
+	default:
+		s.offUntil = time.Now().Add(s.c.cfg.Backoff.delay(s.failures))
+		s.failures++
+	}
+	return false
+}
+
+// add registers adm and queues it for sending; nil when the stream is broken (retired: it
+// was closed for being idle).
+func (ws *wstream) add(ctx context.Context, adm *quotadv1.Admission) (call *streamCall, retired bool) {
+	call = &streamCall{done: make(chan streamResult, 1)}
+	ws.mu.Lock()
+	if ws.broken {
+		retired = ws.retired
+		ws.mu.Unlock()
+		return nil, retired
+	}
+	ws.calls[adm.RequestId] = call
+	ws.mu.Unlock()
+	select {
+	case ws.sendq <- adm:
+	case <-ws.done: // fail answers call
+	case <-ctx.Done():
+		ws.forget(adm.RequestId) // never sent: the cancel is ignored by the leader
+	}
+	return call, false
+}
+
+// retire closes an idle stream (nothing undecided, no cancel to send): it stops taking
+// admissions and half-closes, and the leader ends it. False if it is not idle.
+func (ws *wstream) retire(cs quotadv1.Quota_AcquireStreamClient) bool {
+	ws.mu.Lock()
+	if ws.broken || len(ws.calls) > 0 || len(ws.cancels) > 0 || len(ws.sendq) > 0 {
+		ws.mu.Unlock()
+		return false
+	}
+	ws.broken, ws.retired = true, true
+	ws.mu.Unlock()
+	close(ws.done)
+	_ = cs.CloseSend()
+	return true
+}
+
+// forget drops an undecided admission whose caller gave up and queues its cancel; false when
+// it was already answered (its result is in its call's channel).
+func (ws *wstream) forget(id uint64) bool {
+	ws.mu.Lock()
+	_, ok := ws.calls[id]
+	if ok {
+		delete(ws.calls, id)
+		ws.cancels = append(ws.cancels, id)
+	}
+	ws.mu.Unlock()
+	if ok {
+		select {
+		case ws.kick <- struct{}{}:
+		default:
+		}
+	}
+	return ok
+}
+
+// fail ends the stream: every undecided admission falls back to unary Acquire.
+func (ws *wstream) fail(err error, md metadata.MD) {
+	ws.mu.Lock()
+	if ws.broken {
+		ws.mu.Unlock()
+		ws.cancel() // a retired stream's end (io.EOF)
+		return
+	}
+	ws.broken = true
+	calls, answered := ws.calls, ws.answered
+	ws.calls = nil
+	ws.mu.Unlock()
+	close(ws.done)
+	ws.cancel()
+	again := ws.s.broke(ws.addr, answered, err, md)
+	for _, call := range calls {
+		call.done <- streamResult{fallback: !again, again: again}
+	}
+}
+
+// run opens the stream, starts its receiver and sends until it breaks.
+func (ws *wstream) run(qc quotadv1.QuotaClient) {
+	cs, err := qc.AcquireStream(ws.ctx)
+	if err != nil {
+		ws.fail(err, nil)
+		return
+	}
+	go ws.recv(cs)
+	c := ws.s.c
+	first := true
+	idle := time.NewTimer(ws.s.idle)
+	defer idle.Stop()
+	for {
+		var adms []*quotadv1.Admission
+		select {
+		case a := <-ws.sendq:
+			adms = append(adms, a)
+		case <-ws.kick:
+		case <-ws.done:
+			return
+		case <-idle.C:
+			if ws.retire(cs) {
+				return
+			}
+			idle.Reset(ws.s.idle)
+			continue
+		}
+	drain: // whatever else is queued goes along
+		for len(adms) < maxAdmissionsPerBatch {
+			select {
+			case a := <-ws.sendq:
+				adms = append(adms, a)
+			default:
+				break drain
+			}
+		}
+		ws.mu.Lock()
+		n := min(len(ws.cancels), maxAdmissionsPerBatch)
+		cancels := ws.cancels[:n:n]
+		ws.cancels = ws.cancels[n:]
+		more := len(ws.cancels) > 0
+		ws.mu.Unlock()
+		if more {
+			select {
+			case ws.kick <- struct{}{}:
+			default:
+			}
+		}
+		if len(adms) == 0 && len(cancels) == 0 {
+			continue
+		}
+		m := &quotadv1.AcquireStreamRequest{Admissions: adms, Cancels: cancels}
+		if first {
+			m.ClientId, first = c.id, false
+		}
+		c.metrics.streamSends.Add(1)
+		c.metrics.streamAdmissions.Add(uint64(len(adms)))
+		if err := cs.Send(m); err != nil {
+			if !errors.Is(err, io.EOF) { // io.EOF: the stream ended; recv gets its status
+				ws.fail(err, nil)
+			}
+			return
+		}
+		idle.Reset(ws.s.idle)
+	}
+}
+
+// recv hands each answer to its caller until the stream ends.
+func (ws *wstream) recv(cs quotadv1.Quota_AcquireStreamClient) {
+	for {
+		resp, err := cs.Recv()
+		if err != nil {
+			md, _ := cs.Header()
+			ws.fail(err, metadata.Join(md, cs.Trailer()))
+			return
+		}
+		at := time.Now()
+		for _, sd := range resp.GetDecisions() {
+			ws.deliver(sd, at)
+		}
+	}
+}
+
+// deliver gives one answer to its caller (none: canceled, or the stream already failed).
+func (ws *wstream) deliver(sd *quotadv1.StreamDecision, at time.Time) {
+	ws.mu.Lock()
+	call := ws.calls[sd.GetRequestId()]
+	delete(ws.calls, sd.GetRequestId())
+	ws.answered = true
+	ws.mu.Unlock()
+	if call == nil {
+		return
+	}
+	switch {
+	case sd.GetCode() != 0:
+		st := status.New(codes.Code(sd.GetCode()), sd.GetMessage())
+		if retryable(st.Code()) {
+			call.done <- streamResult{fallback: true} // as a unary attempt would be retried
+			return
+		}
+		call.done <- streamResult{err: permanentError("Acquire", st, st.Err())}
+	case sd.GetDecision() == nil:
+		call.done <- streamResult{err: fmt.Errorf("quotad: AcquireStream: the answer for request %d has neither a decision nor a status", sd.GetRequestId())}
+	default:
+		call.done <- streamResult{d: sd.GetDecision(), at: at}
+	}
+}

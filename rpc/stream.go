@@ -1,0 +1,380 @@
+package rpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"github.com/quotad/quotad/auth"
+)
+
+// AcquireStream: waiting admissions of many callers of one client over one stream (issue 16).
+//
+// A unary Acquire of many waiting admissions answers when its slowest admission is decided, so
+// a client sent each waiting admission in its own RPC, and at 10,000 grants/s the per-RPC cost
+// (gRPC, TLS, a goroutine and a context per call, on both sides) saturated the 2-core machine.
+// On a stream the client sends whatever is queued in one message and each admission is
+// answered the moment it is decided, several answers to a message when several are ready.
+//
+// Each admission runs through exactly the path of a unary Acquire on the leader
+// (acquireLeader with that one admission: the dedup check, the fair scheduler's wait with its
+// waiter slots and caps, the gate for non-waiting ones, the group commit), under a context of
+// its own that a cancel from the client ends, as a unary caller's cancel ends its call. The
+// stream adds one cap (WaiterCaps.PerStream: undecided admissions of one stream) and is served
+// only by the leader: a follower refuses with FAILED_PRECONDITION and the leader header (the
+// client re-opens it there and decides the refused admissions by unary Acquire meanwhile), a
+// regional node with UNIMPLEMENTED (its path goes through the global cluster first;
+// regionAcquire stays unary). Losing leadership with admissions undecided answers them
+// UNAVAILABLE (their waits fail as unary ones do) and ends the stream at the next message.
+
+const (
+	// DefaultMaxStreamAdmissions is the default cap on one stream's undecided admissions
+	// (--max-stream-admissions): twice the per-client waiter cap, since admissions that are
+	// decided at once also count while they commit.
+	DefaultMaxStreamAdmissions = 2 * DefaultMaxWaitersPerClient
+	// ScopeStreamWaiters is the scope of a too_many_waiters denial by the per-stream cap.
+	ScopeStreamWaiters = "stream"
+	// streamAuthRecheck is how often an open stream with undecided admissions re-checks its
+	// caller's token (and this node's leadership) when the client sends nothing: a revoked
+	// token ends the stream within this.
+	streamAuthRecheck = time.Second
+	// streamMaxAnswers caps the answers in one response message.
+	streamMaxAnswers = 1024
+)
+
+// acquireStream is the leader's state of one AcquireStream.
+type acquireStream struct {
+	s        *Server
+	ss       quotadv1.Quota_AcquireStreamServer
+	ctx      context.Context // canceled when the handler returns
+	id       auth.Identity
+	clientID string
+	max      int
+
+	mu      sync.Mutex
+	pending map[uint64]context.CancelFunc // undecided admissions by request ID
+	wg      sync.WaitGroup                // their goroutines
+	out     chan *quotadv1.StreamDecision // answers, to the sender
+}
+
+// AcquireStream decides a stream of admissions, answering each as soon as it is decided (see
+// the comment above).
+func (s *Server) AcquireStream(ss quotadv1.Quota_AcquireStreamServer) error {
+	ctx := ss.Context()
+	switch {
+	case s.region != nil:
+		return status.Error(codes.Unimplemented, "AcquireStream is not served by a regional cluster's nodes; use Acquire")
+	case s.noStream:
+		return status.Error(codes.Unimplemented, "AcquireStream is turned off on this node (--disable-acquire-stream); use Acquire")
+	}
+	_, leaderAddr := s.node.Leader()
+	if leaderAddr != "" {
+		_ = grpc.SetHeader(ctx, metadata.Pairs(LeaderHeader, leaderAddr))
+	}
+	if !s.node.IsLeader() {
+		return notLeaderForStream(leaderAddr)
+	}
+	if err := ss.SendHeader(nil); err != nil { // the header now: the client learns the leader
+		return err
+	}
+	s.openStreams.Add(1)
+	defer s.openStreams.Add(-1)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st := &acquireStream{s: s, ss: ss, ctx: ctx, id: IdentityFrom(ctx), max: s.fair.slots.perStream(),
+		pending: make(map[uint64]context.CancelFunc), out: make(chan *quotadv1.StreamDecision, 256)}
+	sent := make(chan struct{})
+	go func() {
+		defer close(sent)
+		st.send()
+	}()
+	err := st.serve()
+	if err != nil {
+		cancel() // ends every undecided admission's wait
+	}
+	st.wg.Wait()
+	close(st.out) // every answer is queued: the sender sends them and stops
+	<-sent
+	return err
+}
+
+// AcquireStreams returns the AcquireStreams open on this agent (quotad_acquire_streams).
+func (a *Agent) AcquireStreams() int { return int(a.server.openStreams.Load()) }
+
+// notLeaderForStream is a follower's refusal of an AcquireStream.
+func notLeaderForStream(leaderAddr string) error {
+	if leaderAddr == "" {
+		return status.Error(codes.Unavailable, "no leader: the cluster is electing one or has lost quorum; retry shortly or check `quotad status`")
+	}
+	return status.Errorf(codes.FailedPrecondition, "AcquireStream is served by the leader only (%s); open it there, or use Acquire, which any node forwards", leaderAddr)
+}
+
+// serve reads the client's messages until it half-closes and every admission is answered
+// (nil), or the stream must end (the error to end it with).
+func (st *acquireStream) serve() error {
+	type received struct {
+		m   *quotadv1.AcquireStreamRequest
+		err error
+	}
+	recvd := make(chan received)
+	go func() {
+		for {
+			m, err := st.ss.Recv()
+			select {
+			case recvd <- received{m, err}:
+			case <-st.ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	// The token and leadership are re-checked on every message and, while admissions are
+	// undecided, every streamAuthRecheck: an idle stream costs no wake-ups.
+	tick := time.NewTicker(streamAuthRecheck)
+	defer tick.Stop()
+	tick.Stop()
+	var drained chan struct{} // closed when every admission is answered after the half-close
+	for {
+		select {
+		case r := <-recvd:
+			if errors.Is(r.err, io.EOF) {
+				drained = make(chan struct{})
+				go func() {
+					st.wg.Wait()
+					close(drained)
+				}()
+				recvd = nil
+				continue
+			}
+			if r.err != nil {
+				return r.err
+			}
+			st.s.metrics.streamMessage("received")
+			if err := st.handle(r.m); err != nil {
+				return err
+			}
+			if len(r.m.Admissions) > 0 {
+				tick.Reset(streamAuthRecheck)
+			}
+		case <-drained:
+			return nil
+		case <-tick.C:
+			if err := st.check(); err != nil {
+				return err
+			}
+			st.mu.Lock()
+			idle := len(st.pending) == 0
+			st.mu.Unlock()
+			if idle {
+				tick.Stop()
+			}
+		case <-st.ctx.Done():
+			return st.ctx.Err()
+		}
+	}
+}
+
+// reauthenticate checks the stream's token again: one revoked since the stream opened ends it
+// (UNAUTHENTICATED). A certificate is checked once, by the TLS handshake.
+func (st *acquireStream) reauthenticate() error {
+	c := callerFrom(st.ctx)
+	if !c.viaToken || st.s.authn == nil {
+		return nil
+	}
+	md, _ := metadata.FromIncomingContext(st.ctx)
+	id, err := st.s.authn.fromToken(md.Get(authorizationHeader), "AcquireStream")
+	if err != nil {
+		return err
+	}
+	if id.Name != c.id.Name || id.Role != c.id.Role {
+		return status.Errorf(codes.Unauthenticated, "AcquireStream: the token now names %s, not %s; open a new stream", id, c.id)
+	}
+	return nil
+}
+
+// check ends the stream (the error) when its token was revoked or this node no longer leads
+// (the trailer names the new leader).
+func (st *acquireStream) check() error {
+	if err := st.reauthenticate(); err != nil {
+		return err
+	}
+	if !st.s.node.IsLeader() {
+		_, addr := st.s.node.Leader()
+		if addr != "" {
+			_ = grpc.SetTrailer(st.ctx, metadata.Pairs(LeaderHeader, addr))
+		}
+		return notLeaderForStream(addr)
+	}
+	return nil
+}
+
+// handle takes one client message: cancels first (they name earlier admissions), then the new
+// admissions, each started on its own.
+func (st *acquireStream) handle(m *quotadv1.AcquireStreamRequest) error {
+	if err := st.check(); err != nil {
+		return err
+	}
+	switch {
+	case m.ClientId != "" && st.clientID != "" && m.ClientId != st.clientID:
+		return status.Errorf(codes.InvalidArgument, "client_id %.64q differs from this stream's %.64q; open a stream per client_id", m.ClientId, st.clientID)
+	case m.ClientId == "" && st.clientID == "":
+		return status.Error(codes.InvalidArgument, "client_id is empty in the stream's first message; set a stable ID per client so retries can be deduplicated")
+	case len(m.Cancels) > MaxAdmissionsPerCall:
+		return status.Errorf(codes.InvalidArgument, "%d cancels in one message; send at most %d", len(m.Cancels), MaxAdmissionsPerCall)
+	}
+	if st.clientID == "" {
+		st.clientID = m.ClientId
+	}
+	st.mu.Lock()
+	for _, id := range m.Cancels {
+		if cancel, ok := st.pending[id]; ok {
+			delete(st.pending, id)
+			cancel()
+		}
+	}
+	st.mu.Unlock()
+	if len(m.Admissions) == 0 {
+		return nil
+	}
+	req := &quotadv1.AcquireRequest{ClientId: st.clientID, Admissions: m.Admissions}
+	if err := validateAcquire(req); err != nil {
+		return err
+	}
+	for _, adm := range m.Admissions {
+		if err := st.start(adm); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// start decides adm in a goroutine of its own and answers it, unless the client cancels it.
+func (st *acquireStream) start(adm *quotadv1.Admission) error {
+	rid := adm.GetRequestId()
+	st.mu.Lock()
+	if _, dup := st.pending[rid]; dup && rid != 0 {
+		st.mu.Unlock()
+		return status.Errorf(codes.InvalidArgument, "request_id %d is already undecided on this stream; send a request ID again only after its answer (or on another call)", rid)
+	}
+	if len(st.pending) >= st.max {
+		st.mu.Unlock()
+		st.answer(&quotadv1.StreamDecision{RequestId: rid, Decision: st.s.fair.tooManyWaiters(adm.GetDomain(),
+			fmt.Sprintf("this stream already has %d undecided admissions, its limit (--max-stream-admissions %d); wait for some to be decided, or open another stream", len(st.pending), st.max),
+			ScopeStreamWaiters)})
+		return nil
+	}
+	actx, cancel := context.WithCancel(st.ctx)
+	if rid != 0 {
+		st.pending[rid] = cancel
+	}
+	st.wg.Add(1)
+	st.mu.Unlock()
+	go func() {
+		defer st.wg.Done()
+		defer cancel()
+		d, err := st.s.acquireOneStreamed(actx, st.id, st.clientID, adm)
+		st.mu.Lock()
+		_, live := st.pending[rid]
+		delete(st.pending, rid)
+		st.mu.Unlock()
+		if !live && rid != 0 {
+			return // canceled by the client: it has forgotten this request ID
+		}
+		sd := &quotadv1.StreamDecision{RequestId: rid, Decision: d}
+		if err != nil {
+			stt := status.Convert(err)
+			sd.Code, sd.Message = uint32(stt.Code()), stt.Message()
+		}
+		st.answer(sd)
+	}()
+	return nil
+}
+
+// answer queues sd for the sender (dropped once the stream is ending).
+func (st *acquireStream) answer(sd *quotadv1.StreamDecision) {
+	select {
+	case st.out <- sd:
+	case <-st.ctx.Done():
+	}
+}
+
+// send writes answers as they come, whatever is queued at once in one message, until out is
+// closed. After a failed write it only drains.
+func (st *acquireStream) send() {
+	var failed bool
+	for sd := range st.out {
+		resp := &quotadv1.AcquireStreamResponse{Decisions: []*quotadv1.StreamDecision{sd}}
+	drain:
+		for len(resp.Decisions) < streamMaxAnswers {
+			select {
+			case more, ok := <-st.out:
+				if !ok {
+					break drain
+				}
+				resp.Decisions = append(resp.Decisions, more)
+			default:
+				break drain
+			}
+		}
+		if failed || st.ctx.Err() != nil {
+			continue
+		}
+		if err := st.ss.Send(resp); err != nil {
+			failed = true
+		}
+		st.s.metrics.streamMessage("sent")
+	}
+}
+
+// acquireOneStreamed decides one admission of a stream exactly as a unary Acquire carrying it
+// alone would on the leader: the same checks (admissionChecks), then acquireLeader. An error
+// is the status that call would have failed with.
+func (s *Server) acquireOneStreamed(ctx context.Context, id auth.Identity, clientID string, adm *quotadv1.Admission) (*quotadv1.Decision, error) {
+	if err := s.admissionChecks(id, 0, adm); err != nil {
+		return nil, err
+	}
+	resp, err := s.acquireLeader(ctx, &quotadv1.AcquireRequest{ClientId: clientID, Admissions: []*quotadv1.Admission{adm}}, id)
+	if err != nil {
+		return nil, err
+	}
+	if len(resp.Decisions) != 1 || resp.Decisions[0] == nil {
+		return nil, status.Error(codes.Internal, "no decision for the admission")
+	}
+	return resp.Decisions[0], nil
+}
+
+// admissionChecks refuses admission i of a call whose caller id may not spend on its path
+// (PERMISSION_DENIED). An admission without a domain is left to the decision (invalid).
+func (s *Server) admissionChecks(id auth.Identity, i int, adm *quotadv1.Admission) error {
+	if adm.GetDomain() == "" {
+		return nil
+	}
+	if msg := scopeProblem(id, adm.GetDomain(), adm.GetDescriptors(), true); msg != "" {
+		return permissionDenied("admissions[%d]: %s", i, msg)
+	}
+	if msg := s.tenantPathProblem(id, adm.GetDomain(), adm.GetDescriptors()); msg != "" {
+		return permissionDenied("admissions[%d]: %s", i, msg)
+	}
+	return nil
+}
+
+// perStream is the cap on one stream's undecided admissions.
+func (w *waiterSlots) perStream() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.caps.PerStream <= 0 {
+		return DefaultMaxStreamAdmissions
+	}
+	return w.caps.PerStream
+}
