@@ -221,7 +221,7 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 		a.closeListeners()
 		return nil, err
 	}
-	grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(authn.unary), grpc.ChainStreamInterceptor(authn.stream))
+	grpcOpts = append(grpcOpts, grpc.InTapHandle(authn.tap), grpc.ChainUnaryInterceptor(authn.unary), grpc.ChainStreamInterceptor(authn.stream))
 	if len(cfg.UnaryInterceptors) > 0 {
 		grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(cfg.UnaryInterceptors...))
 	}
