@@ -190,6 +190,12 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 		if err != nil {
 			return nil, err
 		}
+		nodeEnd, caEnd, err := certExpiries(cfg.TLS)
+		if err != nil {
+			return nil, err
+		}
+		a.metrics.Registry.MustRegister(certExpiryGauge(nodeEnd, caEnd))
+		warnCertExpiry(log, cfg.TLS, nodeEnd, caEnd, time.Now())
 		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(serverTLS)))
 		forwardCreds = credentials.NewTLS(clientTLS)
 		httpTLS = serverTLS
