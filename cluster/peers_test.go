@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -209,4 +211,71 @@ func TestClusterIDRecordedAndLearned(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestSilentConnectionsDoNotLockPeersOut holds more silent connections to every node's Raft
+// port than may be pending (reopening each as soon as it is closed, as an attacker would),
+// from another address, then kills the leader: the others still elect one and commit. With
+// the newcomer refused once 64 handshakes were pending, the attacker held every slot until
+// the handshake timeout (30 s here) and no vote request got through.
+func TestSilentConnectionsDoNotLockPeersOut(t *testing.T) {
+	t.Parallel()
+	attacker := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}
+	if l, err := net.ListenTCP("tcp", &net.TCPAddr{IP: attacker.IP}); err != nil {
+		t.Skipf("cannot use %s as a second loopback address: %v", attacker.IP, err)
+	} else {
+		l.Close()
+	}
+	c := clustertest.Start(t, 3, newCounterFSM, clustertest.WithConfig(func(_ int, cfg *cluster.Config) {
+		cfg.PeerHandshakeTimeout = 30 * time.Second
+	}))
+	li := c.WaitLeader(leaderTimeout)
+	add(t, c.Node(li), 1)
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	const perNode = 100 // more than the 64 slots the old code had, and than maxHandshakesPerIP
+	var opened atomic.Int64
+	for i := range c.Len() {
+		addr := c.Node(i).RaftAddr()
+		for range perNode {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				d := net.Dialer{LocalAddr: attacker, Timeout: time.Second}
+				buf := make([]byte, 1)
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					conn, err := d.Dial("tcp", addr)
+					if err != nil {
+						time.Sleep(5 * time.Millisecond)
+						continue
+					}
+					opened.Add(1)
+					go func() { <-stop; conn.Close() }()
+					_, _ = conn.Read(buf) // silent until the node closes it
+					conn.Close()
+					time.Sleep(time.Millisecond)
+				}
+			}()
+		}
+	}
+	defer func() { close(stop); wg.Wait() }()
+	clustertest.Eventually(t, 5*time.Second, func() error {
+		if n := opened.Load(); n < int64(c.Len()*perNode) {
+			return fmt.Errorf("attacker opened %d connections", n)
+		}
+		return nil
+	})
+
+	c.Kill(li)
+	nl := c.WaitLeader(leaderTimeout)
+	if got := add(t, c.Node(nl), 1); got != 2 {
+		t.Fatalf("count after failover = %d, want 2", got)
+	}
+	t.Logf("new leader node%d under %d silent connections opened", nl, opened.Load())
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -18,10 +19,18 @@ import (
 //
 // With TLS, Accept hands raft only connections whose handshake completed: the peer presented
 // a certificate of the cluster CA carrying the server SAN (PeerTLS's VerifyConnection). The
-// handshakes run on their own goroutines, at most maxHandshakes at a time and each bounded by
-// the handshake timeout, so a peer that connects and stays silent (or a flood of them) costs
-// one goroutine for a few seconds and never stalls raft's accept loop. Refused connections
-// are closed before a byte of Raft is read and logged at most once per refusalLogEvery.
+// handshakes run on their own goroutines, each bounded by the handshake timeout, so a peer
+// that connects and stays silent costs one goroutine for a few seconds and never stalls
+// raft's accept loop. At most maxHandshakes are pending at once, at most maxHandshakesPerIP
+// from one source address; a new connection over either cap evicts the oldest pending one
+// (of its address, else of all) instead of being refused. Refusing the newcomer let anyone
+// who keeps 64 silent connections open (reopening each as it timed out) lock every peer out:
+// a leader killed under that took 16 s instead of 1 to be replaced, and a restarted node
+// could not be reached at all. Now a silent flood from one address only evicts its own
+// connections, and one from many must open connections faster than a peer's handshake
+// completes (maxHandshakes per handshake time, some 100,000/s) to keep a peer out. Refused
+// connections are closed before a byte of Raft is read and logged at most once per
+// refusalLogEvery.
 type tcpStream struct {
 	ln        net.Listener
 	advertise net.Addr
@@ -34,15 +43,16 @@ type tcpStream struct {
 	cancel  context.CancelFunc
 	closed  chan struct{}
 	closeMu sync.Once
-	slots   chan struct{} // handshakes in progress
+	pending pendingHandshakes
 	wg      sync.WaitGroup
 
 	refusals refusalLog
 }
 
 const (
-	maxHandshakes   = 64
-	refusalLogEvery = 10 * time.Second
+	maxHandshakes      = 256
+	maxHandshakesPerIP = 16
+	refusalLogEvery    = 10 * time.Second
 )
 
 func newTCPStream(bind string, tlsCfg *tls.Config, timeout time.Duration, log *slog.Logger) (*tcpStream, error) {
@@ -57,7 +67,8 @@ func newTCPStream(bind string, tlsCfg *tls.Config, timeout time.Duration, log *s
 	}
 	s := &tcpStream{
 		ln: l, advertise: addr, tls: tlsCfg, timeout: timeout, log: log,
-		conns: make(chan net.Conn), closed: make(chan struct{}), slots: make(chan struct{}, maxHandshakes),
+		conns: make(chan net.Conn), closed: make(chan struct{}),
+		pending: pendingHandshakes{max: maxHandshakes, maxPerIP: maxHandshakesPerIP},
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	if tlsCfg != nil {
@@ -114,27 +125,28 @@ func (s *tcpStream) acceptLoop() {
 			continue
 		}
 		delay = 0
-		select {
-		case s.slots <- struct{}{}:
-		default:
-			c.Close()
-			s.refused(c.RemoteAddr(), errors.New("too many handshakes in progress"))
-			continue
+		p, evicted := s.pending.add(c)
+		if evicted != nil {
+			// Closing it ends its handshake at once; its goroutine counts the refusal.
+			evicted.Close()
 		}
 		s.wg.Add(1)
-		go s.handshake(c)
+		go s.handshake(p)
 	}
 }
 
-// handshake authenticates c and hands it to Accept, or closes it.
-func (s *tcpStream) handshake(c net.Conn) {
+// handshake authenticates p's connection and hands it to Accept, or closes it.
+func (s *tcpStream) handshake(p *pendingConn) {
 	defer s.wg.Done()
+	c := p.conn
 	tc := tls.Server(c, s.tls)
 	ctx, cancel := context.WithTimeout(s.ctx, s.timeout) // s.ctx ends at Close
 	_ = c.SetDeadline(time.Now().Add(s.timeout))
 	err := tc.HandshakeContext(ctx)
 	cancel()
-	<-s.slots
+	if s.pending.done(p) {
+		err = errors.New("handshake evicted: more connections arrived from its address or in all than may be pending")
+	}
 	if err != nil {
 		c.Close()
 		s.refused(c.RemoteAddr(), err)
@@ -167,6 +179,89 @@ func (s *tcpStream) Dial(address raft.ServerAddress, timeout time.Duration) (net
 
 // Addr implements net.Listener with the advertised address.
 func (s *tcpStream) Addr() net.Addr { return s.advertise }
+
+// pendingHandshakes tracks the incoming connections whose handshake is in progress. Adding one
+// over a cap evicts the oldest of its source address (over maxPerIP) or of all (over max). The
+// zero value is not usable: set max and maxPerIP. Safe for concurrent use.
+type pendingHandshakes struct {
+	max, maxPerIP int
+
+	mu    sync.Mutex
+	order []*pendingConn // oldest first; at most max long
+	perIP map[string]int
+}
+
+// pendingConn is one connection whose handshake is in progress.
+type pendingConn struct {
+	conn    net.Conn
+	ip      string
+	evicted bool // guarded by pendingHandshakes.mu
+}
+
+// add registers c and returns it, and the connection it evicted (nil if none), which the
+// caller closes.
+func (h *pendingHandshakes) add(c net.Conn) (*pendingConn, net.Conn) {
+	p := &pendingConn{conn: c, ip: sourceIP(c.RemoteAddr())}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.perIP == nil {
+		h.perIP = make(map[string]int)
+	}
+	victim := -1
+	if h.perIP[p.ip] >= h.maxPerIP {
+		victim = slices.IndexFunc(h.order, func(o *pendingConn) bool { return o.ip == p.ip })
+	} else if len(h.order) >= h.max {
+		victim = 0
+	}
+	var evicted net.Conn
+	if victim >= 0 {
+		o := h.order[victim]
+		h.removeLocked(victim)
+		o.evicted = true
+		evicted = o.conn
+	}
+	h.order = append(h.order, p)
+	h.perIP[p.ip]++
+	return p, evicted
+}
+
+// done removes p once its handshake ended; it reports whether p had been evicted meanwhile (its
+// connection was closed, perhaps after the handshake completed).
+func (h *pendingHandshakes) done(p *pendingConn) (evicted bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if p.evicted {
+		return true
+	}
+	if i := slices.Index(h.order, p); i >= 0 {
+		h.removeLocked(i)
+	}
+	return false
+}
+
+func (h *pendingHandshakes) removeLocked(i int) {
+	o := h.order[i]
+	h.order = slices.Delete(h.order, i, i+1)
+	if h.perIP[o.ip]--; h.perIP[o.ip] <= 0 {
+		delete(h.perIP, o.ip)
+	}
+}
+
+// sourceIP is the source a connection counts against: its IPv4 address, or its IPv6 /64 (one
+// host commonly holds a whole /64), or the whole address if it is neither.
+func sourceIP(a net.Addr) string {
+	if ta, ok := a.(*net.TCPAddr); ok {
+		if ta.IP.To4() == nil && len(ta.IP) == net.IPv6len {
+			return ta.IP.Mask(net.CIDRMask(64, 128)).String() + "/64"
+		}
+		return ta.IP.String()
+	}
+	host, _, err := net.SplitHostPort(a.String())
+	if err != nil {
+		return a.String()
+	}
+	return host
+}
 
 // refusalLog counts refused connections and lets one log line through per refusalLogEvery.
 type refusalLog struct {

@@ -112,6 +112,8 @@ type FSM struct {
 	lastSweep quota.Time
 	// tokens is the token table (tokens.go): immutable versions, read without the lock.
 	tokens atomic.Pointer[tokenSet]
+	// tokensGen counts the token table's replacements (TokensGeneration).
+	tokensGen atomic.Uint64
 
 	// scratch is decoding space reused across entries (guarded by mu; not replicated state).
 	scratch struct {
@@ -136,7 +138,7 @@ func New(opts Options) *FSM {
 		opts.DedupWindow = DefaultDedupWindow
 	}
 	f := &FSM{dedupWindow: opts.DedupWindow, engine: quota.NewEngine(), dedup: newDedupTable()}
-	f.tokens.Store(emptyTokens)
+	f.storeTokens(emptyTokens)
 	return f
 }
 
@@ -611,6 +613,6 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.engine, f.dedup, f.applied, f.lastSweep = engine, dedup, s.applied, quota.Time(s.lastSweep)
-	f.tokens.Store(tokens)
+	f.storeTokens(tokens)
 	return nil
 }

@@ -42,9 +42,12 @@ type Token struct {
 	Created int64
 }
 
+// TokenIdentityPrefix starts the identity name of a call carrying a token: the accessor follows.
+const TokenIdentityPrefix = "token:"
+
 // Identity is the identity a call carrying the token has.
 func (t *Token) Identity() auth.Identity {
-	return auth.Identity{Name: "token:" + t.Accessor, Role: t.Role, Domains: t.Domains, Tenant: t.Tenant}
+	return auth.Identity{Name: TokenIdentityPrefix + t.Accessor, Role: t.Role, Domains: t.Domains, Tenant: t.Tenant}
 }
 
 // tokenSet is one immutable version of the table.
@@ -96,6 +99,23 @@ func (f *FSM) TokenByHash(h [32]byte) (Token, bool) {
 	return *t, true
 }
 
+// TokenStored reports whether a token with this accessor is stored (not revoked). It takes no
+// lock.
+func (f *FSM) TokenStored(accessor string) bool {
+	_, ok := f.tokens.Load().byAccessor[accessor]
+	return ok
+}
+
+// TokensGeneration changes whenever the token table is replaced (a token created or revoked,
+// a snapshot restored), so a reader can tell cheaply that tokens it checked may be gone. It
+// is this process's count, not replicated state: replicas differ.
+func (f *FSM) TokensGeneration() uint64 { return f.tokensGen.Load() }
+
+func (f *FSM) storeTokens(s *tokenSet) {
+	f.tokens.Store(s)
+	f.tokensGen.Add(1)
+}
+
 // Tokens lists the stored tokens by accessor.
 func (f *FSM) Tokens() []Token {
 	ts := f.tokens.Load().sorted()
@@ -123,7 +143,7 @@ func (f *FSM) applyCreateToken(o *fsmv1.CreateToken) error {
 	if len(cur.byAccessor) >= MaxTokens {
 		return fmt.Errorf("%w: the cluster holds %d tokens, the most it keeps; revoke unused ones (quotad token list / revoke)", ErrInvalidToken, MaxTokens)
 	}
-	f.tokens.Store(cur.with(t))
+	f.storeTokens(cur.with(t))
 	return nil
 }
 
@@ -132,7 +152,7 @@ func (f *FSM) applyRevokeToken(o *fsmv1.RevokeToken) error {
 	if _, ok := cur.byAccessor[o.Accessor]; !ok {
 		return fmt.Errorf("%w %q", ErrTokenNotFound, o.Accessor)
 	}
-	f.tokens.Store(cur.without(o.Accessor))
+	f.storeTokens(cur.without(o.Accessor))
 	return nil
 }
 

@@ -74,6 +74,10 @@ type AgentConfig struct {
 	// without a request (0: DefaultHTTPIdleTimeout). Responses have a write deadline; the port has
 	// no cap on open connections (rpc/conns.go).
 	HTTPIdleTimeout time.Duration
+	// GRPCHandshakeTimeout closes a connection to the gRPC port that has not completed its TLS
+	// handshake and HTTP/2 preface this long after it was accepted (0:
+	// DefaultGRPCHandshakeTimeout).
+	GRPCHandshakeTimeout time.Duration
 	// MaxRequestBytes caps one gRPC message a node accepts (--max-request-bytes); a larger one
 	// is refused with ResourceExhausted before it is decoded. 0 means DefaultMaxRequestBytes.
 	MaxRequestBytes int
@@ -182,7 +186,7 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 		// is busy grpc-go starts a goroutine as before.
 		grpc.NumStreamWorkers(streamWorkers),
 	}, grpcflow.ServerOptions()...)
-	grpcOpts = append(grpcOpts, grpcConnOptions()...)
+	grpcOpts = append(grpcOpts, grpcConnOptions(cfg.GRPCHandshakeTimeout)...)
 	var forwardCreds credentials.TransportCredentials
 	var httpTLS *tls.Config
 	if cfg.TLS.Enabled() {
@@ -190,6 +194,12 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 		if err != nil {
 			return nil, err
 		}
+		nodeEnd, caEnd, err := certExpiries(cfg.TLS)
+		if err != nil {
+			return nil, err
+		}
+		a.metrics.Registry.MustRegister(certExpiryGauge(nodeEnd, caEnd))
+		warnCertExpiry(log, cfg.TLS, nodeEnd, caEnd, time.Now())
 		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(serverTLS)))
 		forwardCreds = credentials.NewTLS(clientTLS)
 		httpTLS = serverTLS
@@ -221,7 +231,7 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 		a.closeListeners()
 		return nil, err
 	}
-	grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(authn.unary), grpc.ChainStreamInterceptor(authn.stream))
+	grpcOpts = append(grpcOpts, grpc.InTapHandle(authn.tap), grpc.ChainUnaryInterceptor(authn.unary), grpc.ChainStreamInterceptor(authn.stream))
 	if len(cfg.UnaryInterceptors) > 0 {
 		grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(cfg.UnaryInterceptors...))
 	}

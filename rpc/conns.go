@@ -27,6 +27,13 @@ const (
 	// connections and hang /healthz and /metrics for everyone. ReadHeaderTimeout, the idle
 	// timeout and the write deadline bound how long each one lives.
 
+	// DefaultGRPCHandshakeTimeout bounds a new gRPC connection's TLS handshake and HTTP/2
+	// preface (AgentConfig.GRPCHandshakeTimeout). grpc-go's default is 120 s: a connection
+	// that said nothing held a file descriptor and a goroutine for two minutes, so some 550
+	// new silent connections a second kept 65,536 descriptors (the systemd unit's limit) busy.
+	// A handshake takes a few round trips, well under a second even across regions.
+	DefaultGRPCHandshakeTimeout = 10 * time.Second
+
 	// grpcMaxConnectionIdle closes a gRPC connection with no call for this long (GOAWAY; a
 	// client reconnects at its next call). Streams — lender shares, snapshot transfers,
 	// admissions waiting up to their max_wait — are calls, so a connection that has one
@@ -49,10 +56,14 @@ const (
 	grpcMaxConcurrentStreams = 1 << 15
 )
 
-// grpcConnOptions are the gRPC server options that bound connections (keepalive, idle,
-// concurrent streams).
-func grpcConnOptions() []grpc.ServerOption {
+// grpcConnOptions are the gRPC server options that bound connections (handshake, keepalive,
+// idle, concurrent streams). handshake 0 means DefaultGRPCHandshakeTimeout.
+func grpcConnOptions(handshake time.Duration) []grpc.ServerOption {
+	if handshake <= 0 {
+		handshake = DefaultGRPCHandshakeTimeout
+	}
 	return []grpc.ServerOption{
+		grpc.ConnectionTimeout(handshake),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: grpcMaxConnectionIdle,
 			Time: grpcPingTime, Timeout: grpcPingTimeout}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: grpcMinPingInterval, PermitWithoutStream: true}),

@@ -2,6 +2,7 @@ package rpc_test
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 	"github.com/quotad/quotad/rpc"
 	"github.com/quotad/quotad/rpc/rpctest"
 )
@@ -82,5 +84,32 @@ func TestHTTPManyIdleConnections(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("GET /healthz beside 1100 idle connections: %s", resp.Status)
+	}
+}
+
+// TestGRPCClosesSilentConnections: a connection to the gRPC port that never completes its
+// handshake is closed after GRPCHandshakeTimeout (grpc-go's default kept it 120 s), and one
+// that sends only part of a TLS ClientHello too; a real client still connects.
+func TestGRPCClosesSilentConnections(t *testing.T) {
+	c := rpctest.Start(t, 1, testLimits, func(_ int, cfg *rpc.AgentConfig) { cfg.GRPCHandshakeTimeout = 300 * time.Millisecond })
+	addr := c.Addrs()[0]
+	for _, hello := range [][]byte{nil, {0x16, 0x03, 0x01, 0x02, 0x00, 0x01}} {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		if _, err := conn.Write(hello); err != nil {
+			t.Fatal(err)
+		}
+		// The agent must close it (EOF), long before this deadline (grpc-go's default: 120 s).
+		_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+		if _, err := io.Copy(io.Discard, conn); err != nil {
+			t.Fatalf("silent connection (sent %x): %v, want EOF (closed by the agent)", hello, err)
+		}
+	}
+	q := quotadv1.NewQuotaClient(dial(t, addr))
+	if _, err := acquireOne(context.Background(), q, "c", admission(1, 1, "endpoint=search")); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -103,3 +103,6 @@ func SetWaitReadHook(fn func(*quotadv1.Admission)) {
 	}
 	waitReadHook.Store(&fn)
 }
+
+// Waiting returns how many admissions wait in a's scheduler (queued, not yet released).
+func Waiting(a *Agent) int64 { return a.server.fair.nwait.Load() }

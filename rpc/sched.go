@@ -118,12 +118,15 @@ type fair struct {
 	appliedConc map[string]uint64
 	seq         uint64
 	relSeq      uint64 // waiters released so far: the next one's place in release order
-	limits      *quota.Limits
-	limitsAt    time.Time
-	usage       map[string]*shareWindow // by bucket key: who got the capacity lately
-	usageSwept  time.Time               // last pruneUsage pass
-	horizon     time.Duration           // release horizon (see fairHorizonMin)
-	stampMax    float64                 // decaying max of release-to-stamp delays, ns
+	// tokensGen is the FSM's token table generation the queued waiters were last checked
+	// against (dropRevokedLocked).
+	tokensGen  uint64
+	limits     *quota.Limits
+	limitsAt   time.Time
+	usage      map[string]*shareWindow // by bucket key: who got the capacity lately
+	usageSwept time.Time               // last pruneUsage pass
+	horizon    time.Duration           // release horizon (see fairHorizonMin)
+	stampMax   float64                 // decaying max of release-to-stamp delays, ns
 
 	// subMu serializes flush (held from taking the outbox until its batches are submitted),
 	// so batches reach the waiting lane in the order they were released. Order: subMu, then
@@ -169,7 +172,9 @@ type waiter struct {
 	concKeys   []string // concurrency-limited keys on its path
 	arrived    time.Time
 	ready      chan struct{} // released by the pump (buffered)
-	failed     chan struct{} // closed when leadership is lost
+	failed     chan struct{} // closed when leadership is lost, or its token revoked
+	// revoked: failed was closed because the caller's token was revoked (set before, f.mu).
+	revoked bool
 	// Set by the pump before ready: the proposer call carrying its admission (op idx), or
 	// the error submitting it; releasedAt is the leader's FSM time at release.
 	call       *call
@@ -708,6 +713,15 @@ func (f *fair) wait(ctx context.Context, owner string, slot waiterSlot, adm *quo
 			return nil, f.s.applyError(err)
 		}
 		f.mu.Lock()
+		if f.ownerRevoked(owner) {
+			// Checked under f.mu, where it queues: a revoke applied before this is seen here,
+			// one applied after finds it queued (dropRevokedLocked).
+			f.mu.Unlock()
+			if last != nil {
+				return last, nil
+			}
+			return nil, revokedWhileWaiting(owner)
+		}
 		if !slotted && !requeue && f.queuedPaths[w.pathKey] > 0 {
 			// Waiters are queued on this very path, so it would queue too (not go straight
 			// to the FSM, not be refused for its wait) and needs a slot: over a waiter cap it
@@ -839,6 +853,12 @@ func (f *fair) wait(ctx context.Context, owner string, slot waiterSlot, adm *quo
 		if !released {
 			select {
 			case <-w.failed:
+				if w.revoked {
+					if last != nil {
+						return last, nil
+					}
+					return nil, revokedWhileWaiting(owner)
+				}
 				return nil, status.Error(codes.Unavailable, "leadership changed while the admission waited; it was not decided — retry with the same request ID")
 			default:
 			}
@@ -1360,6 +1380,7 @@ func (f *fair) pass() time.Duration {
 		return fairPoll
 	}
 	f.mu.Lock()
+	f.dropRevokedLocked()
 	d := f.passLocked(now, time.Now())
 	f.mu.Unlock()
 	if h := fairReleasedHook.Load(); h != nil {
@@ -1544,6 +1565,44 @@ func (f *fair) passLocked(now int64, wall time.Time) time.Duration {
 		f.metrics.queue(q, wall, f.usage[k])
 	}
 	return max(time.Duration(wake-now), fairPassMin)
+}
+
+// ownerRevoked reports whether owner is the identity of a token that is no longer stored.
+func (f *fair) ownerRevoked(owner string) bool {
+	accessor, ok := strings.CutPrefix(owner, fsm.TokenIdentityPrefix)
+	return ok && !f.s.fsm.TokenStored(accessor)
+}
+
+// dropRevokedLocked fails the queued waiters whose token was revoked since they were checked:
+// a revoke stops a caller's waiting admissions too, not only its next calls (before, a
+// waiter queued for max_wait_ms — uncapped — kept being granted after the revoke). Waiters
+// already released are in the log's hands, like any call in flight. A map lookup per
+// waiter, only when the token table changed. f.mu held.
+func (f *fair) dropRevokedLocked() {
+	gen := f.s.fsm.TokensGeneration()
+	if gen == f.tokensGen {
+		return
+	}
+	f.tokensGen = gen
+	for _, w := range f.waiters {
+		if !f.ownerRevoked(w.owner) {
+			continue
+		}
+		if w.queue != nil {
+			f.unqueue(w.queue, w)
+		} else {
+			f.dropWaiter(w)
+		}
+		w.revoked = true
+		close(w.failed)
+	}
+}
+
+// revokedWhileWaiting is the answer to an admission whose caller's token was revoked before it
+// was decided.
+func revokedWhileWaiting(owner string) error {
+	return status.Errorf(codes.Unauthenticated, "the bearer token with accessor %s was revoked while this admission waited; it was not decided — ask an admin for a token (quotad token create)",
+		strings.TrimPrefix(owner, fsm.TokenIdentityPrefix))
 }
 
 // failAll fails every waiter: this node no longer leads (or is stopping).

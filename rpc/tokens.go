@@ -117,6 +117,7 @@ func (s *Server) RevokeToken(ctx context.Context, req *quotadv1.RevokeTokenReque
 		}
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
+	s.fair.wake() // its waiting admissions are failed at the pump's next pass: now
 	return &quotadv1.RevokeTokenResponse{}, nil
 }
 
