@@ -761,8 +761,10 @@ func (f *fair) wait(ctx context.Context, owner string, slot waiterSlot, adm *quo
 			}
 			if left := time.Until(deadline); at != math.MaxInt64 && time.Duration(at-now) > left && !requeue {
 				// It cannot be admitted within its wait: say so now (like rate.Limiter.Wait).
+				// The denial reads the released permits (heldBy): under f.mu.
+				d := f.denial(adm.Domain, v, blocking, time.Duration(at-now))
 				f.mu.Unlock()
-				return f.denial(adm.Domain, v, blocking, time.Duration(at-now)), nil
+				return d, nil
 			}
 		}
 		if !slotted {
