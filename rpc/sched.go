@@ -954,13 +954,14 @@ func (f *fair) denial(domain string, v *pathView, level int, retry time.Duration
 }
 
 // heldDecision is the scheduler's denial for reason on bucket b (heldBy), shaped as the FSM
-// shapes its own: for concurrency_limited, Limit and Remaining count permits.
+// shapes its own: for concurrency_limited, Limit is max_in_flight and Remaining 0 (no permit
+// for this caller: the FSM's count may show one free that a released waiter owns).
 func heldDecision(reason quota.Reason, b quota.BucketStatus, retry time.Duration) *quotadv1.Decision {
 	d := &quotadv1.Decision{Reason: string(reason), Scope: b.Scope, Limit: b.Limit,
 		Remaining: b.Remaining, WindowMs: b.Window.Milliseconds(), ResetAfterMs: ceilMs(b.ResetAfter),
 		RetryAfterMs: max(1, ceilMs(retry))}
 	if reason == quota.ReasonConcurrencyLimited {
-		d.Limit, d.Remaining = b.MaxInFlight, b.MaxInFlight-min(b.MaxInFlight, b.InFlight)
+		d.Limit, d.Remaining = b.MaxInFlight, 0
 		d.WindowMs, d.ResetAfterMs = 0, 0
 	}
 	return d
