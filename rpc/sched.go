@@ -576,22 +576,25 @@ func (f *fair) denyForWaiters(adm *quotadv1.Admission, v *pathView, i int, wait 
 
 // heldBy says why level i of v cannot take a request now, in the FSM's order of checks: a
 // pause anywhere on the path (the longest: the FSM refuses paused before anything else, and
-// the retry is at least the pause left), then level i's permits all held (counting grants
-// released and not yet applied; a level with no rate can only be held by its permits), else
-// its rate. retry is wait, or fairPoll when wait is unknown (<= 0 or math.MaxInt64: a permit
+// the retry is at least the pause left as of v.now), then level i's permits all held
+// (counting grants released and not yet applied; a level with no rate can only be held by
+// its permits), else its rate. retry is wait, or fairPoll when wait is unknown (<= 0 or math.MaxInt64: a permit
 // returns on a release the scheduler cannot foresee). f.mu held.
 func (f *fair) heldBy(v *pathView, i int, wait time.Duration) (quota.Reason, quota.BucketStatus, time.Duration) {
 	if wait <= 0 || wait == math.MaxInt64 {
 		wait = fairPoll
 	}
+	// PausedFor is as of v.clock (the last applied entry: up to a TickInterval old on an idle
+	// log); what is left of a pause is as of v.now.
+	stale := time.Duration(v.now - v.clock)
 	p := -1
 	for j, b := range v.levels {
-		if b.PausedFor > 0 && (p < 0 || b.PausedFor > v.levels[p].PausedFor) {
+		if b.PausedFor > stale && (p < 0 || b.PausedFor > v.levels[p].PausedFor) {
 			p = j
 		}
 	}
 	if p >= 0 {
-		return quota.ReasonPaused, v.levels[p], max(wait, v.levels[p].PausedFor)
+		return quota.ReasonPaused, v.levels[p], max(wait, v.levels[p].PausedFor-stale)
 	}
 	b := v.levels[i]
 	if b.MaxInFlight > 0 && (b.Limit == 0 || b.InFlight+unapplied(f.pendingConc[b.Key], f.appliedConc[b.Key]) >= b.MaxInFlight) {

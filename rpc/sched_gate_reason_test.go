@@ -142,3 +142,40 @@ func TestGateConcurrencyDenialCountsReleasedPermits(t *testing.T) {
 		t.Fatalf("the waiter: %+v, want admitted", w)
 	}
 }
+
+// The gate's paused denial gives the pause left now, not as of the FSM's clock: the status it
+// reads is as of the last applied entry, which on an idle log is up to a TickInterval old (here
+// a minute: nothing is applied after the pause). It said the whole pause again, 3 s after 1.5 s.
+func TestGatePausedRetryIsThePauseLeftNow(t *testing.T) {
+	c := rpctest.Start(t, 3, gateReasonLimits, func(_ int, cfg *rpc.AgentConfig) { cfg.Cluster.TickInterval = time.Minute })
+	leader := c.Leader()
+	q := quotadv1.NewQuotaClient(dial(t, c.Addrs()[leader]))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	adm := func(id uint64, maxWait time.Duration) *quotadv1.Admission {
+		return &quotadv1.Admission{RequestId: id, Domain: "gate", Cost: 1, MaxWaitMs: maxWait.Milliseconds(),
+			Descriptors: []*quotadv1.Entry{{Key: "tenant", Value: "P"}}}
+	}
+	const pause = 3 * time.Second
+	sent := time.Now()
+	if r, err := q.Feedback(ctx, &quotadv1.FeedbackRequest{Domain: "gate", StatusCode: 429, RetryAfterMs: pause.Milliseconds(),
+		Reason: "tenant-limited", Descriptors: []*quotadv1.Entry{{Key: "tenant", Value: "P"}}}); err != nil || r.PausedForMs != pause.Milliseconds() {
+		t.Fatalf("pause P: %+v %v", r, err)
+	}
+	go func() { _, _ = acquireOne(ctx, q, "w", adm(100, 30*time.Second)) }()
+	clustertest.Eventually(t, 10*time.Second, func() error {
+		if got := c.Agent(leader).FairView().Waiting; got != 1 {
+			return fmt.Errorf("%d waiting, want 1", got)
+		}
+		return nil
+	})
+	time.Sleep(time.Until(sent.Add(pause / 2)))
+	asked := time.Now()
+	d, err := acquireOne(ctx, q, "n", adm(2, 0))
+	// The pause ends at most pause after sent (the entry is stamped after it was sent).
+	left := sent.Add(pause).Sub(asked)
+	if err != nil || d.Admitted || d.Reason != "paused" || time.Duration(d.RetryAfterMs)*time.Millisecond > left+100*time.Millisecond {
+		t.Fatalf("non-waiting admission beside P's waiter %v into a %v pause: %+v %v, want paused, retry_after at most %v",
+			asked.Sub(sent).Round(time.Millisecond), pause, d, err, left.Round(time.Millisecond))
+	}
+}
