@@ -581,22 +581,25 @@ func (f *fair) denyForWaiters(adm *quotadv1.Admission, v *pathView, i int, wait 
 
 // heldBy says why level i of v cannot take a request now, in the FSM's order of checks: a
 // pause anywhere on the path (the longest: the FSM refuses paused before anything else, and
-// the retry is at least the pause left), then level i's permits all held (counting grants
-// released and not yet applied; a level with no rate can only be held by its permits), else
-// its rate. retry is wait, or fairPoll when wait is unknown (<= 0 or math.MaxInt64: a permit
+// the retry is at least the pause left as of v.now), then level i's permits all held
+// (counting grants released and not yet applied; a level with no rate can only be held by
+// its permits), else its rate. retry is wait, or fairPoll when wait is unknown (<= 0 or math.MaxInt64: a permit
 // returns on a release the scheduler cannot foresee). f.mu held.
 func (f *fair) heldBy(v *pathView, i int, wait time.Duration) (quota.Reason, quota.BucketStatus, time.Duration) {
 	if wait <= 0 || wait == math.MaxInt64 {
 		wait = fairPoll
 	}
+	// PausedFor is as of v.clock (the last applied entry: up to a TickInterval old on an idle
+	// log); what is left of a pause is as of v.now.
+	stale := time.Duration(v.now - v.clock)
 	p := -1
 	for j, b := range v.levels {
-		if b.PausedFor > 0 && (p < 0 || b.PausedFor > v.levels[p].PausedFor) {
+		if b.PausedFor > stale && (p < 0 || b.PausedFor > v.levels[p].PausedFor) {
 			p = j
 		}
 	}
 	if p >= 0 {
-		return quota.ReasonPaused, v.levels[p], max(wait, v.levels[p].PausedFor)
+		return quota.ReasonPaused, v.levels[p], max(wait, v.levels[p].PausedFor-stale)
 	}
 	b := v.levels[i]
 	if b.MaxInFlight > 0 && (b.Limit == 0 || b.InFlight+unapplied(f.pendingConc[b.Key], f.appliedConc[b.Key]) >= b.MaxInFlight) {
@@ -780,8 +783,10 @@ func (f *fair) wait(ctx context.Context, owner string, slot waiterSlot, adm *quo
 			}
 			if left := time.Until(deadline); at != math.MaxInt64 && time.Duration(at-now) > left && !requeue {
 				// It cannot be admitted within its wait: say so now (like rate.Limiter.Wait).
+				// The denial reads the released permits (heldBy): under f.mu.
+				d := f.denial(adm.Domain, v, blocking, time.Duration(at-now))
 				f.mu.Unlock()
-				return f.denial(adm.Domain, v, blocking, time.Duration(at-now)), nil
+				return d, nil
 			}
 		}
 		if !slotted {
@@ -977,13 +982,14 @@ func (f *fair) denial(domain string, v *pathView, level int, retry time.Duration
 }
 
 // heldDecision is the scheduler's denial for reason on bucket b (heldBy), shaped as the FSM
-// shapes its own: for concurrency_limited, Limit and Remaining count permits.
+// shapes its own: for concurrency_limited, Limit is max_in_flight and Remaining 0 (no permit
+// for this caller: the FSM's count may show one free that a released waiter owns).
 func heldDecision(reason quota.Reason, b quota.BucketStatus, retry time.Duration) *quotadv1.Decision {
 	d := &quotadv1.Decision{Reason: string(reason), Scope: b.Scope, Limit: b.Limit,
 		Remaining: b.Remaining, WindowMs: b.Window.Milliseconds(), ResetAfterMs: ceilMs(b.ResetAfter),
 		RetryAfterMs: max(1, ceilMs(retry))}
 	if reason == quota.ReasonConcurrencyLimited {
-		d.Limit, d.Remaining = b.MaxInFlight, b.MaxInFlight-min(b.MaxInFlight, b.InFlight)
+		d.Limit, d.Remaining = b.MaxInFlight, 0
 		d.WindowMs, d.ResetAfterMs = 0, 0
 	}
 	return d
