@@ -336,7 +336,10 @@ func TestCapsFlood(t *testing.T) {
 				r := resp.Decisions[0].Reason
 				waiters.add(r, 1)
 				if r == "too_many_waiters" {
-					waiters.add("denied_within_1s", int64(map[bool]int{true: 1}[time.Since(sent) < time.Second]))
+					// "At once": far below the 600 s wait it asked for. 1 s held alone (all
+					// 3,999 within it) but not beside make test's other packages on 2 cores
+					// (3,482 of 3,999 at s9-int).
+					waiters.add("denied_within_5s", int64(map[bool]int{true: 1}[time.Since(sent) < 5*time.Second]))
 				}
 				decidedAt.LoadOrStore(r, time.Since(start))
 			}
@@ -439,7 +442,7 @@ func TestCapsFlood(t *testing.T) {
 		t.Errorf("data dirs grew %d MB for %d small admissions (budget %d MB)", growth>>20, decided, budget>>20)
 	}
 	held, denied := waiters.get("held_until_the_end"), waiters.get("too_many_waiters")
-	if held > floodWaiterCap || denied < floodWaiters-floodWaiterCap-2 || waiters.get("denied_within_1s") < denied*9/10 {
+	if held > floodWaiterCap || denied < floodWaiters-floodWaiterCap-2 || waiters.get("denied_within_5s") < denied*9/10 {
 		t.Errorf("waiters: %s; want at most %d held and the rest denied at once", &waiters, floodWaiterCap)
 	}
 	// No election.

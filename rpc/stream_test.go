@@ -289,7 +289,20 @@ func TestStreamRevokedTokenStopsServing(t *testing.T) {
 	if _, err := quotadv1.NewAdminClient(conn).RevokeToken(as(bootstrap), &quotadv1.RevokeTokenRequest{Accessor: tok.Accessor}); err != nil {
 		t.Fatal(err)
 	}
-	_, err = recvWithin(t, s, 10*time.Second)
+	// Either the revoke ends the token's waiting admissions (their answer: UNAUTHENTICATED,
+	// TestRevokeEndsWaitingAdmissions) and the stream refuses the next message, or the
+	// stream's own re-check ends it first.
+	m, err := recvWithin(t, s, 10*time.Second)
+	if err == nil {
+		if len(m.Decisions) != 1 || m.Decisions[0].RequestId != 2 || codes.Code(m.Decisions[0].Code) != codes.Unauthenticated {
+			t.Fatalf("after the revoke: %v, want request 2 answered UNAUTHENTICATED or the stream ended", m)
+		}
+		if err = s.Send(&quotadv1.AcquireStreamRequest{Admissions: []*quotadv1.Admission{waiting(4, "free", time.Second)}}); err == nil {
+			_, err = recvWithin(t, s, 10*time.Second)
+		} else if errors.Is(err, io.EOF) {
+			_, err = s.Recv() // the stream has ended: its status
+		}
+	}
 	wantCode(t, err, codes.Unauthenticated, "not known")
 	clustertest.Eventually(t, 5*time.Second, func() error {
 		if n := c.Agent(leader).FairView().Waiting; n != 0 {
