@@ -276,14 +276,15 @@ func (ws *wstream) retire(cs quotadv1.Quota_AcquireStreamClient) bool {
 func (ws *wstream) forget(id uint64) bool {
 	ws.mu.Lock()
 	call, ok := ws.calls[id]
+	sent := ok && call.sent
 	if ok {
 		delete(ws.calls, id)
-		if call.sent {
-			ws.cancels = append(ws.cancels, id)
-		}
+	}
+	if sent {
+		ws.cancels = append(ws.cancels, id)
 	}
 	ws.mu.Unlock()
-	if ok && call.sent {
+	if sent {
 		select {
 		case ws.kick <- struct{}{}:
 		default:
