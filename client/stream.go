@@ -77,6 +77,11 @@ type wstream struct {
 
 type streamCall struct {
 	done chan streamResult // buffered: the receiver never blocks
+	// sent: its admission went into a message (under wstream.mu). A caller that gives up
+	// before sends no cancel and its admission is dropped from the queue: a cancel in the
+	// admission's own message or an earlier one would name nothing on the leader (it applies
+	// a message's cancels first), which would then queue the admission for its whole wait.
+	sent bool
 }
 
 // streamResult is a caller's outcome: a decision, an error, fallback (decide it by unary
@@ -265,17 +270,21 @@ func (ws *wstream) retire(cs quotadv1.Quota_AcquireStreamClient) bool {
 	return true
 }
 
-// forget drops an undecided admission whose caller gave up and queues its cancel; false when
-// it was already answered (its result is in its call's channel).
+// forget drops an undecided admission whose caller gave up and queues its cancel (none when
+// it was not sent yet: run drops it); false when it was already answered (its result is in
+// its call's channel).
 func (ws *wstream) forget(id uint64) bool {
 	ws.mu.Lock()
-	_, ok := ws.calls[id]
+	call, ok := ws.calls[id]
+	sent := ok && call.sent
 	if ok {
 		delete(ws.calls, id)
+	}
+	if sent {
 		ws.cancels = append(ws.cancels, id)
 	}
 	ws.mu.Unlock()
-	if ok {
+	if sent {
 		select {
 		case ws.kick <- struct{}{}:
 		default:
@@ -341,6 +350,14 @@ func (ws *wstream) run(qc quotadv1.QuotaClient) {
 			}
 		}
 		ws.mu.Lock()
+		kept := adms[:0]
+		for _, a := range adms {
+			if call := ws.calls[a.RequestId]; call != nil { // else its caller gave up: not sent
+				call.sent = true
+				kept = append(kept, a)
+			}
+		}
+		adms = kept
 		n := min(len(ws.cancels), maxAdmissionsPerBatch)
 		cancels := ws.cancels[:n:n]
 		ws.cancels = ws.cancels[n:]
@@ -376,8 +393,10 @@ func (ws *wstream) recv(cs quotadv1.Quota_AcquireStreamClient) {
 	for {
 		resp, err := cs.Recv()
 		if err != nil {
+			// The trailer first: the header named the leader when the stream opened, which
+			// a deposed leader's trailer corrects.
 			md, _ := cs.Header()
-			ws.fail(err, metadata.Join(md, cs.Trailer()))
+			ws.fail(err, metadata.Join(cs.Trailer(), md))
 			return
 		}
 		at := time.Now()

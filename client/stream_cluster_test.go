@@ -24,6 +24,8 @@ rate_limit: {unit: year, requests_per_unit: 1, burst: 1000000}
 descriptors:
   - key: pace
     rate_limit: {unit: second, requests_per_unit: 200, burst: 1}
+  - key: slow
+    rate_limit: {unit: second, requests_per_unit: 1, burst: 1}
 `
 
 // secureStreamCluster starts three TLS agents (rpctest.Secure) with streamTestLimits and
@@ -243,5 +245,93 @@ func TestClusterStreamIdleClosed(t *testing.T) {
 	}
 	if st := c.Stats(); st.StreamFallbacks != 0 || st.RPCs != 0 || st.Streams < 2 {
 		t.Fatalf("client %+v: want each Wait on a stream (a new one after the idle close), none unary", st)
+	}
+}
+
+// TestClusterStreamCancelBeforeSend: a caller that gives up while its admission is still in the
+// client's send queue leaves nothing on the leader. Its cancel must not reach the leader in the
+// same message as the admission (the leader applies a message's cancels before its
+// admissions) or before it: the leader would ignore the cancel as naming nothing, then queue
+// the admission for its whole max wait (30 s here) and grant it a unit nobody learns of. The
+// client drops such an admission instead of sending it.
+func TestClusterStreamCancelBeforeSend(t *testing.T) {
+	tc, cfg := secureStreamCluster(t)
+	c := newTestClient(t, tc.Addrs(), func(c *Config) { *c = cfg })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	// Takes the slow bucket's only unit (an hour's) and opens the stream to the leader.
+	if _, err := c.Wait(ctx, Request{Domain: "counted", Descriptors: Descriptors("slow", "c")}); err != nil {
+		t.Fatal(err)
+	}
+	leader := tc.Leader()
+	const n = 1000
+	before := c.Stats()
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			wctx, wcancel := context.WithCancel(context.Background()) // no deadline: MaxServerWait
+			time.AfterFunc(time.Duration(i%50)*10*time.Microsecond, wcancel)
+			_, err := c.Wait(wctx, Request{Domain: "counted", Descriptors: Descriptors("slow", "c")})
+			if !errors.Is(err, context.Canceled) {
+				t.Errorf("canceled Wait: %v, want context.Canceled", err)
+			}
+		})
+	}
+	wg.Wait()
+	st := c.Stats()
+	t.Logf("%d canceled Waits: %d admissions sent in %d messages", n, st.StreamAdmissions-before.StreamAdmissions, st.StreamSends-before.StreamSends)
+	time.Sleep(200 * time.Millisecond)
+	clustertest.Eventually(t, time.Second, func() error {
+		if w := tc.Agent(leader).FairView().Waiting; w != 0 {
+			return fmt.Errorf("%d admissions of canceled callers still waiting on the leader", w)
+		}
+		return nil
+	})
+}
+
+// TestClusterStreamIdleLeaderTransfer: a stream left open on a leader that hands leadership
+// over is refused at the next admission (FAILED_PRECONDITION, the new leader in the trailer);
+// the client re-opens it on the new leader at once. The stream's header named the old leader
+// (itself): read first, it made the client think the leader could not be followed and turn
+// streaming off for streamOffAfterRefusal, every waiting admission going unary meanwhile.
+func TestClusterStreamIdleLeaderTransfer(t *testing.T) {
+	tc, cfg := secureStreamCluster(t)
+	old := tc.Leader()
+	addrs := []string{tc.Addrs()[old]} // the leader first
+	for i, a := range tc.Addrs() {
+		if i != old {
+			addrs = append(addrs, a)
+		}
+	}
+	c := newTestClient(t, addrs, func(c *Config) {
+		*c = cfg
+		c.Addrs = addrs
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	wait := func(round int) {
+		t.Helper()
+		if _, err := c.Wait(ctx, Request{Domain: "counted", Descriptors: Descriptors("pace", fmt.Sprint("t", round))}); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+	}
+	wait(0) // the stream is open on the leader (after a follower's refusal, if it went there first)
+	if err := tc.Agent(old).Node().TransferLeadership(""); err != nil {
+		t.Fatal(err)
+	}
+	clustertest.Eventually(t, 10*time.Second, func() error {
+		if l := tc.Leader(); l == old || l < 0 {
+			return fmt.Errorf("leader still node%d", l)
+		}
+		return nil
+	})
+	before := c.Stats()
+	for round := 1; round <= 3; round++ {
+		wait(round)
+	}
+	st := c.Stats()
+	t.Logf("after the transfer: %+v (before %+v)", st, before)
+	if st.RPCs != before.RPCs {
+		t.Fatalf("%d unary Acquire RPCs after the leader changed: the client stopped streaming instead of following the new leader", st.RPCs-before.RPCs)
 	}
 }

@@ -50,7 +50,8 @@ type WaiterCaps struct {
 	// PerDomain caps the waiting admissions in one domain (--max-waiters-per-domain).
 	PerDomain int
 	// PerStream caps the undecided admissions of one AcquireStream, waiting or still being
-	// decided (--max-stream-admissions, default DefaultMaxStreamAdmissions); one beyond is
+	// decided, or decided with their answer not yet queued for sending (a client that does
+	// not read) (--max-stream-admissions, default DefaultMaxStreamAdmissions); one beyond is
 	// denied too_many_waiters (scope "stream"). The caps above apply to a stream's admissions
 	// as to unary ones.
 	PerStream int

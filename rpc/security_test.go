@@ -97,7 +97,7 @@ func (p *pki) files(name string) rpc.TLSFiles {
 }
 
 // dialAs connects to addr over TLS, presenting certificate name ("" for none).
-func (p *pki) dialAs(addr, name string) *grpc.ClientConn {
+func (p *pki) dialAs(addr, name string, opts ...grpc.DialOption) *grpc.ClientConn {
 	t := p.t
 	t.Helper()
 	cfg := &tls.Config{RootCAs: p.pool}
@@ -109,7 +109,7 @@ func (p *pki) dialAs(addr, name string) *grpc.ClientConn {
 		}
 		cfg.Certificates = []tls.Certificate{cert}
 	}
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+	conn, err := grpc.NewClient(addr, append([]grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(cfg))}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -62,8 +62,13 @@ type acquireStream struct {
 
 	mu      sync.Mutex
 	pending map[uint64]context.CancelFunc // undecided admissions by request ID
-	wg      sync.WaitGroup                // their goroutines
-	out     chan *quotadv1.StreamDecision // answers, to the sender
+	// held counts the admissions started and not yet answered (or dropped): what the
+	// per-stream cap bounds. Not len(pending): an admission leaves pending when decided, but
+	// its goroutine holds on until the answer is queued, which a client that does not read
+	// delays forever; a canceled one holds on until its wait ends.
+	held int
+	wg   sync.WaitGroup                // their goroutines
+	out  chan *quotadv1.StreamDecision // answers, to the sender
 }
 
 // AcquireStream decides a stream of admissions, answering each as soon as it is decided (see
@@ -267,10 +272,11 @@ func (st *acquireStream) start(adm *quotadv1.Admission) error {
 		st.mu.Unlock()
 		return status.Errorf(codes.InvalidArgument, "request_id %d is already undecided on this stream; send a request ID again only after its answer (or on another call)", rid)
 	}
-	if len(st.pending) >= st.max {
+	if st.held >= st.max {
+		held := st.held
 		st.mu.Unlock()
 		st.answer(&quotadv1.StreamDecision{RequestId: rid, Decision: st.s.fair.tooManyWaiters(adm.GetDomain(),
-			fmt.Sprintf("this stream already has %d undecided admissions, its limit (--max-stream-admissions %d); wait for some to be decided, or open another stream", len(st.pending), st.max),
+			fmt.Sprintf("this stream already has %d undecided or unread admissions, its limit (--max-stream-admissions %d); wait for some to be answered and read them, or open another stream", held, st.max),
 			ScopeStreamWaiters)})
 		return nil
 	}
@@ -278,10 +284,16 @@ func (st *acquireStream) start(adm *quotadv1.Admission) error {
 	if rid != 0 {
 		st.pending[rid] = cancel
 	}
+	st.held++
 	st.wg.Add(1)
 	st.mu.Unlock()
 	go func() {
 		defer st.wg.Done()
+		defer func() {
+			st.mu.Lock()
+			st.held--
+			st.mu.Unlock()
+		}()
 		defer cancel()
 		d, err := st.s.acquireOneStreamed(actx, st.id, st.clientID, adm)
 		st.mu.Lock()

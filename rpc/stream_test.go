@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 	"time"
 
@@ -330,4 +331,56 @@ func TestStreamRevokedTokenStopsServing(t *testing.T) {
 		_, err = recvWithin(t, s2, 5*time.Second)
 	}
 	wantCode(t, err, codes.Unauthenticated)
+}
+
+// TestStreamUnreadAnswersAreCapped: a client that sends admissions but never reads its answers
+// holds at most --max-stream-admissions of them on the leader. An admission counts against the
+// per-stream cap until its answer is queued for sending, not only until it is decided: once the
+// client's flow-control window is full, every decided admission's goroutine waits to queue its
+// answer, and without counting those, a client sending small messages that never read held one
+// goroutine (and one decision) per admission, without bound.
+func TestStreamUnreadAnswersAreCapped(t *testing.T) {
+	c, p, _ := streamCluster(t)
+	leader := c.Leader()
+	// A fixed 64 KiB window (no BDP growth): the leader's sends block after ~64 KiB of answers.
+	conn := p.dialAs(c.Addrs()[leader], "w", grpc.WithInitialWindowSize(1<<16), grpc.WithInitialConnWindowSize(1<<16))
+	q := quotadv1.NewQuotaClient(conn)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := acquireOne(ctx, q, "warm", &quotadv1.Admission{RequestId: 1, Domain: "free"}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := q.AcquireStream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := runtime.NumGoroutine()
+	const msgs, per = 200, 100 // each message far below the cap: no admission is refused by it
+	sent := make(chan struct{})
+	go func() {
+		defer close(sent)
+		rid := uint64(0)
+		for i := 0; i < msgs; i++ {
+			m := &quotadv1.AcquireStreamRequest{ClientId: "unread"}
+			for j := 0; j < per; j++ {
+				rid++
+				m.Admissions = append(m.Admissions, &quotadv1.Admission{RequestId: rid, Domain: "free"})
+			}
+			if s.Send(m) != nil {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	// The sender stops when done or blocked by the leader no longer reading; give it time.
+	select {
+	case <-sent:
+	case <-time.After(15 * time.Second):
+	}
+	time.Sleep(2 * time.Second)
+	grew := runtime.NumGoroutine() - before
+	t.Logf("goroutines grew by %d after %d admissions sent, none read", grew, msgs*per)
+	if limit := 2 * rpc.DefaultMaxStreamAdmissions; grew > limit {
+		t.Fatalf("a stream whose client never reads holds %d goroutines on the leader, want at most ~%d (--max-stream-admissions)", grew, limit)
+	}
 }

@@ -22,7 +22,7 @@ func (c *capFlags) register(f intFlags) {
 	f.IntVar(&c.waiters.PerClient, "max-waiters-per-client", rpc.DefaultMaxWaitersPerClient, "admissions of one client_id that may wait on the leader at once (more are denied: too_many_waiters)")
 	f.IntVar(&c.waiters.PerIdentity, "max-waiters-per-identity", 0, "admissions of one authenticated identity (token or client certificate) that may wait on the leader at once in one domain, whatever its client_ids (0: a quarter of --max-waiters-per-domain; more are denied: too_many_waiters)")
 	f.IntVar(&c.waiters.PerDomain, "max-waiters-per-domain", rpc.DefaultMaxWaitersPerDomain, "admissions of one domain that may wait on the leader at once (more are denied: too_many_waiters)")
-	f.IntVar(&c.waiters.PerStream, "max-stream-admissions", rpc.DefaultMaxStreamAdmissions, "undecided admissions one AcquireStream may have on the leader at once (more are denied: too_many_waiters, scope stream)")
+	f.IntVar(&c.waiters.PerStream, "max-stream-admissions", rpc.DefaultMaxStreamAdmissions, "undecided (or decided but unsent: a client not reading) admissions one AcquireStream may have on the leader at once (more are denied: too_many_waiters, scope stream)")
 }
 
 func (c *capFlags) apply(cfg *rpc.AgentConfig) error {
