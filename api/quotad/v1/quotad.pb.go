@@ -486,7 +486,8 @@ type AcquireStreamRequest struct {
 	// admissions to decide, validated as Acquire's (at most 10000 per message). Each is answered
 	// on its own by request_id. A request_id still undecided on this stream may not be sent
 	// again on it (INVALID_ARGUMENT ends the stream). At most --max-stream-admissions may be
-	// undecided on one stream; one beyond is answered too_many_waiters (scope "stream").
+	// held by the leader for one stream — undecided, or decided with the answer not yet sent (a
+	// client that does not read); one beyond is answered too_many_waiters (scope "stream").
 	Admissions []*Admission `protobuf:"bytes,2,rep,name=admissions,proto3" json:"admissions,omitempty"`
 	// cancels are request IDs of this stream's undecided admissions the caller gave up on: their
 	// waits end as a canceled Acquire's do, and they get no answer. One already decided (its
