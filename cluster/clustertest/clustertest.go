@@ -132,12 +132,18 @@ func Start(t testing.TB, n int, newFSM func() cluster.FSM, opts ...Option) *Clus
 	for _, o := range opts {
 		o(c)
 	}
-	t.Cleanup(c.Close)
+	// The data dirs first, Close's cleanup after them: cleanups run last-registered first, so
+	// the nodes stop before their dirs are removed. The other way round a running node wrote
+	// into a dir being removed (CI: "TempDir RemoveAll cleanup: unlinkat …/002: directory not
+	// empty" in TestFormApplyFollowerRejects).
 	for i := range n {
 		cfg := TestConfig(t, fmt.Sprintf("node%d", i))
 		cfg.BootstrapExpect = n
 		reserveAddrs(t, &cfg)
 		c.nodes = append(c.nodes, &slot{cfg: cfg})
+	}
+	t.Cleanup(c.Close)
+	for i := range n {
 		c.start(i, false)
 	}
 	return c
@@ -331,8 +337,21 @@ func (c *Cluster) AddNode() int {
 	c.mu.Lock()
 	c.nodes = append(c.nodes, &slot{cfg: cfg})
 	c.mu.Unlock()
+	// Its data dir's cleanup came after Close's (see Start): stop it first.
+	c.t.Cleanup(func() { c.killIfRunning(i) })
 	c.start(i, false)
 	return i
+}
+
+// killIfRunning kills node i if it is running (a cleanup: no test failure if it is not).
+func (c *Cluster) killIfRunning(i int) {
+	c.mu.Lock()
+	n := c.nodes[i].node
+	c.nodes[i].node = nil
+	c.mu.Unlock()
+	if n != nil {
+		_ = n.Kill()
+	}
 }
 
 // Close stops every running node (as Kill does, in parallel: fast) and stops their logging.
