@@ -69,7 +69,8 @@ const (
 	// The release horizon: how far ahead of a bucket's next unit its grant is released. It
 	// must cover the time from release to the entry's timestamp (waiting for a commit slot),
 	// or the bucket fills meanwhile and units are lost; beyond that it only delays newcomers.
-	// It follows 1.5 × the longest recent release-to-stamp delay + 2 ms, within these bounds.
+	// It follows 1.5 × the longest recent release-to-stamp delay + the pump timer's longest
+	// recent lateness + fairPassMin, within these bounds (setHorizon).
 	fairHorizonMin     = 2 * time.Millisecond
 	fairHorizonMax     = 100 * time.Millisecond
 	fairHorizonInitial = 10 * time.Millisecond
@@ -84,6 +85,12 @@ const (
 	// 1000/s made commits slower for everyone. The horizon adds it (a pass releases a
 	// horizon's worth, and the lead may drop by this much before the next).
 	fairPassMin = 2 * time.Millisecond
+	// fairLateMax caps the pump timer's lateness the horizon covers. Until session 10 the
+	// horizon covered a fixed 2 ms of it; on a quiet machine the timer is ~1 ms late, and the
+	// extra millisecond was lead every newcomer waited out (at 1000/s the horizon went 4.4 →
+	// 3.4 ms). Uncapped (tried in session 7, reverted in 291e385), one pass tens of ms late
+	// lengthened the lead for ~100 passes — a second, many token intervals at 100/s.
+	fairLateMax = 2 * time.Millisecond
 	// fairNewcomerAhead bounds the waiters a newcomer's own release looks at and releases
 	// before it in fair order (ties with flows that became backlogged at the same virtual
 	// time); beyond it the newcomer is left to the pump.
@@ -127,6 +134,7 @@ type fair struct {
 	usageSwept time.Time               // last pruneUsage pass
 	horizon    time.Duration           // release horizon (see fairHorizonMin)
 	stampMax   float64                 // decaying max of release-to-stamp delays, ns
+	lateMax    float64                 // decaying max of the pump timer's lateness, ns
 
 	// subMu serializes flush (held from taking the outbox until its batches are submitted),
 	// so batches reach the waiting lane in the order they were released. Order: subMu, then
@@ -1139,13 +1147,27 @@ func (f *fair) submit(ws []*waiter) {
 	}()
 }
 
-// observeStamp feeds the release horizon with one release-to-stamp delay (ns). The horizon
-// also covers the pump's own lateness (timers on a loaded machine), a fixed 2 ms. It is not
+// observeStamp feeds the release horizon with one release-to-stamp delay (ns). It is not
 // measured from when a grant was due: a longer horizon makes larger entries, which commit
 // slower, which would lengthen it again. f.mu held.
 func (f *fair) observeStamp(d int64) {
 	f.stampMax = max(float64(max(d, 0)), f.stampMax*0.99)
-	h := time.Duration(1.5*f.stampMax) + 2*time.Millisecond + fairPassMin
+	f.setHorizon()
+}
+
+// observeLate feeds the release horizon with how late the pump's timer fired. f.mu held.
+func (f *fair) observeLate(d time.Duration) {
+	f.lateMax = max(float64(max(d, 0)), f.lateMax*0.99)
+	f.setHorizon()
+}
+
+// setHorizon sets the release horizon from what it must cover. A grant due at t is released
+// by the first pass at or after t − horizon, which comes up to fairPassMin after the previous
+// pass plus the timer's lateness, and its entry is stamped a release-to-stamp delay after
+// that: stamped after t, the bucket refills meanwhile and units are lost. Both delays are
+// measured (decaying maxima), the lateness counted up to fairLateMax. f.mu held.
+func (f *fair) setHorizon() {
+	h := time.Duration(1.5*f.stampMax) + min(time.Duration(f.lateMax), fairLateMax) + fairPassMin
 	f.horizon = min(max(h, fairHorizonMin), fairHorizonMax)
 }
 
@@ -1344,20 +1366,24 @@ func (f *fair) loop() {
 	defer timer.Stop()
 	type leaderNotifier interface{ LeaderChanged() <-chan struct{} }
 	ln, _ := f.s.node.(leaderNotifier)
+	var due time.Time // when the timer was set to fire
 	for {
 		var lc <-chan struct{}
 		if ln != nil {
 			lc = ln.LeaderChanged()
 		}
+		late := time.Duration(-1) // a timer's lateness; not measured for other wake-ups
 		select {
 		case <-f.stop:
 			f.failAll()
 			return
 		case <-f.kick:
 		case <-timer.C:
+			late = time.Since(due)
 		case <-lc:
 		}
-		next := f.pass()
+		next := f.pass(late)
+		due = time.Now().Add(next)
 		if !timer.Stop() {
 			select {
 			case <-timer.C:
@@ -1371,7 +1397,8 @@ func (f *fair) loop() {
 // pass releases, queue by queue, every waiter the queue picks (in fair order) that the
 // buckets can pay within the release horizon, submits each queue's batch as one proposer
 // call, and returns how long to sleep: until the next waiter comes within the horizon.
-func (f *fair) pass() time.Duration {
+// late is how late the timer that started it fired (negative: not started by the timer).
+func (f *fair) pass(late time.Duration) time.Duration {
 	if f.nwait.Load() == 0 {
 		// Under f.mu: waiters' goroutines release newcomers too, and the pump's passes set
 		// the gauges idle clears (f.metrics.queue, also under f.mu).
@@ -1386,6 +1413,9 @@ func (f *fair) pass() time.Duration {
 		return fairPoll
 	}
 	f.mu.Lock()
+	if late >= 0 {
+		f.observeLate(late)
+	}
 	f.dropRevokedLocked()
 	d := f.passLocked(now, time.Now())
 	f.mu.Unlock()

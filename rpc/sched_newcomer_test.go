@@ -229,7 +229,7 @@ func TestSchedBatchesReachTheLaneInReleaseOrder(t *testing.T) {
 	pumped := make(chan struct{})
 	go func() {
 		defer close(pumped)
-		f.pass() // releases H's 5 waiters, then pauses before flushing
+		f.pass(-1) // releases H's 5 waiters, then pauses before flushing
 	}()
 	select {
 	case <-paused:
