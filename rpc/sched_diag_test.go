@@ -175,6 +175,8 @@ func logPhases(t *testing.T, traces map[uint64]rpc.FairTrace, client map[uint64]
 		{"release → entry stamped", func(tr rpc.FairTrace) time.Duration { return tr.Stamp.Sub(tr.Released) }},
 		{"stamped → applied (seen by the waiter)", func(tr rpc.FairTrace) time.Duration { return tr.Applied.Sub(tr.Stamp) }},
 		{"grant's moment after the stamp", func(tr rpc.FairTrace) time.Duration { return tr.Moment.Sub(tr.Stamp) }},
+		{"predicted moment after release", func(tr rpc.FairTrace) time.Duration { return tr.Predicted.Sub(tr.Released) }},
+		{"moment − predicted", func(tr rpc.FairTrace) time.Duration { return tr.Moment.Sub(tr.Predicted) }},
 		{"hold (applied → answered)", func(tr rpc.FairTrace) time.Duration { return tr.Answered.Sub(tr.Applied) }},
 		{"on the leader (arrival → answered)", func(tr rpc.FairTrace) time.Duration { return tr.Answered.Sub(tr.Arrived) }},
 	}
