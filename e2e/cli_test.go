@@ -208,6 +208,9 @@ func TestCLIOperatorCommands(t *testing.T) {
 		t.Fatalf("apply -f DIR:\n%s", out)
 	}
 	wantCLI(t, c, 3, []string{"reason=invalid", `"endpont"`, "strict_keys"}, "acquire", "--domain", "provider", "--descriptor", "endpont=charges")
+	// bucket status refuses the typo as acquire does (user trial: it listed only the domain
+	// bucket, exit 0).
+	wantCLI(t, c, 1, []string{"InvalidArgument", `"endpont"`, "strict_keys"}, "bucket", "status", "--domain", "provider", "--descriptor", "endpont=charges")
 	// Feedback pauses the scope named.
 	mustCLI(t, c, "feedback", "--domain", "provider", "--descriptor", "endpoint=search", "--status", "429", "--retry-after", "30s")
 	wantCLI(t, c, 3, []string{"reason=paused", "scope=endpoint"}, "acquire", "--domain", "provider", "--descriptor", "endpoint=search")

@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -42,7 +43,7 @@ func (s *Server) ShareStatus(ctx context.Context, req *quotadv1.ShareStatusReque
 	}
 	bs, err := s.fsm.Status(req.Domain, path)
 	if err != nil {
-		return nil, status.Error(codes.NotFound, err.Error())
+		return nil, statusReadError(err)
 	}
 	var onPath map[string]bool
 	if len(req.Descriptors) > 0 {
@@ -79,4 +80,13 @@ func (s *Server) ShareStatus(ctx context.Context, req *quotadv1.ShareStatusReque
 		})
 	}
 	return resp, nil
+}
+
+// statusReadError is the gRPC error of a failed bucket read: InvalidArgument for a malformed
+// path (a key a strict_keys domain does not define), NotFound for an unknown domain.
+func statusReadError(err error) error {
+	if errors.Is(err, quota.ErrInvalidRequest) {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	return status.Error(codes.NotFound, err.Error())
 }
