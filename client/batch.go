@@ -24,31 +24,32 @@ type pending struct {
 	tries atomic.Pointer[tries]
 }
 
-// tries counts a batch's RPC attempts and keeps the last one's error. Safe for concurrent
+// tries counts a batch's RPC attempts and keeps each node's last error. Safe for concurrent
 // use (the batch's sender writes, its callers read).
 type tries struct {
-	mu   sync.Mutex
-	n    int
-	last error
+	mu     sync.Mutex
+	n      int
+	byNode nodeErrors
 }
 
-func (t *tries) record(err error) {
+// record counts an attempt against the node at addr and its error.
+func (t *tries) record(addr string, err error) {
 	t.mu.Lock()
 	t.n++
 	if err != nil {
-		t.last = err
+		t.byNode.add(addr, err)
 	}
 	t.mu.Unlock()
 }
 
-// get returns the attempts so far and the last error (0, nil for a nil t).
+// get returns the attempts so far and the nodes' last errors (0, nil for a nil t).
 func (t *tries) get() (int, error) {
 	if t == nil {
 		return 0, nil
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.n, t.last
+	return t.n, t.byNode.err()
 }
 
 type result struct {
@@ -235,7 +236,7 @@ func (b *batcher) send(batch []*pending) {
 		b.c.metrics.rpcs.Add(1)
 		var err error
 		resp, err = qc.Acquire(ctx, req, opts...)
-		t.record(err)
+		t.record(attemptAddr(ctx), err)
 		return err
 	})
 	at := time.Now()

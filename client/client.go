@@ -328,9 +328,14 @@ func (c *Client) Acquire(ctx context.Context, req Request) (*Lease, error) {
 }
 
 // Refund gives back the rate tokens of an admitted request that was never used (cancelled
-// after admission). It returns the units refunded: 0 if d was not admitted, was already
-// refunded, or is too old for the cluster to remember. Refunding twice is harmless.
-// Concurrency permits are not affected; release those with the Lease.
+// after admission). Each bucket d charged takes its units back only while d is still the last
+// admission that debited it, and only up to its capacity. It returns the least any of those
+// buckets took back: 0 if d was not admitted, was already refunded or is too old for the
+// cluster to remember — but also when one bucket needed nothing back (a domain ceiling that
+// refilled within a millisecond, or was dropped as full) or a later admission debited it, even
+// though the other buckets (a slow tenant's, say) did take their units back. So cost means
+// every level got it back; 0 does not mean none did (Status shows the balances). Refunding
+// twice is harmless. Concurrency permits are not affected; release those with the Lease.
 func (c *Client) Refund(ctx context.Context, d Decision) (uint64, error) {
 	if !d.Admitted || d.RequestID == 0 {
 		return 0, nil

@@ -450,3 +450,36 @@ func TestClusterConfiguredAddrsOnly(t *testing.T) {
 		t.Errorf("default: dialed %v, want the leader %s too (it follows x-quotad-leader)", got, lAddr)
 	}
 }
+
+// TestClusterLostQuorumErrorNamesEachNode: with two of three nodes dead, a call that gets no
+// decision names every node and what it last answered, so the survivor's "no leader … lost
+// quorum" shows (user trial: `quotad acquire` said only "last error: … dial tcp
+// 127.0.0.1:7101: connect: connection refused", the dead node the last attempt happened to try).
+func TestClusterLostQuorumErrorNamesEachNode(t *testing.T) {
+	c := startCluster(t)
+	addrs := c.addrs()
+	survivor := (c.leader() + 1) % 3
+	for i := range 3 {
+		if i != survivor {
+			c.kill(i)
+		}
+	}
+	for _, batched := range []bool{true, false} {
+		qc := newTestClient(t, addrs, func(cfg *Config) { cfg.Batch.Disabled = !batched })
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		_, err := qc.Allow(ctx, Request{Domain: "fixed"})
+		cancel()
+		if !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("batched=%v: %v, want ErrUnavailable", batched, err)
+		}
+		msg := err.Error()
+		for i, a := range addrs {
+			if !strings.Contains(msg, a+": ") {
+				t.Errorf("batched=%v: the error does not name node %d (%s):\n%s", batched, i, a, msg)
+			}
+		}
+		if !strings.Contains(msg, "no leader") {
+			t.Errorf("batched=%v: the survivor's answer (no leader) is missing:\n%s", batched, msg)
+		}
+	}
+}

@@ -166,7 +166,10 @@ type rpcFunc func(ctx context.Context, qc quotadv1.QuotaClient, opts ...grpc.Cal
 // invoke runs call with retries until it succeeds, fails permanently, or ctx ends.
 // extra lengthens each attempt's timeout (for admissions that may wait on the leader).
 func (c *Client) invoke(ctx context.Context, op string, extra time.Duration, call rpcFunc) error {
-	var lastErr error
+	var (
+		lastErr error
+		byNode  nodeErrors
+	)
 	start := time.Now()
 	for attempt := 0; ; attempt++ {
 		if err := ctx.Err(); err != nil {
@@ -179,21 +182,24 @@ func (c *Client) invoke(ctx context.Context, op string, extra time.Duration, cal
 		if errors.Is(err, ErrClosed) {
 			return err
 		}
-		if err == nil {
+		if err != nil {
+			byNode.add("", err) // no connection to try (its address does not parse, say)
+		} else {
 			err = c.attempt(ctx, n, extra, call)
 			if err == nil {
 				return nil
 			}
 			st, _ := status.FromError(err)
+			byNode.add(n.addr, err)
 			if ctx.Err() != nil {
-				return c.unavailable(op, attempt+1, err, ctx.Err())
+				return c.unavailable(op, attempt+1, byNode.err(), ctx.Err())
 			}
 			if !retryable(st.Code()) || IsMessageTooLarge(err) {
 				return permanentError(op, st, err)
 			}
 			c.metrics.retries.Add(1)
 		}
-		lastErr = err
+		lastErr = byNode.err()
 		if !sleep(ctx, c.cfg.Backoff.delay(attempt)) {
 			return c.unavailable(op, attempt+1, lastErr, ctx.Err())
 		}
@@ -222,6 +228,7 @@ type quotaConn struct {
 func (c *Client) attempt(ctx context.Context, n *node, extra time.Duration, call rpcFunc) error {
 	actx, cancel := context.WithTimeout(ctx, c.cfg.AttemptTimeout+extra)
 	defer cancel()
+	actx = context.WithValue(actx, nodeAddrKey{}, n.addr)
 	var hdr, trl metadata.MD
 	err := call(actx, n.qc, grpc.Header(&hdr), grpc.Trailer(&trl))
 	leader := firstValue(hdr, trl)
@@ -243,6 +250,72 @@ func firstValue(mds ...metadata.MD) string {
 	return ""
 }
 
+// nodeAddrKey is the context key under which attempt passes the address of the node it
+// asks to call (for errors that name the node: nodeErrors).
+type nodeAddrKey struct{}
+
+// attemptAddr is the address of the node an attempt's ctx is for ("" outside an attempt).
+func attemptAddr(ctx context.Context) string {
+	addr, _ := ctx.Value(nodeAddrKey{}).(string)
+	return addr
+}
+
+// nodeErrors keeps the last error of each node a call tried, in the order they were first
+// tried, so a call that ends without a decision names them all: when quorum is lost, the
+// survivor's "no leader: … lost quorum" is what an operator needs, and it must not be hidden
+// behind whichever dead node ("connection refused") the last attempt happened to try. The
+// zero value is empty; not safe for concurrent use.
+type nodeErrors struct {
+	addrs []string
+	errs  []error
+}
+
+// add records err as addr's last error (addr "" counts as a node of its own).
+func (e *nodeErrors) add(addr string, err error) {
+	for i, a := range e.addrs {
+		if a == addr {
+			e.errs[i] = err
+			return
+		}
+	}
+	e.addrs = append(e.addrs, addr)
+	e.errs = append(e.errs, err)
+}
+
+// err is what to report: nil if nothing was recorded, the error itself for one node, and
+// for several a copy listing each node's last error.
+func (e *nodeErrors) err() error {
+	switch len(e.errs) {
+	case 0:
+		return nil
+	case 1:
+		return e.errs[0]
+	}
+	return &perNodeError{addrs: slices.Clone(e.addrs), errs: slices.Clone(e.errs)}
+}
+
+// perNodeError is the last error of each of several nodes. It unwraps to them all.
+type perNodeError struct {
+	addrs []string
+	errs  []error
+}
+
+func (e *perNodeError) Error() string {
+	var b strings.Builder
+	for i, a := range e.addrs {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		if a == "" {
+			a = "(no node)"
+		}
+		b.WriteString(a + ": " + e.errs[i].Error())
+	}
+	return b.String()
+}
+
+func (e *perNodeError) Unwrap() []error { return e.errs }
+
 // errRetryHorizon: the request ID is too old to be retried safely (Config.RetryHorizon).
 var errRetryHorizon = errors.New("retry horizon reached: the cluster may no longer remember this request ID")
 
@@ -250,7 +323,11 @@ func (c *Client) unavailable(op string, attempts int, last, ctxErr error) error 
 	if last == nil {
 		return fmt.Errorf("%w: %s: no decision after %d attempts: %w", ErrUnavailable, op, attempts, ctxErr)
 	}
-	return fmt.Errorf("%w: %s: no decision after %d attempts (last error: %v%s): %w", ErrUnavailable, op, attempts, last, c.transportHint(last), ctxErr)
+	label := "last error"
+	if _, ok := last.(*perNodeError); ok {
+		label = "each node's last error"
+	}
+	return fmt.Errorf("%w: %s: no decision after %d attempts (%s: %v%s): %w", ErrUnavailable, op, attempts, label, last, c.transportHint(last), ctxErr)
 }
 
 // transportHint explains an error that says the client and the nodes disagree on TLS ("" for

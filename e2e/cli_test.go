@@ -208,9 +208,23 @@ func TestCLIOperatorCommands(t *testing.T) {
 		t.Fatalf("apply -f DIR:\n%s", out)
 	}
 	wantCLI(t, c, 3, []string{"reason=invalid", `"endpont"`, "strict_keys"}, "acquire", "--domain", "provider", "--descriptor", "endpont=charges")
+	// bucket status refuses the typo as acquire does (user trial: it listed only the domain
+	// bucket, exit 0).
+	wantCLI(t, c, 1, []string{"InvalidArgument", `"endpont"`, "strict_keys"}, "bucket", "status", "--domain", "provider", "--descriptor", "endpont=charges")
 	// Feedback pauses the scope named.
 	mustCLI(t, c, "feedback", "--domain", "provider", "--descriptor", "endpoint=search", "--status", "429", "--retry-after", "30s")
 	wantCLI(t, c, 3, []string{"reason=paused", "scope=endpoint"}, "acquire", "--domain", "provider", "--descriptor", "endpoint=search")
+	// Lifting a pause on a path that has none (the wrong value, or a typo in a value of a key
+	// without one, names another valid bucket) fails naming the path it looked at (user
+	// trial: "no pause was active on that scope of provider (scope endpoint)", exit 0, while
+	// the endpoint meant stayed paused).
+	wantCLI(t, c, 1, []string{"no pause is active on provider endpoint=charges", "nothing was lifted", "bucket status --domain provider --descriptor endpoint=charges"},
+		"pause", "lift", "--domain", "provider", "--descriptor", "endpoint=charges")
+	wantCLI(t, c, 3, []string{"reason=paused"}, "acquire", "--domain", "provider", "--descriptor", "endpoint=search")
+	if out := mustCLI(t, c, "pause", "lift", "--domain", "provider", "--descriptor", "endpoint=search"); !strings.Contains(out, "lifted the pause on provider endpoint=search (scope endpoint)") {
+		t.Fatalf("pause lift:\n%s", out)
+	}
+	mustCLI(t, c, "acquire", "--domain", "provider", "--descriptor", "endpoint=search")
 	// Delete, and the refusals.
 	wantCLI(t, c, 1, []string{`"nope" is not in force`, "jobs, provider"}, "limits", "delete", "nope")
 	out = mustCLI(t, c, "limits", "delete", "jobs")

@@ -85,6 +85,9 @@ func TestCLIShares(t *testing.T) {
 		t.Fatalf("another tenant's path:\n%s", other)
 	}
 	wantCLI(t, c, 1, []string{"--domain is required"}, "shares")
+	// A domain the limits do not define is refused as bucket status refuses it (user trial:
+	// "no lendable bucket with holders or lends in nosuch", exit 0, for a misspelled domain).
+	wantCLI(t, c, 1, []string{"NotFound", `"nosuch"`, "unknown domain"}, "shares", "--domain", "nosuch")
 	wantCLI(t, c, 1, []string{`--descriptor "tenant"`}, "shares", "--domain", "api", "--descriptor", "tenant")
 
 	// After Close the share is released: nobody holds it any more.

@@ -1054,6 +1054,7 @@ func (e *Engine) Status(now Time, domain string, path []Entry) ([]BucketStatus, 
 	if lv == nil {
 		return nil, fmt.Errorf("status: domain %q: %w", domain, ErrUnknownDomain)
 	}
+	root := lv
 	kb := appendEscaped(nil, domain)
 	out := []BucketStatus{e.status(lv, string(kb), now)}
 	if p := lv.retry; p != nil {
@@ -1061,10 +1062,19 @@ func (e *Engine) Status(now Time, domain string, path []Entry) ([]BucketStatus, 
 		tokens, _ = p.refill(tokens, last, now)
 		out[0].RetryTokens = tokens / microPerUnit
 	}
-	for _, en := range path {
-		if lv = lv.child(en); lv == nil {
+	for i, en := range path {
+		child := lv.child(en)
+		if child == nil {
+			// As Acquire refuses it: a key the strict_keys domain does not define there is a
+			// typo, and listing only the levels above it would hide that.
+			if root.strict {
+				if msg := undefinedKey(root, lv, path, i); msg != "" {
+					return nil, fmt.Errorf("%w: status: %s", ErrInvalidRequest, msg)
+				}
+			}
 			break
 		}
+		lv = child
 		kb = appendEntry(kb, lv.keyEntry(en))
 		out = append(out, e.status(lv, string(kb), now))
 	}

@@ -408,6 +408,29 @@ func TestRefundAfterRefillAndOtherDebitsReturnsNothing(t *testing.T) {
 	}
 }
 
+// TestStatusRefusesUndefinedKeyInStrictDomain: Status refuses what Acquire refuses in a
+// strict_keys domain (user trial: `quotad bucket status --descriptor endpont=x` listed only
+// the domain bucket, exit 0, while acquire named the typo); a value that is not configured
+// still just ends the path, as it does for Acquire.
+func TestStatusRefusesUndefinedKeyInStrictDomain(t *testing.T) {
+	e := mustEngine(t, &Limits{Domains: []Domain{{
+		Name: "d", StrictKeys: true,
+		Rate:        &Rate{Unit: time.Second, RequestsPerUnit: 10},
+		Descriptors: []Node{{Key: "endpoint", Value: "charges", Rate: &Rate{Unit: time.Second, RequestsPerUnit: 5}}},
+	}}})
+	_, err := e.Status(0, "d", []Entry{{"endpont", "charges"}})
+	if !errors.Is(err, ErrInvalidRequest) || !strings.Contains(err.Error(), `"endpont"`) || !strings.Contains(err.Error(), "strict_keys") {
+		t.Fatalf("status with an undefined key: %v, want ErrInvalidRequest naming the key", err)
+	}
+	if d := e.Acquire(0, Request{Domain: "d", Descriptors: []Entry{{"endpont", "charges"}}}); d.Reason != ReasonInvalid {
+		t.Fatalf("acquire with the same key: %+v", d)
+	}
+	bs, err := e.Status(0, "d", []Entry{{"endpoint", "search"}})
+	if err != nil || len(bs) != 1 {
+		t.Fatalf("status of a value not configured: %v %+v, want the domain bucket only", err, bs)
+	}
+}
+
 func TestStatusErrors(t *testing.T) {
 	e := mustEngine(t, oneBucket(1, time.Second, 0))
 	if _, err := e.Status(0, "x", nil); !errors.Is(err, ErrUnknownDomain) {

@@ -498,7 +498,7 @@ func (s *Server) Status(ctx context.Context, req *quotadv1.StatusRequest) (*quot
 	}
 	bs, err := s.fsm.Status(req.Domain, path)
 	if err != nil {
-		return nil, status.Error(codes.NotFound, err.Error())
+		return nil, statusReadError(err)
 	}
 	id, _ := s.node.Leader()
 	resp := &quotadv1.StatusResponse{AppliedIndex: s.fsm.AppliedIndex(), LeaderId: id}

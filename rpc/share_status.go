@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -34,16 +35,18 @@ func (s *Server) ShareStatus(ctx context.Context, req *quotadv1.ShareStatusReque
 	if err := s.node.VerifyRead(ctx); err != nil {
 		return nil, s.applyError(err)
 	}
+	// The path's buckets; with no descriptors this only checks that the domain exists, so a
+	// misspelled domain is NotFound rather than "no lendable bucket" (as bucket status says).
+	path := make([]quota.Entry, len(req.Descriptors))
+	for i, e := range req.Descriptors {
+		path[i] = quota.Entry{Key: e.Key, Value: e.Value}
+	}
+	bs, err := s.fsm.Status(req.Domain, path)
+	if err != nil {
+		return nil, statusReadError(err)
+	}
 	var onPath map[string]bool
 	if len(req.Descriptors) > 0 {
-		path := make([]quota.Entry, len(req.Descriptors))
-		for i, e := range req.Descriptors {
-			path[i] = quota.Entry{Key: e.Key, Value: e.Value}
-		}
-		bs, err := s.fsm.Status(req.Domain, path)
-		if err != nil {
-			return nil, status.Error(codes.NotFound, err.Error())
-		}
 		onPath = map[string]bool{}
 		for _, b := range bs {
 			onPath[b.Key] = true
@@ -77,4 +80,13 @@ func (s *Server) ShareStatus(ctx context.Context, req *quotadv1.ShareStatusReque
 		})
 	}
 	return resp, nil
+}
+
+// statusReadError is the gRPC error of a failed bucket read: InvalidArgument for a malformed
+// path (a key a strict_keys domain does not define), NotFound for an unknown domain.
+func statusReadError(err error) error {
+	if errors.Is(err, quota.ErrInvalidRequest) {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	return status.Error(codes.NotFound, err.Error())
 }

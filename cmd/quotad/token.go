@@ -141,11 +141,21 @@ func pauseCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				if resp.Lifted {
-					fmt.Printf("lifted the pause on %s (scope %s)\n", domain, resp.Scope)
-				} else {
-					fmt.Printf("no pause was active on that scope of %s (scope %s)\n", domain, resp.Scope)
+				path := domain
+				for _, d := range descs {
+					path += " " + d
 				}
+				if !resp.Lifted {
+					// Exit 1, like release of a lease not held: a typo in a value (endpoint=serach)
+					// names a valid, unpaused bucket, and a script must not take the real pause
+					// as lifted.
+					args := "--domain " + domain
+					for _, d := range descs {
+						args += " --descriptor " + d
+					}
+					return fmt.Errorf("no pause is active on %s (scope %s): nothing was lifted; check the descriptor values — quotad bucket status %s shows that path's pauses", path, resp.Scope, args)
+				}
+				fmt.Printf("lifted the pause on %s (scope %s)\n", path, resp.Scope)
 				return nil
 			})
 		},

@@ -79,7 +79,11 @@ func main() {
 	v := verifier{key: key}
 	if *mint != "" {
 		tenant, consumer, _ := strings.Cut(*mint, ":")
-		fmt.Println(v.mint(tenant, consumer))
+		tok, err := v.mint(tenant, consumer)
+		if err != nil {
+			log.Fatalf("-mint %q: %v", *mint, err)
+		}
+		fmt.Println(tok)
 		return
 	}
 
@@ -129,9 +133,18 @@ func (v verifier) sign(payload string) string {
 	return hex.EncodeToString(m.Sum(nil))
 }
 
-func (v verifier) mint(tenant, consumer string) string {
+// mint signs tenant and consumer. identify cuts the payload at its first '.', so a tenant
+// holding one would come back as another tenant ("acme.x" with consumer "y" as "acme" with
+// consumer "x.y": one tenant's token spending another's quota): such names are refused.
+func (v verifier) mint(tenant, consumer string) (string, error) {
+	switch {
+	case tenant == "":
+		return "", errors.New("no tenant: use TENANT:CONSUMER, e.g. acme:mobile-app")
+	case strings.Contains(tenant, "."):
+		return "", fmt.Errorf("tenant %q contains '.', which separates the token's fields; use a tenant name without '.'", tenant)
+	}
 	p := tenant + "." + consumer
-	return p + "." + v.sign(p)
+	return p + "." + v.sign(p), nil
 }
 
 func (v verifier) identify(r *http.Request) (quotahttp.Identity, error) {

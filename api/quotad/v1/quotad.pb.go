@@ -1089,8 +1089,11 @@ func (x *RefundRequest) GetRequestId() uint64 {
 
 type RefundResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// refunded is the number of units returned (0 if the request was not admitted, already
-	// refunded, or is too old to be found).
+	// refunded is the least number of units any bucket the admission charged took back (each
+	// only while that admission is still its last debit, up to its capacity): 0 if the
+	// request was not admitted, already refunded or is too old to be found, and also when a
+	// bucket needed none back (it had refilled, e.g. a fast domain ceiling) or was debited
+	// since, while the other buckets may have taken theirs back.
 	Refunded      uint64 `protobuf:"varint,1,opt,name=refunded,proto3" json:"refunded,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
