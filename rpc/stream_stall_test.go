@@ -161,7 +161,9 @@ func TestStreamUnreadAnswersEndTheStream(t *testing.T) {
 func TestStreamUnreadStillRechecked(t *testing.T) {
 	for _, how := range []string{"revoke", "transfer"} {
 		t.Run(how, func(t *testing.T) {
-			c, p, bootstrap := streamCluster(t)
+			// A per-stream cap above the flood: the serve loop never blocks answering a refusal
+			// (which re-checks on its own), so only its ticks can end the stream.
+			c, p, bootstrap := streamCluster(t, func(_ int, cfg *rpc.AgentConfig) { cfg.Waiters.PerStream = 10000 })
 			leader := c.Leader()
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
