@@ -29,9 +29,11 @@ import (
 // DEADLINE_EXCEEDED), it is decided by the unary path (acquireOne: leader finding, retries)
 // with the same request ID, so the cluster's dedup table returns a decision already made. A
 // node that refuses the stream (UNIMPLEMENTED: an older build or a regional node;
+// RESOURCE_EXHAUSTED: the credential's streams are at --max-streams-per-identity;
 // FAILED_PRECONDITION without a leader the client can follow) turns streaming off for
 // streamOffAfterRefusal; the admissions of a stream a follower refused naming the leader are
-// sent once more, on a stream to that leader. A stream idle for streamIdle is closed.
+// sent once more, on a stream to that leader. A stream idle for streamIdle is half-closed,
+// and canceled if the leader has not ended it streamCloseGrace later.
 
 const (
 	// streamOffAfterRefusal is how long waiting admissions go unary after a node refused the
@@ -43,12 +45,18 @@ const (
 	// (half-close; the leader ends it), so an idle client holds nothing on the leader. The
 	// next waiting admission opens a new one.
 	streamIdle = 30 * time.Second
+	// streamCloseGrace: after the idle half-close the leader ends the stream within a round
+	// trip (nothing is undecided on it). If it has not after this long (a paused or
+	// partitioned node, a hostile one), the client cancels the stream, so its receiver and
+	// the call's state do not outlive it.
+	streamCloseGrace = 10 * time.Second
 )
 
 // streamer owns the Client's current AcquireStream. Safe for concurrent use.
 type streamer struct {
-	c    *Client
-	idle time.Duration // streamIdle (tests shorten it)
+	c          *Client
+	idle       time.Duration // streamIdle (tests shorten it)
+	closeGrace time.Duration // streamCloseGrace (tests shorten it)
 
 	mu       sync.Mutex
 	cur      *wstream
@@ -94,7 +102,9 @@ type streamResult struct {
 	fallback, again, reopen bool
 }
 
-func newStreamer(c *Client) *streamer { return &streamer{c: c, idle: streamIdle} }
+func newStreamer(c *Client) *streamer {
+	return &streamer{c: c, idle: streamIdle, closeGrace: streamCloseGrace}
+}
 
 // submit decides a waiting admission over the stream, falling back to acquireOne. An
 // admission whose stream a follower refused, naming the leader, is sent once more on a stream
@@ -220,7 +230,10 @@ func (s *streamer) broke(addr string, answered bool, err error, md metadata.MD) 
 	leader := firstValue(md)
 	code := status.Code(err)
 	switch {
-	case code == codes.Unimplemented:
+	case code == codes.Unimplemented, code == codes.ResourceExhausted:
+		// UNIMPLEMENTED: a build or node without the stream. RESOURCE_EXHAUSTED: the leader
+		// refused one more stream for this credential (--max-streams-per-identity), or a
+		// message was too large; retrying at once would be refused again, every time.
 		s.offUntil = time.Now().Add(streamOffAfterRefusal)
 	case leader != "" && leader != addr && s.c.nodes.follow(leader):
 		// A follower (or a deposed leader) named the leader: the next stream goes there.
@@ -267,6 +280,9 @@ func (ws *wstream) retire(cs quotadv1.Quota_AcquireStreamClient) bool {
 	ws.mu.Unlock()
 	close(ws.done)
 	_ = cs.CloseSend()
+	// The receiver waits for the leader to end the stream; one that never does (paused,
+	// partitioned) would hold it and the call forever: cancel it after the grace.
+	time.AfterFunc(ws.s.closeGrace, ws.cancel)
 	return true
 }
 
