@@ -335,3 +335,54 @@ func TestClusterStreamIdleLeaderTransfer(t *testing.T) {
 		t.Fatalf("%d unary Acquire RPCs after the leader changed: the client stopped streaming instead of following the new leader", st.RPCs-before.RPCs)
 	}
 }
+
+// TestClusterStreamIdentityCapFallsBack: a leader at --max-streams-per-identity refuses one
+// more stream for the credential (RESOURCE_EXHAUSTED); that client decides its waits unary and
+// does not ask for a stream again for streamOffAfterRefusal, instead of opening (and being
+// refused) one per Wait.
+func TestClusterStreamIdentityCapFallsBack(t *testing.T) {
+	tc, cfg := secureStreamCluster(t, func(_ int, c *rpc.AgentConfig) { c.MaxStreamsPerIdentity = 1 })
+	leader := tc.Leader()
+	addrs := []string{tc.Addrs()[leader]} // the leader first: no follower refusal in the count
+	for i, a := range tc.Addrs() {
+		if i != leader {
+			addrs = append(addrs, a)
+		}
+	}
+	mk := func() *Client {
+		return newTestClient(t, addrs, func(c *Config) {
+			*c = cfg
+			c.Addrs = addrs
+		})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	first, second := mk(), mk()
+	wait := func(c *Client, round int) {
+		t.Helper()
+		if _, err := c.Wait(ctx, Request{Domain: "counted", Descriptors: Descriptors("pace", fmt.Sprint("cap", round))}); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+	}
+	wait(first, 0) // holds the credential's one stream (idle-closed only after 30 s)
+	// The first Wait's stream may go to a follower first (refused, naming the leader), then
+	// to the leader, which refuses it for the cap: unary.
+	wait(second, 0)
+	refused := second.Stats()
+	const rounds = 4
+	for round := 1; round <= rounds; round++ {
+		time.Sleep(1100 * time.Millisecond) // beyond the client's longest backoff (1 s)
+		wait(second, round)
+	}
+	st := second.Stats()
+	t.Logf("second client: %+v after the first Wait, %+v at the end", refused, st)
+	if refused.StreamFallbacks != 1 || refused.RPCs < 1 {
+		t.Fatalf("second client's first Wait: %+v, want its stream refused and the wait decided unary", refused)
+	}
+	if st.Streams != refused.Streams || st.RPCs < refused.RPCs+rounds {
+		t.Fatalf("second client opened %d more streams and made %d unary Acquire RPCs for %d more waits: want no stream asked for after the refusal, every wait unary", st.Streams-refused.Streams, st.RPCs-refused.RPCs, rounds)
+	}
+	if st := first.Stats(); st.RPCs != 0 {
+		t.Fatalf("the first client went unary: %+v", st)
+	}
+}
