@@ -61,14 +61,14 @@ func floodUnread(t *testing.T, ctx context.Context, q quotadv1.QuotaClient, clie
 	return s, last
 }
 
-// readToEnd reads s until it ends and returns its status error and the request IDs answered.
-func readToEnd(t *testing.T, s quotadv1.Quota_AcquireStreamClient) (error, map[uint64]*quotadv1.StreamDecision) {
+// readToEnd reads s until it ends and returns the request IDs answered and its status error.
+func readToEnd(t *testing.T, s quotadv1.Quota_AcquireStreamClient) (map[uint64]*quotadv1.StreamDecision, error) {
 	t.Helper()
 	got := map[uint64]*quotadv1.StreamDecision{}
 	for {
 		m, err := recvWithin(t, s, 10*time.Second)
 		if err != nil {
-			return err, got
+			return got, err
 		}
 		for _, d := range m.Decisions {
 			got[d.RequestId] = d
@@ -124,7 +124,7 @@ func TestStreamUnreadAnswersEndTheStream(t *testing.T) {
 		return nil
 	})
 	t.Logf("the stream ended %v after it was blocked", time.Since(start).Round(100*time.Millisecond))
-	err, answered := readToEnd(t, s)
+	answered, err := readToEnd(t, s)
 	wantCode(t, err, codes.DeadlineExceeded, "--stream-send-timeout")
 	if _, ok := answered[1]; ok {
 		t.Fatalf("the canceled waiter was answered: %v", answered[1])
@@ -196,7 +196,7 @@ func TestStreamUnreadStillRechecked(t *testing.T) {
 				return nil
 			})
 			t.Logf("ended %v after the %s", time.Since(start).Round(100*time.Millisecond), how)
-			err, _ = readToEnd(t, s)
+			_, err = readToEnd(t, s)
 			want := map[string]codes.Code{"revoke": codes.Unauthenticated, "transfer": codes.FailedPrecondition}[how]
 			wantCode(t, err, want)
 		})
