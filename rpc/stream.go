@@ -490,15 +490,14 @@ func (st *acquireStream) answer(sd *quotadv1.StreamDecision) {
 // read) it goes on re-checking the token, the leadership and the send timeout, and returns
 // the error that ends the stream.
 func (st *acquireStream) answerFromServe(sd *quotadv1.StreamDecision) error {
+	st.unsent.Add(1) // before it can be written: the sender subtracts what it wrote
 	select {
 	case st.out <- sd:
-		st.unsent.Add(1)
 		return nil
 	default:
 	}
 	tick := time.NewTicker(streamAuthRecheck)
 	defer tick.Stop()
-	st.unsent.Add(1)
 	for {
 		select {
 		case st.out <- sd:
