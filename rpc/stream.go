@@ -193,6 +193,7 @@ func (st *acquireStream) takeSlot(key, who string) error {
 	s.streamsMu.Lock()
 	defer s.streamsMu.Unlock()
 	if n := s.streamsByIdentity[key]; n >= limit {
+		s.metrics.streamCapped(streamCapIdentity)
 		return status.Errorf(codes.ResourceExhausted, "AcquireStream: %s already has %d AcquireStreams open on this leader, its limit (--max-streams-per-identity %d); close one (a Go client holds one per process), send waiting admissions by unary Acquire, or use another credential", who, n, limit)
 	}
 	if s.streamsByIdentity == nil {
@@ -254,6 +255,7 @@ func (st *acquireStream) stalled() error {
 	}
 	waited := time.Since(st.born) - time.Duration(since-1)
 	if limit := st.s.sendTimeout(); waited >= limit {
+		st.s.metrics.streamCapped(streamCapSendTimeout)
 		return status.Errorf(codes.DeadlineExceeded, "AcquireStream: the client has not read its answers for %v (--stream-send-timeout %v); the stream ends and its undecided admissions are canceled: decide them again with the same request IDs, which returns any decision already made", waited.Round(time.Millisecond), limit)
 	}
 	return nil

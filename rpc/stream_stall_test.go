@@ -354,6 +354,9 @@ func TestStreamsPerIdentityCapped(t *testing.T) {
 		}
 		_, err = open(t, q, ctx, "a")
 		wantCode(t, err, codes.ResourceExhausted, `client_id "a"`, "--max-streams-per-identity 1")
+		if got := scrape(t, c.Agent(c.Leader()).HTTPAddr(), "quotad_acquire_streams_capped_total")["quotad_acquire_streams_capped_total"]; got != 1 {
+			t.Fatalf("quotad_acquire_streams_capped_total %v after one refusal, want 1", got)
+		}
 		if _, err := open(t, q, ctx, "b"); err != nil {
 			t.Fatalf("another client_id: %v", err)
 		}
