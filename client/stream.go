@@ -29,9 +29,11 @@ import (
 // DEADLINE_EXCEEDED), it is decided by the unary path (acquireOne: leader finding, retries)
 // with the same request ID, so the cluster's dedup table returns a decision already made. A
 // node that refuses the stream (UNIMPLEMENTED: an older build or a regional node;
+// RESOURCE_EXHAUSTED: the credential's streams are at --max-streams-per-identity;
 // FAILED_PRECONDITION without a leader the client can follow) turns streaming off for
 // streamOffAfterRefusal; the admissions of a stream a follower refused naming the leader are
-// sent once more, on a stream to that leader. A stream idle for streamIdle is closed.
+// sent once more, on a stream to that leader. A stream idle for streamIdle is half-closed,
+// and canceled if the leader has not ended it streamCloseGrace later.
 
 const (
 	// streamOffAfterRefusal is how long waiting admissions go unary after a node refused the
@@ -43,16 +45,34 @@ const (
 	// (half-close; the leader ends it), so an idle client holds nothing on the leader. The
 	// next waiting admission opens a new one.
 	streamIdle = 30 * time.Second
+	// streamCloseGrace: after the idle half-close the leader ends the stream within a round
+	// trip (nothing is undecided on it). If it has not after this long (a paused or
+	// partitioned node, a hostile one), the client cancels the stream, so its receiver and
+	// the call's state do not outlive it.
+	streamCloseGrace = 10 * time.Second
+	// streamResendFor: for how long after its stream first broke for a leader change — a
+	// node that named the leader, the old leader answering UNAVAILABLE, a node gone or
+	// without a leader — an undecided admission is sent again on the next stream (same
+	// request ID) before it goes unary: a few elections' length. A leader change then costs
+	// the client a new stream, not a unary RPC per admission (and each one's retries while
+	// the cluster elects). Between tries: the client's backoff, or the old stream's end.
+	streamResendFor = 5 * time.Second
+	// streamResendWait: how long an admission answered UNAVAILABLE waits for its stream to
+	// end before it is sent again (the leader re-checks its leadership every second and then
+	// ends the stream naming the new leader).
+	streamResendWait = 1500 * time.Millisecond
 )
 
 // streamer owns the Client's current AcquireStream. Safe for concurrent use.
 type streamer struct {
-	c    *Client
-	idle time.Duration // streamIdle (tests shorten it)
+	c          *Client
+	idle       time.Duration // streamIdle (tests shorten it)
+	closeGrace time.Duration // streamCloseGrace (tests shorten it)
 
 	mu       sync.Mutex
 	cur      *wstream
 	offUntil time.Time // no new stream before this
+	refused  bool      // offUntil is a refusal's (streamOffAfterRefusal), not a backoff
 	failures int       // streams broken in a row without an answer (backoff)
 	closed   bool
 }
@@ -86,7 +106,7 @@ type streamCall struct {
 
 // streamResult is a caller's outcome: a decision, an error, fallback (decide it by unary
 // Acquire with the same request ID) or again (send it on the next stream: this one was
-// refused by a node that named the leader).
+// refused by a node that named the leader, ended for lack of one, or answered UNAVAILABLE).
 type streamResult struct {
 	d                       *quotadv1.Decision
 	at                      time.Time
@@ -94,17 +114,23 @@ type streamResult struct {
 	fallback, again, reopen bool
 }
 
-func newStreamer(c *Client) *streamer { return &streamer{c: c, idle: streamIdle} }
+func newStreamer(c *Client) *streamer {
+	return &streamer{c: c, idle: streamIdle, closeGrace: streamCloseGrace}
+}
 
 // submit decides a waiting admission over the stream, falling back to acquireOne. An
-// admission whose stream a follower refused, naming the leader, is sent once more on a stream
-// to that leader (same request ID) before it falls back.
+// admission whose stream broke for a leader change (a node named the leader, the old leader
+// answered UNAVAILABLE, the node went away) is sent again on the next stream (same request
+// ID), for up to streamResendFor, before it falls back.
 func (s *streamer) submit(ctx context.Context, adm *quotadv1.Admission) (*quotadv1.Decision, time.Time, error) {
-	refused := false
+	var resendUntil time.Time // set at the first break: zero while none
 	for tries := 1; ; tries++ {
 		ws := s.stream()
+		if ws == nil && !resendUntil.IsZero() {
+			ws = s.streamAfterBackoff(ctx, resendUntil)
+		}
 		if ws == nil {
-			if refused {
+			if !resendUntil.IsZero() {
 				return s.fallback(ctx, adm)
 			}
 			return s.c.acquireOne(ctx, adm)
@@ -116,8 +142,21 @@ func (s *streamer) submit(ctx context.Context, adm *quotadv1.Admission) (*quotad
 		switch {
 		case r.reopen:
 			continue // the stream was closed for being idle as this admission came: a new one
-		case r.again && !refused:
-			refused = true
+		case r.again && (resendUntil.IsZero() || time.Now().Before(resendUntil)):
+			if resendUntil.IsZero() {
+				resendUntil = time.Now().Add(streamResendFor)
+			}
+			if !ws.isBroken() {
+				// Answered UNAVAILABLE (leadership moved): send it again once the old
+				// leader has ended the stream (naming the new one), not to the old leader.
+				t := time.NewTimer(streamResendWait)
+				select {
+				case <-ws.done:
+				case <-t.C:
+				case <-ctx.Done():
+				}
+				t.Stop()
+			}
 			continue
 		case r.again, r.fallback:
 			return s.fallback(ctx, adm)
@@ -130,7 +169,9 @@ func (s *streamer) submit(ctx context.Context, adm *quotadv1.Admission) (*quotad
 func (s *streamer) await(ctx context.Context, ws *wstream, adm *quotadv1.Admission) (streamResult, bool) {
 	call, retired := ws.add(ctx, adm)
 	if call == nil {
-		return streamResult{fallback: !retired, reopen: retired}, true
+		// The stream broke before adm joined it: the next one (submit decides whether it
+		// may open, or adm goes unary).
+		return streamResult{again: !retired, reopen: retired}, true
 	}
 	limit := s.c.cfg.AttemptTimeout + time.Duration(adm.MaxWaitMs)*time.Millisecond
 	timer := time.NewTimer(limit)
@@ -166,6 +207,28 @@ func (s *streamer) fallback(ctx context.Context, adm *quotadv1.Admission) (*quot
 	}
 	s.c.metrics.streamFallbacks.Add(1)
 	return s.c.acquireOne(ctx, adm)
+}
+
+// streamAfterBackoff waits out the short backoffs after broken streams (not a refusal) until
+// a stream opens, and returns it; nil when streaming is off for longer, ctx ends or until
+// passes. (Many callers wake at a break: another's new stream may break before this one
+// looks, moving the backoff on.)
+func (s *streamer) streamAfterBackoff(ctx context.Context, until time.Time) *wstream {
+	for time.Now().Before(until) {
+		s.mu.Lock()
+		wait, refused, closed := time.Until(s.offUntil), s.refused, s.closed
+		s.mu.Unlock()
+		if refused || closed || wait > s.c.cfg.Backoff.Max || !sleep(ctx, wait) {
+			return nil
+		}
+		if ws := s.stream(); ws != nil {
+			return ws
+		}
+		if wait <= 0 {
+			return nil // not a backoff: no node to open it to
+		}
+	}
+	return nil
 }
 
 // stream returns the open stream, opening one unless streaming is off for now (nil).
@@ -219,17 +282,29 @@ func (s *streamer) broke(addr string, answered bool, err error, md metadata.MD) 
 	}
 	leader := firstValue(md)
 	code := status.Code(err)
+	s.refused = false
 	switch {
-	case code == codes.Unimplemented:
+	case code == codes.Unimplemented, code == codes.ResourceExhausted:
+		s.refused = true
+		// UNIMPLEMENTED: a build or node without the stream. RESOURCE_EXHAUSTED: the leader
+		// refused one more stream for this credential (--max-streams-per-identity), or a
+		// message was too large; retrying at once would be refused again, every time.
 		s.offUntil = time.Now().Add(streamOffAfterRefusal)
 	case leader != "" && leader != addr && s.c.nodes.follow(leader):
 		// A follower (or a deposed leader) named the leader: the next stream goes there.
 		return code == codes.FailedPrecondition
 	case code == codes.FailedPrecondition:
 		s.offUntil = time.Now().Add(streamOffAfterRefusal) // a leader this client cannot follow
+		s.refused = true
 	default:
 		s.offUntil = time.Now().Add(s.c.cfg.Backoff.delay(s.failures))
 		s.failures++
+		if code == codes.Unavailable {
+			// The node went away or has no leader (an election): the next stream goes to
+			// the next node, which serves it or names the leader.
+			s.c.nodes.failed(addr)
+			return true
+		}
 	}
 	return false
 }
@@ -267,6 +342,9 @@ func (ws *wstream) retire(cs quotadv1.Quota_AcquireStreamClient) bool {
 	ws.mu.Unlock()
 	close(ws.done)
 	_ = cs.CloseSend()
+	// The receiver waits for the leader to end the stream; one that never does (paused,
+	// partitioned) would hold it and the call forever: cancel it after the grace.
+	time.AfterFunc(ws.s.closeGrace, ws.cancel)
 	return true
 }
 
@@ -293,7 +371,15 @@ func (ws *wstream) forget(id uint64) bool {
 	return ok
 }
 
-// fail ends the stream: every undecided admission falls back to unary Acquire.
+// isBroken reports whether the stream has ended (or been retired).
+func (ws *wstream) isBroken() bool {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	return ws.broken
+}
+
+// fail ends the stream: every undecided admission is sent again on the next stream (a leader
+// change) or falls back to unary Acquire.
 func (ws *wstream) fail(err error, md metadata.MD) {
 	ws.mu.Lock()
 	if ws.broken {
@@ -419,6 +505,12 @@ func (ws *wstream) deliver(sd *quotadv1.StreamDecision, at time.Time) {
 	switch {
 	case sd.GetCode() != 0:
 		st := status.New(codes.Code(sd.GetCode()), sd.GetMessage())
+		if st.Code() == codes.Unavailable {
+			// Leadership changed while it waited: the stream ends at the leader's next check
+			// (naming the new leader); send it again on the next stream, same request ID.
+			call.done <- streamResult{again: true}
+			return
+		}
 		if retryable(st.Code()) {
 			call.done <- streamResult{fallback: true} // as a unary attempt would be retried
 			return

@@ -95,6 +95,15 @@ type AgentConfig struct {
 	// DisableAcquireStream refuses AcquireStream with UNIMPLEMENTED, as a build without it
 	// would (--disable-acquire-stream): clients decide waiting admissions by unary Acquire.
 	DisableAcquireStream bool
+	// MaxStreamsPerIdentity caps the AcquireStreams one identity (token or client
+	// certificate; with --insecure, one client_id) may have open on the leader
+	// (--max-streams-per-identity); more are refused RESOURCE_EXHAUSTED. 0 means
+	// DefaultMaxStreamsPerIdentity.
+	MaxStreamsPerIdentity int
+	// StreamSendTimeout ends an AcquireStream (DEADLINE_EXCEEDED) whose write of answers has
+	// waited this long for the client to read them (--stream-send-timeout); its undecided
+	// admissions are canceled. 0 means DefaultStreamSendTimeout.
+	StreamSendTimeout time.Duration
 	// Region, if set, makes the agent a member of a regional cluster under a global one
 	// (--region, --global-addrs; rpc/region.go, package region).
 	Region *RegionConfig
@@ -244,6 +253,8 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 	a.server.rls.authn = authn
 	a.server.authn = authn
 	a.server.noStream = cfg.DisableAcquireStream
+	a.server.maxStreamsPerIdentity = cfg.MaxStreamsPerIdentity
+	a.server.streamSendTimeout = cfg.StreamSendTimeout
 	a.registerGauges()
 
 	a.grpc = grpc.NewServer(grpcOpts...)

@@ -24,6 +24,7 @@ type Metrics struct {
 	streamMsgs    *prometheus.CounterVec // AcquireStream messages, by direction (stream.go)
 	streamRecv    prometheus.Counter     // its direction="received" series
 	streamSent    prometheus.Counter     // its direction="sent" series
+	streamRefused *prometheus.CounterVec // AcquireStreams refused or ended by a cap, by reason
 	rls           *rlsMetrics            // Envoy RLS (envoy_metrics.go)
 	shares        *shareMetrics          // registerShares
 }
@@ -72,10 +73,30 @@ func NewMetrics() *Metrics {
 	// Both series exist from the start (rate() over a fresh node works; the metrics doc test
 	// sees them), and counting one is an atomic add, not a label lookup per message.
 	m.streamRecv, m.streamSent = m.streamMsgs.WithLabelValues("received"), m.streamMsgs.WithLabelValues("sent")
+	m.streamRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quotad_acquire_streams_capped_total",
+		Help: "AcquireStreams this leader refused or ended for a cap: identity (--max-streams-per-identity: the caller went unary) or send_timeout (its client did not read its answers for --stream-send-timeout).",
+	}, []string{"reason"})
+	m.Registry.MustRegister(m.streamRefused)
+	m.streamRefused.WithLabelValues(streamCapIdentity)
+	m.streamRefused.WithLabelValues(streamCapSendTimeout)
 	m.rls = newRLSMetrics(m.Registry)
 	m.Registry.MustRegister(m.decisions, m.decisionTime, m.commitTime, m.entryOps, m.commitErrors,
 		m.leaderChanges, buildInfoGauge(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// Reasons of quotad_acquire_streams_capped_total.
+const (
+	streamCapIdentity    = "identity"
+	streamCapSendTimeout = "send_timeout"
+)
+
+// streamCapped counts an AcquireStream refused or ended for a cap (reason).
+func (m *Metrics) streamCapped(reason string) {
+	if m != nil {
+		m.streamRefused.WithLabelValues(reason).Inc()
+	}
 }
 
 // streamMessage counts one AcquireStream message in direction ("received" or "sent").

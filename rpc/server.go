@@ -89,6 +89,14 @@ type Server struct {
 	noStream bool
 	// openStreams counts the AcquireStreams being served (quotad_acquire_streams).
 	openStreams atomic.Int64
+	// streamsByIdentity counts the open AcquireStreams per identity (per client_id for the
+	// insecure identity), capped at maxStreamsPerIdentity (0: DefaultMaxStreamsPerIdentity).
+	streamsMu             sync.Mutex
+	streamsByIdentity     map[string]int
+	maxStreamsPerIdentity int
+	// streamSendTimeout ends an AcquireStream whose write of answers waits this long for the
+	// client to read (0: DefaultStreamSendTimeout).
+	streamSendTimeout time.Duration
 
 	// insecure: the agent runs with --insecure, so callers without a credential are all
 	// insecureIdentity (the waiter caps then count them by client_id only).

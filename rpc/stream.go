@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -35,6 +36,12 @@ import (
 // regional node with UNIMPLEMENTED (its path goes through the global cluster first;
 // regionAcquire stays unary). Losing leadership with admissions undecided answers them
 // UNAVAILABLE (their waits fail as unary ones do) and ends the stream at the next message.
+//
+// What one caller can hold through streams is bounded: open streams per identity
+// (--max-streams-per-identity, refused RESOURCE_EXHAUSTED), undecided admissions per stream
+// (--max-stream-admissions), and time: an answer the client does not read (its flow-control
+// window stays full) within --stream-send-timeout ends the stream (DEADLINE_EXCEEDED), and so
+// do a revoked token and lost leadership while answers wait to be read.
 
 const (
 	// DefaultMaxStreamAdmissions is the default cap on one stream's undecided admissions
@@ -49,6 +56,15 @@ const (
 	streamAuthRecheck = time.Second
 	// streamMaxAnswers caps the answers in one response message.
 	streamMaxAnswers = 1024
+	// DefaultStreamSendTimeout is how long a write of answers may wait for the client to read
+	// (--stream-send-timeout) before the stream is ended. The Go client reads every answer as
+	// it arrives, so only a client that stopped reading (hung, hostile, or stalled 30 s) hits it.
+	DefaultStreamSendTimeout = 30 * time.Second
+	// DefaultMaxStreamsPerIdentity caps the AcquireStreams one identity may have open on the
+	// leader (--max-streams-per-identity). A Go client process holds one; a workload with more
+	// processes than this per credential sends the rest of its waits unary (as before streams
+	// existed) until a stream frees up, or gets a credential per group of processes.
+	DefaultMaxStreamsPerIdentity = 16
 )
 
 // acquireStream is the leader's state of one AcquireStream.
@@ -60,8 +76,12 @@ type acquireStream struct {
 	clientID string
 	max      int
 
-	mu      sync.Mutex
-	pending map[uint64]context.CancelFunc // undecided admissions by request ID
+	mu sync.Mutex
+	// pending: the undecided admissions by request ID. An entry is a record of its own,
+	// compared by pointer: a client may cancel X and send X again (in the same message or a
+	// later one) while the first X's goroutine still holds on, and that goroutine must
+	// neither remove the second X's entry nor answer in its name.
+	pending map[uint64]*streamAdmission
 	// held counts the admissions started and not yet answered (or dropped): what the
 	// per-stream cap bounds. Not len(pending): an admission leaves pending when decided, but
 	// its goroutine holds on until the answer is queued, which a client that does not read
@@ -69,6 +89,20 @@ type acquireStream struct {
 	held int
 	wg   sync.WaitGroup                // their goroutines
 	out  chan *quotadv1.StreamDecision // answers, to the sender
+
+	born time.Time // the stream's start: sendingSince counts from it (monotonic)
+	// sendingSince is when the sender's write in progress began (time since born, +1), 0
+	// when it is not writing; unsent counts the answers queued and not yet written. Both are
+	// how the serve loop sees a client that does not read (stalled).
+	sendingSince atomic.Int64
+	unsent       atomic.Int64
+	// slotKey is the per-identity stream slot this stream holds ("": none yet).
+	slotKey string
+}
+
+// streamAdmission is one undecided admission of a stream (pending).
+type streamAdmission struct {
+	cancel context.CancelFunc
 }
 
 // AcquireStream decides a stream of admissions, answering each as soon as it is decided (see
@@ -88,28 +122,143 @@ func (s *Server) AcquireStream(ss quotadv1.Quota_AcquireStreamServer) error {
 	if !s.node.IsLeader() {
 		return notLeaderForStream(leaderAddr)
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st := &acquireStream{s: s, ss: ss, ctx: ctx, id: IdentityFrom(ctx), max: s.fair.slots.perStream(),
+		pending: make(map[uint64]*streamAdmission), out: make(chan *quotadv1.StreamDecision, 256), born: time.Now()}
+	defer st.releaseSlot()
+	if !st.countsByClientID() {
+		// Counted from the open (before the header: a refusal is the whole answer). The
+		// insecure identity is everyone's, so its streams count by client_id (handle).
+		if err := st.takeSlot(st.id.Name, fmt.Sprintf("identity %.64q", st.id.Name)); err != nil {
+			return err
+		}
+	}
 	if err := ss.SendHeader(nil); err != nil { // the header now: the client learns the leader
 		return err
 	}
 	s.openStreams.Add(1)
 	defer s.openStreams.Add(-1)
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	st := &acquireStream{s: s, ss: ss, ctx: ctx, id: IdentityFrom(ctx), max: s.fair.slots.perStream(),
-		pending: make(map[uint64]context.CancelFunc), out: make(chan *quotadv1.StreamDecision, 256)}
 	sent := make(chan struct{})
 	go func() {
 		defer close(sent)
 		st.send()
 	}()
 	err := st.serve()
-	if err != nil {
-		cancel() // ends every undecided admission's wait
+	if err == nil {
+		// Half-closed and every admission's answer queued: close out, and the sender writes
+		// what is left and stops — within --stream-send-timeout, like every write.
+		st.wg.Wait()
+		close(st.out)
+		if err = st.flush(sent); err == nil {
+			return nil
+		}
+		cancel()
+		return err
 	}
+	// The stream ends on err: every undecided admission's wait is canceled, and answers not
+	// yet written are dropped. A dropped answer of an admission already decided (granted,
+	// its units debited in the log) is exactly a unary Acquire whose response was lost: the
+	// client decides it again with the same request ID (the Go client does so, by unary
+	// Acquire, when a stream breaks) and the FSM's dedup table returns that decision, debiting
+	// nothing more. So nothing is refunded here — a refund followed by that retry would hand
+	// out the units twice; a client that never retries leaves them spent, as after a lost
+	// unary answer (rate units are never over-admitted; a concurrency permit comes back when
+	// its lease TTL ends). An admission whose entry is committing when canceled is the same:
+	// its outcome is unknown until the retry asks.
+	cancel()
 	st.wg.Wait()
-	close(st.out) // every answer is queued: the sender sends them and stops
-	<-sent
+	close(st.out)
+	// Not waiting for the sender: it may be blocked in Send on a client that does not read,
+	// and only this handler's return unblocks it (grpc-go then cancels the stream's context,
+	// which ends the write, after writing this status). It sends nothing more: st.ctx is
+	// canceled, which it checks before each write.
 	return err
+}
+
+// countsByClientID: an agent run with --insecure has one identity for every caller, so its
+// streams are counted per client_id (from the stream's first message), as its waiters are.
+func (st *acquireStream) countsByClientID() bool {
+	return st.s.insecure && st.id.Name == insecureIdentity
+}
+
+// takeSlot counts this stream against its identity's cap (--max-streams-per-identity), or
+// refuses it (RESOURCE_EXHAUSTED) naming who and the limit.
+func (st *acquireStream) takeSlot(key, who string) error {
+	s := st.s
+	limit := s.maxStreamsPerIdentity
+	if limit <= 0 {
+		limit = DefaultMaxStreamsPerIdentity
+	}
+	s.streamsMu.Lock()
+	defer s.streamsMu.Unlock()
+	if n := s.streamsByIdentity[key]; n >= limit {
+		s.metrics.streamCapped(streamCapIdentity)
+		return status.Errorf(codes.ResourceExhausted, "AcquireStream: %s already has %d AcquireStreams open on this leader, its limit (--max-streams-per-identity %d); close one (a Go client holds one per process), send waiting admissions by unary Acquire, or use another credential", who, n, limit)
+	}
+	if s.streamsByIdentity == nil {
+		s.streamsByIdentity = make(map[string]int)
+	}
+	s.streamsByIdentity[key]++
+	st.slotKey = key
+	return nil
+}
+
+// releaseSlot gives back the stream's per-identity slot, if it holds one.
+func (st *acquireStream) releaseSlot() {
+	if st.slotKey == "" {
+		return
+	}
+	s := st.s
+	s.streamsMu.Lock()
+	if s.streamsByIdentity[st.slotKey]--; s.streamsByIdentity[st.slotKey] <= 0 {
+		delete(s.streamsByIdentity, st.slotKey)
+	}
+	s.streamsMu.Unlock()
+	st.slotKey = ""
+}
+
+// flush waits for the sender to write the last answers and stop, re-checking the token, the
+// leadership and the write's age every streamAuthRecheck; an error ends the stream.
+func (st *acquireStream) flush(sent <-chan struct{}) error {
+	tick := time.NewTicker(streamAuthRecheck)
+	defer tick.Stop()
+	for {
+		select {
+		case <-sent:
+			return nil
+		case <-tick.C:
+			if err := st.stalled(); err != nil {
+				return err
+			}
+			if err := st.check(); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// sendTimeout is --stream-send-timeout.
+func (s *Server) sendTimeout() time.Duration {
+	if s.streamSendTimeout <= 0 {
+		return DefaultStreamSendTimeout
+	}
+	return s.streamSendTimeout
+}
+
+// stalled ends the stream (DEADLINE_EXCEEDED) when a write of answers has waited longer than
+// --stream-send-timeout for the client to read.
+func (st *acquireStream) stalled() error {
+	since := st.sendingSince.Load()
+	if since == 0 {
+		return nil
+	}
+	waited := time.Since(st.born) - time.Duration(since-1)
+	if limit := st.s.sendTimeout(); waited >= limit {
+		st.s.metrics.streamCapped(streamCapSendTimeout)
+		return status.Errorf(codes.DeadlineExceeded, "AcquireStream: the client has not read its answers for %v (--stream-send-timeout %v); the stream ends and its undecided admissions are canceled: decide them again with the same request IDs, which returns any decision already made", waited.Round(time.Millisecond), limit)
+	}
+	return nil
 }
 
 // AcquireStreams returns the AcquireStreams open on this agent (quotad_acquire_streams).
@@ -145,7 +294,8 @@ func (st *acquireStream) serve() error {
 		}
 	}()
 	// The token and leadership are re-checked on every message and, while admissions are
-	// undecided, every streamAuthRecheck: an idle stream costs no wake-ups.
+	// undecided or answers unwritten, every streamAuthRecheck: an idle stream costs no
+	// wake-ups.
 	tick := time.NewTicker(streamAuthRecheck)
 	defer tick.Stop()
 	tick.Stop()
@@ -178,10 +328,16 @@ func (st *acquireStream) serve() error {
 			if err := st.check(); err != nil {
 				return err
 			}
+			if err := st.stalled(); err != nil {
+				return err
+			}
+			// Ticks go on while anything is held: undecided admissions, and answers decided
+			// but not written (a client that does not read must still meet the re-checks and
+			// the send timeout). held drops only after its answer is counted in unsent.
 			st.mu.Lock()
-			idle := len(st.pending) == 0
+			idle := st.held == 0
 			st.mu.Unlock()
-			if idle {
+			if idle && st.unsent.Load() == 0 {
 				tick.Stop()
 			}
 		case <-st.ctx.Done():
@@ -240,12 +396,17 @@ func (st *acquireStream) handle(m *quotadv1.AcquireStreamRequest) error {
 	}
 	if st.clientID == "" {
 		st.clientID = m.ClientId
+		if st.countsByClientID() {
+			if err := st.takeSlot(insecureIdentity+"\x00"+st.clientID, fmt.Sprintf("client_id %.64q", st.clientID)); err != nil {
+				return err
+			}
+		}
 	}
 	st.mu.Lock()
 	for _, id := range m.Cancels {
-		if cancel, ok := st.pending[id]; ok {
+		if a, ok := st.pending[id]; ok {
 			delete(st.pending, id)
-			cancel()
+			a.cancel()
 		}
 	}
 	st.mu.Unlock()
@@ -275,14 +436,16 @@ func (st *acquireStream) start(adm *quotadv1.Admission) error {
 	if st.held >= st.max {
 		held := st.held
 		st.mu.Unlock()
-		st.answer(&quotadv1.StreamDecision{RequestId: rid, Decision: st.s.fair.tooManyWaiters(adm.GetDomain(),
+		// Answered from the serve loop, which must not block for good on a client that does
+		// not read: queueing it re-checks like the loop does.
+		return st.answerFromServe(&quotadv1.StreamDecision{RequestId: rid, Decision: st.s.fair.tooManyWaiters(adm.GetDomain(),
 			fmt.Sprintf("this stream already has %d undecided or unread admissions, its limit (--max-stream-admissions %d); wait for some to be answered and read them, or open another stream", held, st.max),
 			ScopeStreamWaiters)})
-		return nil
 	}
 	actx, cancel := context.WithCancel(st.ctx)
+	rec := &streamAdmission{cancel: cancel}
 	if rid != 0 {
-		st.pending[rid] = cancel
+		st.pending[rid] = rec
 	}
 	st.held++
 	st.wg.Add(1)
@@ -297,11 +460,13 @@ func (st *acquireStream) start(adm *quotadv1.Admission) error {
 		defer cancel()
 		d, err := st.s.acquireOneStreamed(actx, st.id, st.clientID, adm)
 		st.mu.Lock()
-		_, live := st.pending[rid]
-		delete(st.pending, rid)
+		live := st.pending[rid] == rec // another record: this one was canceled, the ID sent again
+		if live {
+			delete(st.pending, rid)
+		}
 		st.mu.Unlock()
 		if !live && rid != 0 {
-			return // canceled by the client: it has forgotten this request ID
+			return // canceled by the client: it has forgotten this admission
 		}
 		sd := &quotadv1.StreamDecision{RequestId: rid, Decision: d}
 		if err != nil {
@@ -315,9 +480,43 @@ func (st *acquireStream) start(adm *quotadv1.Admission) error {
 
 // answer queues sd for the sender (dropped once the stream is ending).
 func (st *acquireStream) answer(sd *quotadv1.StreamDecision) {
+	st.unsent.Add(1)
 	select {
 	case st.out <- sd:
 	case <-st.ctx.Done():
+		st.unsent.Add(-1)
+	}
+}
+
+// answerFromServe is answer for the serve loop: while out is full (a client that does not
+// read) it goes on re-checking the token, the leadership and the send timeout, and returns
+// the error that ends the stream.
+func (st *acquireStream) answerFromServe(sd *quotadv1.StreamDecision) error {
+	st.unsent.Add(1) // before it can be written: the sender subtracts what it wrote
+	select {
+	case st.out <- sd:
+		return nil
+	default:
+	}
+	tick := time.NewTicker(streamAuthRecheck)
+	defer tick.Stop()
+	for {
+		select {
+		case st.out <- sd:
+			return nil
+		case <-st.ctx.Done():
+			st.unsent.Add(-1)
+			return st.ctx.Err()
+		case <-tick.C:
+			err := st.stalled()
+			if err == nil {
+				err = st.check()
+			}
+			if err != nil {
+				st.unsent.Add(-1)
+				return err
+			}
+		}
 	}
 }
 
@@ -339,11 +538,18 @@ func (st *acquireStream) send() {
 				break drain
 			}
 		}
+		n := int64(len(resp.Decisions))
 		if failed || st.ctx.Err() != nil {
+			st.unsent.Add(-n)
 			continue
 		}
-		if err := st.ss.Send(resp); err != nil {
+		st.sendingSince.Store(int64(time.Since(st.born)) + 1)
+		err := st.ss.Send(resp)
+		st.sendingSince.Store(0)
+		st.unsent.Add(-n)
+		if err != nil {
 			failed = true
+			continue
 		}
 		st.s.metrics.streamMessage("sent")
 	}

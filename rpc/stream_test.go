@@ -23,7 +23,8 @@ import (
 )
 
 // streamLimits: "slow" refills a unit every 2 s (burst 1), so a waiter on it waits; "free" can
-// always pay.
+// always pay; "held" refills a unit a minute (a waiter on it stays undecided for a test) and
+// "counted" pays 100,000 and refills nothing in a test (100,000 − remaining counts debits).
 const streamLimits = `
 domain: slow
 rate_limit: {unit: minute, requests_per_unit: 30, burst: 1}
@@ -33,6 +34,12 @@ rate_limit: {unit: second, requests_per_unit: 100000, burst: 100000}
 ---
 domain: other
 rate_limit: {unit: second, requests_per_unit: 100000, burst: 100000}
+---
+domain: held
+rate_limit: {unit: minute, requests_per_unit: 1, burst: 1}
+---
+domain: counted
+rate_limit: {unit: hour, requests_per_unit: 1, burst: 100000}
 `
 
 // streamCluster is a TLS cluster (no --insecure) with streamLimits, a worker certificate "w"

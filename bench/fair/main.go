@@ -111,6 +111,12 @@ var scale = flag.Float64("scale", 1, "multiplies every scenario's duration")
 var identityWaiters = flag.Int("max-waiters-per-identity", rpc.DefaultMaxWaitersPerDomain,
 	"the agents' --max-waiters-per-identity (0: the agent's default, a quarter of --max-waiters-per-domain)")
 
+// identityStreams is the agents' --max-streams-per-identity: the bench's clients (up to ~20 in
+// rate_sweep at 10,000/s, each a worker process's one stream) all use the one certificate, so
+// the agent's default (16) would send some of them unary and change what is measured.
+var identityStreams = flag.Int("max-streams-per-identity", 1000,
+	"the agents' --max-streams-per-identity (0: the agent's default)")
+
 func dur(d time.Duration) time.Duration { return time.Duration(float64(d) * *scale) }
 
 func main() {
@@ -145,6 +151,9 @@ func main() {
 	var extra []string
 	if *identityWaiters > 0 {
 		extra = []string{"--max-waiters-per-identity", fmt.Sprint(*identityWaiters)}
+	}
+	if *identityStreams > 0 {
+		extra = append(extra, "--max-streams-per-identity", fmt.Sprint(*identityStreams))
 	}
 	c, err := proccluster.Start(proccluster.Config{Binary: bin, Dir: dir, Nodes: 3, LimitsFile: lf, ExtraArgs: extra})
 	check(err) // Start kills the nodes it started before failing

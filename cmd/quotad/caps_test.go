@@ -3,6 +3,7 @@ package main
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -34,5 +35,32 @@ func TestWaiterFlags(t *testing.T) {
 	}
 	if got := rpc.DefaultPerIdentity(rpc.DefaultMaxWaitersPerDomain); got != 2500 {
 		t.Fatalf("default per identity for 10000 per domain: %d", got)
+	}
+}
+
+// TestStreamFlags: --max-streams-per-identity and --stream-send-timeout reach the agent config
+// with their defaults, and values that would turn them off are refused naming the flag.
+func TestStreamFlags(t *testing.T) {
+	parse := func(args ...string) (rpc.AgentConfig, error) {
+		c := capFlags{maxRequestBytes: rpc.DefaultMaxRequestBytes}
+		f := pflag.NewFlagSet("t", pflag.ContinueOnError)
+		c.register(f)
+		if err := f.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		var cfg rpc.AgentConfig
+		return cfg, c.apply(&cfg)
+	}
+	cfg, err := parse()
+	if err != nil || cfg.MaxStreamsPerIdentity != rpc.DefaultMaxStreamsPerIdentity || cfg.StreamSendTimeout != rpc.DefaultStreamSendTimeout {
+		t.Fatalf("defaults: %d %v %v", cfg.MaxStreamsPerIdentity, cfg.StreamSendTimeout, err)
+	}
+	if cfg, err := parse("--max-streams-per-identity", "3", "--stream-send-timeout", "10s"); err != nil || cfg.MaxStreamsPerIdentity != 3 || cfg.StreamSendTimeout != 10*time.Second {
+		t.Fatalf("set: %d %v %v", cfg.MaxStreamsPerIdentity, cfg.StreamSendTimeout, err)
+	}
+	for _, bad := range [][]string{{"--max-streams-per-identity", "0"}, {"--stream-send-timeout", "100ms"}} {
+		if _, err := parse(bad...); err == nil || !strings.Contains(err.Error(), bad[0]+" "+bad[1]) {
+			t.Fatalf("%v: %v, want a refusal naming the flag and value", bad, err)
+		}
 	}
 }
