@@ -64,7 +64,7 @@ const (
 	// leader (--max-streams-per-identity). A Go client process holds one; a workload with more
 	// processes than this per credential sends the rest of its waits unary (as before streams
 	// existed) until a stream frees up, or gets a credential per group of processes.
-	DefaultMaxStreamsPerIdentity = 16
+	DefaultMaxStreamsPerIdentity = 256
 )
 
 // acquireStream is the leader's state of one AcquireStream.
