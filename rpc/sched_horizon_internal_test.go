@@ -45,4 +45,6 @@ func TestHorizonCoversTimerLateness(t *testing.T) {
 	}
 }
 
-func near(got, want time.Duration) bool { return got > want-10*time.Microsecond && got < want+10*time.Microsecond }
+func near(got, want time.Duration) bool {
+	return got > want-10*time.Microsecond && got < want+10*time.Microsecond
+}
