@@ -39,8 +39,8 @@ type Client struct {
 	shares     *shareHolder // Limiters' share holder, started by the first Limiter
 
 	metrics struct {
-		admissions, batches, held, rpcs, retries                atomic.Uint64
-		streams, streamSends, streamAdmissions, streamFallbacks atomic.Uint64
+		admissions, batches, held, rpcs, retries                              atomic.Uint64
+		streams, streamSends, streamAdmissions, streamFallbacks, streamStalls atomic.Uint64
 	}
 }
 
@@ -158,6 +158,10 @@ type Stats struct {
 	// StreamFallbacks counts waiting admissions decided by unary Acquire (same request ID)
 	// after their stream broke or answered with a status a unary call would retry.
 	StreamFallbacks uint64
+	// StreamStalls counts streams given up because their leader, which sends heartbeats,
+	// sent nothing for several of them while admissions were undecided (a stopped or
+	// partitioned node); their admissions went to another node.
+	StreamStalls uint64
 }
 
 // Stats returns the client's counters.
@@ -173,6 +177,7 @@ func (c *Client) Stats() Stats {
 		StreamSends:      c.metrics.streamSends.Load(),
 		StreamAdmissions: c.metrics.streamAdmissions.Load(),
 		StreamFallbacks:  c.metrics.streamFallbacks.Load(),
+		StreamStalls:     c.metrics.streamStalls.Load(),
 	}
 }
 

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
@@ -61,7 +63,19 @@ const (
 	// end before it is sent again (the leader re-checks its leadership every second and then
 	// ends the stream naming the new leader).
 	streamResendWait = 1500 * time.Millisecond
+	// streamStallBeats and streamStallMin: a leader that sends heartbeats (its header says
+	// every how long, while admissions are undecided) and has sent nothing for this many
+	// heartbeats, and at least streamStallMin, while this stream had admissions sent and
+	// undecided, is taken as stalled (its process stopped, partitioned, hung): the stream is
+	// failed UNAVAILABLE and its admissions go to the next node (again with the same request
+	// IDs). Without it a stopped leader held every Wait until its own deadline, and the next
+	// ones joined the same stream, for as long as it stayed stopped (trial: 15 s).
+	streamStallBeats = 3
+	streamStallMin   = 3 * time.Second
 )
+
+// streamHeartbeatHeader is rpc.StreamHeartbeatHeader (the client does not import rpc).
+const streamHeartbeatHeader = "x-quotad-stream-heartbeat-ms"
 
 // streamer owns the Client's current AcquireStream. Safe for concurrent use.
 type streamer struct {
@@ -86,6 +100,8 @@ type wstream struct {
 	sendq  chan *quotadv1.Admission
 	kick   chan struct{} // cancels queued
 	done   chan struct{} // closed when broken
+
+	lastRecv atomic.Int64 // when the last message came (unix ns)
 
 	mu       sync.Mutex
 	calls    map[uint64]*streamCall // undecided, by request ID
@@ -476,8 +492,16 @@ func (ws *wstream) run(qc quotadv1.QuotaClient) {
 
 // recv hands each answer to its caller until the stream ends.
 func (ws *wstream) recv(cs quotadv1.Quota_AcquireStreamClient) {
+	if md, err := cs.Header(); err == nil {
+		if v := md.Get(streamHeartbeatHeader); len(v) > 0 {
+			if ms, err := strconv.Atoi(v[0]); err == nil && ms > 0 {
+				go ws.watch(time.Duration(ms) * time.Millisecond)
+			}
+		}
+	}
 	for {
 		resp, err := cs.Recv()
+		ws.lastRecv.Store(time.Now().UnixNano())
 		if err != nil {
 			// The trailer first: the header named the leader when the stream opened, which
 			// a deposed leader's trailer corrects.
@@ -493,6 +517,46 @@ func (ws *wstream) recv(cs quotadv1.Quota_AcquireStreamClient) {
 }
 
 // deliver gives one answer to its caller (none: canceled, or the stream already failed).
+// watch fails the stream when its leader, which sends a heartbeat every beat while admissions
+// are undecided, has sent nothing for streamStallBeats beats (at least streamStallMin) while
+// admissions were sent on it and undecided (see streamStallBeats).
+func (ws *wstream) watch(beat time.Duration) {
+	stall := max(streamStallBeats*beat, streamStallMin)
+	t := time.NewTicker(beat)
+	defer t.Stop()
+	quietFrom := time.Now() // silence counts from when admissions were last all decided
+	for {
+		select {
+		case <-ws.done:
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		if !ws.awaiting() {
+			quietFrom = now
+			continue
+		}
+		since := max(quietFrom.UnixNano(), ws.lastRecv.Load())
+		if silent := now.Sub(time.Unix(0, since)); silent > stall {
+			ws.s.c.metrics.streamStalls.Add(1)
+			ws.fail(status.Errorf(codes.Unavailable, "AcquireStream to %s: nothing received for %v while admissions were undecided (the leader sends a heartbeat every %v): the node is stalled or unreachable; trying another", ws.addr, silent.Round(time.Millisecond), beat), nil)
+			return
+		}
+	}
+}
+
+// awaiting reports whether an admission was sent on ws and is undecided.
+func (ws *wstream) awaiting() bool {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	for _, c := range ws.calls {
+		if c.sent {
+			return true
+		}
+	}
+	return false
+}
+
 func (ws *wstream) deliver(sd *quotadv1.StreamDecision, at time.Time) {
 	ws.mu.Lock()
 	call := ws.calls[sd.GetRequestId()]

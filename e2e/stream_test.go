@@ -125,3 +125,105 @@ func debited(ctx context.Context, cl *client.Client) (uint64, error) {
 	}
 	return 0, fmt.Errorf("no domain bucket in %+v", s)
 }
+
+// TestStreamStalledLeaderIsLeft: the leader process is stopped (SIGSTOP) for 12 s while
+// workers call Wait with a 2 s deadline (no MaxWait: each asks the leader to queue it for most
+// of its deadline, so no admission's own timer ever gives up on the stream). The leader sends
+// a heartbeat every second while admissions are undecided; the client takes its silence as a
+// stall and goes to another node, so admissions resume within seconds of the new leader, not
+// when the stopped one comes back (trial: none for the whole 15 s of a stop). Debits stay
+// within admitted … admitted + unknown outcomes.
+func TestStreamStalledLeaderIsLeft(t *testing.T) {
+	if testing.Short() {
+		t.Skip("process cluster")
+	}
+	c := startClusterWith(t, 3, streamLimits)
+	cl, err := client.New(c.ClientConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	leader, err := c.WaitLeader(15 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.Wait(ctx, client.Request{Domain: "counted", Descriptors: client.Descriptors("pace", "warm")}); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu                    sync.Mutex
+		admittedAt            []time.Time
+		admitted, unavailable int
+		other                 []error
+		wg                    sync.WaitGroup
+	)
+	stop := make(chan struct{})
+	for range 50 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				wctx, wc := context.WithTimeout(ctx, 2*time.Second)
+				d, err := cl.Wait(wctx, client.Request{Domain: "counted", Descriptors: client.Descriptors("pace", "p")})
+				wc()
+				mu.Lock()
+				switch {
+				case err == nil && d.Admitted:
+					admitted++
+					admittedAt = append(admittedAt, time.Now())
+				case errors.Is(err, client.ErrUnavailable), errors.Is(err, client.ErrDenied):
+					unavailable++ // a denial at its deadline may follow an unknown outcome too
+				default:
+					other = append(other, err)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	time.Sleep(time.Second)
+	paused := time.Now()
+	c.Pause(leader)
+	resumed := false
+	defer func() {
+		if !resumed {
+			c.Resume(leader)
+		}
+	}()
+	time.Sleep(12 * time.Second)
+	c.Resume(leader)
+	resumed = true
+	close(stop)
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	var first time.Time
+	for _, at := range admittedAt {
+		if at.After(paused.Add(500*time.Millisecond)) && (first.IsZero() || at.Before(first)) {
+			first = at
+		}
+	}
+	st := cl.Stats()
+	t.Logf("node%d stopped for 12 s: first admission %v after the stop; admitted %d, unknown or denied %d; client %+v",
+		leader, first.Sub(paused).Round(time.Millisecond), admitted, unavailable, st)
+	if len(other) > 0 {
+		t.Fatalf("unexpected outcomes: %v", other[:min(len(other), 5)])
+	}
+	if first.IsZero() || first.Sub(paused) > 8*time.Second {
+		t.Fatalf("no admission within 8 s of stopping the leader (first %v after): the client stayed on the stopped leader's stream", first.Sub(paused))
+	}
+	if st.StreamStalls == 0 {
+		t.Fatal("no stream was given up as stalled")
+	}
+	got, err := debited(ctx, cl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got < uint64(admitted+1) || got > uint64(admitted+1+unavailable) { // +1: the warm-up
+		t.Fatalf("the cluster debited %d units; the client saw %d admitted (+1 warm-up) and %d unknown outcomes", got, admitted, unavailable)
+	}
+}

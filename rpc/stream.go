@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,6 +55,10 @@ const (
 	// caller's token (and this node's leadership) when the client sends nothing: a revoked
 	// token ends the stream within this.
 	streamAuthRecheck = time.Second
+	// StreamHeartbeatHeader is the AcquireStream response header in which a leader says it
+	// sends a message without decisions every that many milliseconds while the stream has
+	// admissions undecided (absent: a build that sends none).
+	StreamHeartbeatHeader = "x-quotad-stream-heartbeat-ms"
 	// streamMaxAnswers caps the answers in one response message.
 	streamMaxAnswers = 1024
 	// DefaultStreamSendTimeout is how long a write of answers may wait for the client to read
@@ -134,7 +139,11 @@ func (s *Server) AcquireStream(ss quotadv1.Quota_AcquireStreamServer) error {
 			return err
 		}
 	}
-	if err := ss.SendHeader(nil); err != nil { // the header now: the client learns the leader
+	// The header now: the client learns the leader, and that this leader sends a heartbeat
+	// (an answer message without decisions) every streamAuthRecheck while admissions are
+	// undecided, so a client can tell a stalled leader (paused, partitioned, its process
+	// stopped) from admissions that are merely waiting, and leave it.
+	if err := ss.SendHeader(metadata.Pairs(StreamHeartbeatHeader, strconv.FormatInt(streamAuthRecheck.Milliseconds(), 10))); err != nil {
 		return err
 	}
 	s.openStreams.Add(1)
@@ -299,6 +308,7 @@ func (st *acquireStream) serve() error {
 	tick := time.NewTicker(streamAuthRecheck)
 	defer tick.Stop()
 	tick.Stop()
+	ticking := false
 	var drained chan struct{} // closed when every admission is answered after the half-close
 	for {
 		select {
@@ -319,8 +329,11 @@ func (st *acquireStream) serve() error {
 			if err := st.handle(r.m); err != nil {
 				return err
 			}
-			if len(r.m.Admissions) > 0 {
+			if len(r.m.Admissions) > 0 && !ticking {
+				// Started, not restarted: a client sending more often than the tick would
+				// otherwise postpone the re-checks and the heartbeat forever.
 				tick.Reset(streamAuthRecheck)
+				ticking = true
 			}
 		case <-drained:
 			return nil
@@ -339,6 +352,14 @@ func (st *acquireStream) serve() error {
 			st.mu.Unlock()
 			if idle && st.unsent.Load() == 0 {
 				tick.Stop()
+				ticking = false
+			} else if !idle {
+				// The heartbeat (StreamHeartbeatHeader); never waits: with the sender's
+				// queue full, answers are what the client is not reading.
+				select {
+				case st.out <- nil:
+				default:
+				}
 			}
 		case <-st.ctx.Done():
 			return st.ctx.Err()
@@ -525,7 +546,11 @@ func (st *acquireStream) answerFromServe(sd *quotadv1.StreamDecision) error {
 func (st *acquireStream) send() {
 	var failed bool
 	for sd := range st.out {
-		resp := &quotadv1.AcquireStreamResponse{Decisions: []*quotadv1.StreamDecision{sd}}
+		// A nil is a heartbeat: a message, with whatever answers are queued beside it.
+		resp := &quotadv1.AcquireStreamResponse{}
+		if sd != nil {
+			resp.Decisions = append(resp.Decisions, sd)
+		}
 	drain:
 		for len(resp.Decisions) < streamMaxAnswers {
 			select {
@@ -533,7 +558,9 @@ func (st *acquireStream) send() {
 				if !ok {
 					break drain
 				}
-				resp.Decisions = append(resp.Decisions, more)
+				if more != nil {
+					resp.Decisions = append(resp.Decisions, more)
+				}
 			default:
 				break drain
 			}
