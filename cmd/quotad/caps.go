@@ -8,8 +8,9 @@ import (
 
 // capFlags are the agent's caps on what one caller can make a node hold.
 type capFlags struct {
-	maxRequestBytes int
-	waiters         rpc.WaiterCaps
+	maxRequestBytes     int
+	maxCallsPerIdentity int
+	waiters             rpc.WaiterCaps
 }
 
 // intFlags is the part of a *pflag.FlagSet register uses.
@@ -19,6 +20,7 @@ type intFlags interface {
 
 func (c *capFlags) register(f intFlags) {
 	f.IntVar(&c.maxRequestBytes, "max-request-bytes", c.maxRequestBytes, "largest gRPC message accepted, in bytes")
+	f.IntVar(&c.maxCallsPerIdentity, "max-calls-per-identity", rpc.DefaultMaxCallsPerIdentity, "gRPC calls one identity (token or client certificate) may have in flight on this node at once, from their headers to their end (more are refused: ResourceExhausted; cluster nodes are not counted)")
 	f.IntVar(&c.waiters.PerClient, "max-waiters-per-client", rpc.DefaultMaxWaitersPerClient, "admissions of one client_id that may wait on the leader at once (more are denied: too_many_waiters)")
 	f.IntVar(&c.waiters.PerIdentity, "max-waiters-per-identity", 0, "admissions of one authenticated identity (token or client certificate) that may wait on the leader at once in one domain, whatever its client_ids (0: a quarter of --max-waiters-per-domain; more are denied: too_many_waiters)")
 	f.IntVar(&c.waiters.PerDomain, "max-waiters-per-domain", rpc.DefaultMaxWaitersPerDomain, "admissions of one domain that may wait on the leader at once (more are denied: too_many_waiters)")
@@ -29,6 +31,8 @@ func (c *capFlags) apply(cfg *rpc.AgentConfig) error {
 	switch {
 	case c.maxRequestBytes < 1024:
 		return fmt.Errorf("--max-request-bytes %d: use at least 1024 (default %d)", c.maxRequestBytes, rpc.DefaultMaxRequestBytes)
+	case c.maxCallsPerIdentity < 1:
+		return fmt.Errorf("--max-calls-per-identity %d: use at least 1 (default %d)", c.maxCallsPerIdentity, rpc.DefaultMaxCallsPerIdentity)
 	case c.waiters.PerClient < 1:
 		return fmt.Errorf("--max-waiters-per-client %d: use at least 1 (default %d)", c.waiters.PerClient, rpc.DefaultMaxWaitersPerClient)
 	case c.waiters.PerIdentity < 0:
@@ -38,6 +42,6 @@ func (c *capFlags) apply(cfg *rpc.AgentConfig) error {
 	case c.waiters.PerStream < 1:
 		return fmt.Errorf("--max-stream-admissions %d: use at least 1 (default %d)", c.waiters.PerStream, rpc.DefaultMaxStreamAdmissions)
 	}
-	cfg.MaxRequestBytes, cfg.Waiters = c.maxRequestBytes, c.waiters
+	cfg.MaxRequestBytes, cfg.MaxCallsPerIdentity, cfg.Waiters = c.maxRequestBytes, c.maxCallsPerIdentity, c.waiters
 	return nil
 }
