@@ -86,6 +86,9 @@ type AgentConfig struct {
 	// and the undecided admissions of one AcquireStream (--max-stream-admissions); zero
 	// fields mean the defaults.
 	Waiters WaiterCaps
+	// MaxWait caps how long the leader queues one admission (--max-wait): a larger
+	// max_wait_ms is taken as MaxWait, and a denial of it says so. 0 means DefaultMaxWait.
+	MaxWait time.Duration
 	// MaxCallsPerIdentity caps the gRPC calls one identity (a token, a client certificate)
 	// may have in flight on this node, counted from their headers to their end
 	// (--max-calls-per-identity); one more is refused ResourceExhausted at its headers. Cluster
@@ -248,6 +251,7 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 	a.server = NewServer(a.node, a.fsm, cfg.Proposer, forwardCreds, a.metrics)
 	a.server.SetWaiterCaps(cfg.Waiters)
 	a.server.insecure = cfg.Insecure
+	a.server.maxWait = cfg.MaxWait
 	a.server.SetRLSOptions(cfg.RLS)
 	a.server.setLogger(log)
 	a.server.rls.batchBytes = maxRequest / 2

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/quotad/quotad/rpc"
 )
@@ -10,17 +11,20 @@ import (
 type capFlags struct {
 	maxRequestBytes     int
 	maxCallsPerIdentity int
+	maxWait             time.Duration
 	waiters             rpc.WaiterCaps
 }
 
 // intFlags is the part of a *pflag.FlagSet register uses.
 type intFlags interface {
 	IntVar(p *int, name string, value int, usage string)
+	DurationVar(p *time.Duration, name string, value time.Duration, usage string)
 }
 
 func (c *capFlags) register(f intFlags) {
 	f.IntVar(&c.maxRequestBytes, "max-request-bytes", c.maxRequestBytes, "largest gRPC message accepted, in bytes")
 	f.IntVar(&c.maxCallsPerIdentity, "max-calls-per-identity", rpc.DefaultMaxCallsPerIdentity, "gRPC calls one identity (token or client certificate) may have in flight on this node at once, from their headers to their end (more are refused: ResourceExhausted; cluster nodes are not counted)")
+	f.DurationVar(&c.maxWait, "max-wait", rpc.DefaultMaxWait, "longest an admission may wait on the leader (a longer max_wait_ms is taken as this; its denial says so); at least 1s")
 	f.IntVar(&c.waiters.PerClient, "max-waiters-per-client", rpc.DefaultMaxWaitersPerClient, "admissions of one client_id that may wait on the leader at once (more are denied: too_many_waiters)")
 	f.IntVar(&c.waiters.PerIdentity, "max-waiters-per-identity", 0, "admissions of one authenticated identity (token or client certificate) that may wait on the leader at once in one domain, whatever its client_ids (0: a quarter of --max-waiters-per-domain; more are denied: too_many_waiters)")
 	f.IntVar(&c.waiters.PerDomain, "max-waiters-per-domain", rpc.DefaultMaxWaitersPerDomain, "admissions of one domain that may wait on the leader at once (more are denied: too_many_waiters)")
@@ -33,6 +37,8 @@ func (c *capFlags) apply(cfg *rpc.AgentConfig) error {
 		return fmt.Errorf("--max-request-bytes %d: use at least 1024 (default %d)", c.maxRequestBytes, rpc.DefaultMaxRequestBytes)
 	case c.maxCallsPerIdentity < 1:
 		return fmt.Errorf("--max-calls-per-identity %d: use at least 1 (default %d)", c.maxCallsPerIdentity, rpc.DefaultMaxCallsPerIdentity)
+	case c.maxWait < time.Second:
+		return fmt.Errorf("--max-wait %v: use at least 1s (default %v)", c.maxWait, rpc.DefaultMaxWait)
 	case c.waiters.PerClient < 1:
 		return fmt.Errorf("--max-waiters-per-client %d: use at least 1 (default %d)", c.waiters.PerClient, rpc.DefaultMaxWaitersPerClient)
 	case c.waiters.PerIdentity < 0:
@@ -42,6 +48,6 @@ func (c *capFlags) apply(cfg *rpc.AgentConfig) error {
 	case c.waiters.PerStream < 1:
 		return fmt.Errorf("--max-stream-admissions %d: use at least 1 (default %d)", c.waiters.PerStream, rpc.DefaultMaxStreamAdmissions)
 	}
-	cfg.MaxRequestBytes, cfg.MaxCallsPerIdentity, cfg.Waiters = c.maxRequestBytes, c.maxCallsPerIdentity, c.waiters
+	cfg.MaxRequestBytes, cfg.MaxCallsPerIdentity, cfg.MaxWait, cfg.Waiters = c.maxRequestBytes, c.maxCallsPerIdentity, c.maxWait, c.waiters
 	return nil
 }

@@ -41,6 +41,12 @@ func TestWaiterFlags(t *testing.T) {
 	if _, err := parse("--max-calls-per-identity", "0"); err == nil || !strings.Contains(err.Error(), "--max-calls-per-identity 0") {
 		t.Fatalf("--max-calls-per-identity 0: %v", err)
 	}
+	if cfg, err := parse(); err != nil || cfg.MaxWait != rpc.DefaultMaxWait {
+		t.Fatalf("default --max-wait: %v %v", cfg.MaxWait, err)
+	}
+	if _, err := parse("--max-wait", "500ms"); err == nil || !strings.Contains(err.Error(), "--max-wait 500ms") {
+		t.Fatalf("--max-wait 500ms: %v", err)
+	}
 	if got := rpc.DefaultPerIdentity(rpc.DefaultMaxWaitersPerDomain); got != 2500 {
 		t.Fatalf("default per identity for 10000 per domain: %d", got)
 	}
