@@ -48,7 +48,7 @@ func connConfig(addrs string) client.Config {
 	cfg.TLSFiles, cfg.TokenFile = cliTLS, cliTokenFile
 	cfg.LoadEnv()
 	if cliFlags != nil && cliFlags.Changed(addrsOnlyFlag) { // the flag wins over the environment
-		cfg.ConfiguredAddrsOnly = cliAddrsOnly
+		cfg.SetConfiguredAddrsOnly(cliAddrsOnly)
 	}
 	return cfg
 }
