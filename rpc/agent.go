@@ -184,7 +184,7 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 	authn := newAuthenticator(cfg, a.fsm, bootstrapToken)
 	authn.calls.refused = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "quotad_calls_refused_total",
-		Help: "gRPC calls refused ResourceExhausted at their headers because their identity already had --max-calls-per-identity calls in flight on this node.",
+		Help: "gRPC calls refused ResourceExhausted at their headers because their identity already had --max-calls-per-identity calls in flight on this node (health checks: their source address had 64).",
 	})
 	a.metrics.Registry.MustRegister(authn.calls.refused)
 	a.authn = authn
@@ -366,7 +366,7 @@ func (a *Agent) registerGauges() {
 			Name: "quotad_dedup_entries", Help: "Decisions remembered for request-ID retries.",
 		}, func() float64 { return float64(a.fsm.Stats().DedupEntries) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "quotad_calls_in_flight", Help: "gRPC calls of callers' identities in flight on this node (counted against --max-calls-per-identity; cluster nodes' and --insecure calls are not).",
+			Name: "quotad_calls_in_flight", Help: "gRPC calls of callers' identities in flight on this node (counted against --max-calls-per-identity; cluster nodes' and --insecure calls are not), and calls to open methods (health checks, counted per source address).",
 		}, func() float64 { return float64(a.authn.calls.inFlight.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "quotad_acquire_streams", Help: "AcquireStreams open on this node (a follower refuses them).",

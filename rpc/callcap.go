@@ -2,11 +2,13 @@ package rpc
 
 import (
 	"context"
+	"net"
 	"sync"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/quotad/quotad/auth"
@@ -55,15 +57,55 @@ func counted(id auth.Identity) bool {
 // reset by the client), when ctx — the call's context, which grpc-go cancels when the call
 // ends — is done. An error is a ResourceExhausted status naming the cap and its flag.
 func (c *callCounter) take(ctx context.Context, name, method string) (*callSlot, error) {
+	return c.takeUpTo(ctx, name, c.max, func(n int) error {
+		return status.Errorf(codes.ResourceExhausted, "%s: identity %.64q already has %d calls in flight on this node, its limit (--max-calls-per-identity %d); "+
+			"wait for some to finish (a client that opens calls and never completes them holds them), or give separate callers separate credentials", method, name, n, c.max)
+	})
+}
+
+// MaxOpenCallsPerAddress caps the calls to open methods (gRPC health Check and List, which
+// need no credential) in flight on a node from one source address (an IPv4 address or an
+// IPv6 /64). Without it anyone could hold a node's memory with health checks that send
+// headers and never their message (30,000 took a node from 25 to 359 MB); a health checker
+// has one or a few in flight. By address, not in total, so a flood from one host does not
+// refuse another's health checks.
+const MaxOpenCallsPerAddress = 64
+
+// takeOpen reserves a slot for one call to an open method from ctx's source address (see
+// take).
+func (c *callCounter) takeOpen(ctx context.Context, method string) (*callSlot, error) {
+	src := sourceOf(ctx)
+	return c.takeUpTo(ctx, "open\x00"+src, MaxOpenCallsPerAddress, func(n int) error {
+		return status.Errorf(codes.ResourceExhausted, "%s: %s already has %d calls to open methods in flight on this node, the limit per address (%d); "+
+			"wait for some to finish (a client that opens calls and never completes them holds them)", method, src, n, MaxOpenCallsPerAddress)
+	})
+}
+
+// sourceOf is the source address a call counts against: its IPv4 address, its IPv6 /64, or
+// the whole address if it is neither.
+func sourceOf(ctx context.Context) string {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.Addr == nil {
+		return "an unknown address"
+	}
+	if ta, ok := p.Addr.(*net.TCPAddr); ok {
+		if ip4 := ta.IP.To4(); ip4 != nil {
+			return ip4.String()
+		}
+		return ta.IP.Mask(net.CIDRMask(64, 128)).String() + "/64"
+	}
+	return p.Addr.String()
+}
+
+func (c *callCounter) takeUpTo(ctx context.Context, name string, limit int, refusal func(n int) error) (*callSlot, error) {
 	c.mu.Lock()
 	n := c.byName[name]
-	if n >= c.max {
+	if n >= limit {
 		c.mu.Unlock()
 		if c.refused != nil {
 			c.refused.Inc()
 		}
-		return nil, status.Errorf(codes.ResourceExhausted, "%s: identity %.64q already has %d calls in flight on this node, its limit (--max-calls-per-identity %d); "+
-			"wait for some to finish (a client that opens calls and never completes them holds them), or give separate callers separate credentials", method, name, n, c.max)
+		return nil, refusal(n)
 	}
 	c.byName[name] = n + 1
 	c.mu.Unlock()
