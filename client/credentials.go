@@ -86,6 +86,13 @@ func (f TLSFiles) Load() (*tls.Config, error) {
 	return cfg, nil
 }
 
+// SetConfiguredAddrsOnly sets ConfiguredAddrsOnly as a command-line flag does: over the
+// environment, whatever LoadEnv read or could not read from EnvConfiguredAddrsOnly (its error
+// is dropped: the flag decides).
+func (c *Config) SetConfiguredAddrsOnly(v bool) {
+	c.ConfiguredAddrsOnly, c.envErr = v, nil
+}
+
 // LoadEnv fills the connection fields of c that are still empty from the environment
 // (EnvAddr, EnvToken, EnvCACert, EnvClientCert, EnvClientKey, EnvConfiguredAddrsOnly when
 // ConfiguredAddrsOnly is false), so values set by flags win. A value it cannot read is
@@ -228,7 +235,7 @@ func Flags(fs *flag.FlagSet, defaultAddrs string) func() Config {
 		cfg.LoadEnv()
 		fs.Visit(func(f *flag.Flag) { // given on the command line: it wins over the environment
 			if f.Name == "configured-addrs-only" {
-				cfg.ConfiguredAddrsOnly, cfg.envErr = *addrsOnly, nil
+				cfg.SetConfiguredAddrsOnly(*addrsOnly)
 			}
 		})
 		if len(cfg.Addrs) == 0 {

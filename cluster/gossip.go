@@ -112,7 +112,7 @@ func (n *Node) startGossip() error {
 	mc.SecretKey = n.cfg.GossipSecretKey
 	mc.GossipVerifyIncoming = len(n.cfg.GossipSecretKey) > 0
 	mc.GossipVerifyOutgoing = len(n.cfg.GossipSecretKey) > 0
-	mc.Logger = newStdLogger(n.log, "memberlist", n.cfg.LibraryLogLevel)
+	mc.Logger = newStdLogger(n.log, "memberlist", n.cfg.LibraryLogLevel, &n.leaving)
 	mc.Delegate = gossipDelegate{n}
 	mc.Events = gossipEvents{n}
 	mc.Conflict = gossipEvents{n}

@@ -3,13 +3,17 @@ package cluster
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"log"
 	"log/slog"
+	"net"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
 )
 
 // hclogAdapter routes hashicorp/raft's hclog output to slog. Only what raft uses is
@@ -21,6 +25,44 @@ type hclogAdapter struct {
 	min   slog.Level
 	args  []any
 	limit *logLimiter
+	// leaving, if set and true, says the node is stopping gracefully: raft's errors about
+	// peers and its own transport are then what leaving means, not faults (leavingNoise).
+	leaving *atomic.Bool
+}
+
+// leavingNoise are the raft errors a node logs because it is leaving, while it stops
+// gracefully: its replication to peers after it handed leadership over ("peer has newer
+// term"), heartbeats and appends that meet a peer already gone, votes asked while the others
+// stop too, and connections its own transport closes under a command in flight. They are
+// logged at INFO then (with during_shutdown=true); at any other time they stay errors.
+var leavingNoise = map[string]bool{
+	"peer has newer term, stopping replication": true,
+	"failed to appendEntries to":                true,
+	"failed to heartbeat to":                    true,
+	"failed to pipeline appendEntries":          true,
+	"failed to make requestVote RPC":            true,
+	"failed to decode incoming command":         true,
+	"failed to accept connection":               true,
+	"failed to flush response":                  true,
+}
+
+// level is the level msg is logged at: an error raft logs only because the node's own
+// transport shut down (raft.ErrTransportShutdown: a command that arrived while it closed) is
+// INFO whenever it happens, and leavingNoise is INFO while the node leaves.
+func (h *hclogAdapter) level(level hclog.Level, msg string, args []any) (slog.Level, bool) {
+	lv := toSlogLevel(level)
+	if lv < slog.LevelWarn {
+		return lv, false
+	}
+	for i := 1; i < len(args); i += 2 {
+		if err, ok := args[i].(error); ok && errors.Is(err, raft.ErrTransportShutdown) {
+			return slog.LevelInfo, true
+		}
+	}
+	if h.leaving != nil && h.leaving.Load() && leavingNoise[msg] {
+		return slog.LevelInfo, true
+	}
+	return lv, false
 }
 
 func newHCLog(l *slog.Logger, name string, min slog.Level) hclog.Logger {
@@ -47,9 +89,12 @@ func (h *hclogAdapter) enabled(lv slog.Level) bool {
 }
 
 func (h *hclogAdapter) Log(level hclog.Level, msg string, args ...any) {
-	lv := toSlogLevel(level)
+	lv, quiet := h.level(level, msg, args)
 	if !h.enabled(lv) {
 		return
+	}
+	if quiet {
+		args = append(args[:len(args):len(args)], "during_shutdown", true)
 	}
 	var suppressed int
 	var over time.Duration
@@ -120,7 +165,7 @@ func (h *hclogAdapter) StandardLogger(*hclog.StandardLoggerOptions) *log.Logger 
 }
 
 func (h *hclogAdapter) StandardWriter(*hclog.StandardLoggerOptions) io.Writer {
-	return &stdLogWriter{l: h.l, name: h.name, min: h.min}
+	return &stdLogWriter{l: h.l, name: h.name, min: h.min, leaving: h.leaving}
 }
 
 // stdLogWriter turns standard-library log lines of the form "[LEVEL] prefix: msg" (what
@@ -129,10 +174,14 @@ type stdLogWriter struct {
 	l    *slog.Logger
 	name string
 	min  slog.Level
+	// leaving: as hclogAdapter.leaving. While the node leaves, an error about a connection
+	// it closed itself (memberlist's probes racing its shutdown: "Failed to send UDP ping:
+	// … use of closed network connection") is logged at INFO.
+	leaving *atomic.Bool
 }
 
-func newStdLogger(l *slog.Logger, name string, min slog.Level) *log.Logger {
-	return log.New(&stdLogWriter{l: l, name: name, min: min}, "", 0)
+func newStdLogger(l *slog.Logger, name string, min slog.Level, leaving *atomic.Bool) *log.Logger {
+	return log.New(&stdLogWriter{l: l, name: name, min: min, leaving: leaving}, "", 0)
 }
 
 func (w *stdLogWriter) Write(p []byte) (int, error) {
@@ -155,8 +204,12 @@ func (w *stdLogWriter) Write(p []byte) (int, error) {
 			line = strings.TrimSpace(line[i+j+1:])
 		}
 	}
+	args := []any{"component", w.name}
+	if lv >= slog.LevelWarn && w.leaving != nil && w.leaving.Load() && strings.Contains(line, net.ErrClosed.Error()) {
+		lv, args = slog.LevelInfo, append(args, "during_shutdown", true)
+	}
 	if lv >= w.min && w.l.Enabled(context.Background(), lv) {
-		w.l.Log(context.Background(), lv, line, "component", w.name)
+		w.l.Log(context.Background(), lv, line, args...)
 	}
 	return len(p), nil
 }

@@ -75,6 +75,9 @@ type Node struct {
 	stopOnce sync.Once
 	stopErr  error
 	closed   atomic.Bool
+	// leaving: a graceful stop has begun; raft's errors about peers going away are expected
+	// from then on and logged at INFO (cluster/log.go, leavingNoise).
+	leaving atomic.Bool
 
 	clk leaderClock
 	// stampMu is held shared by ApplyNow from taking a timestamp until raft has queued the
@@ -214,6 +217,7 @@ func (n *Node) openRaft() error {
 		return fmt.Errorf("cluster: log cache: %w", err)
 	}
 	hl := newHCLog(n.log, "raft", cfg.LibraryLogLevel)
+	hl.(*hclogAdapter).leaving = &n.leaving
 	snaps, err := openSnapshotStore(cfg.DataDir, cfg.SnapshotRetain, hl.Named("snapshots"))
 	if err != nil {
 		return fmt.Errorf("cluster: snapshot store in %q: %w", cfg.DataDir, err)
@@ -605,6 +609,7 @@ func (n *Node) Kill() error { return n.stop(false) }
 func (n *Node) stop(graceful bool) error {
 	n.stopOnce.Do(func() {
 		n.closed.Store(true)
+		n.leaving.Store(graceful)
 		if graceful && n.raft.State() == raft.Leader && n.otherVoters() > 0 {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*n.cfg.ElectionTimeout)
 			err := n.wait(ctx, n.raft.LeadershipTransfer())

@@ -249,8 +249,8 @@ func TestCLIOperatorCommands(t *testing.T) {
 	c.Stop(gone)
 	wantCLI(t, c, 1, []string{"NotFound", `"nodeX" is not in the Raft configuration`}, "members", "remove", "nodeX")
 	out = mustCLI(t, c, "members", "remove", c.Nodes[gone].ID)
-	if strings.Contains(strings.SplitN(out, "members:", 2)[1], c.Nodes[gone].ID) {
-		t.Fatalf("members remove:\n%s", out)
+	if strings.Contains(strings.SplitN(out, "members:", 2)[1], c.Nodes[gone].ID) || strings.Contains(out, "still running") {
+		t.Fatalf("members remove of a stopped node (no note that it still runs):\n%s", out)
 	}
 	var members struct {
 		CommandVersion int `json:"command_version"`
@@ -270,6 +270,17 @@ func TestCLIOperatorCommands(t *testing.T) {
 	if out = mustCLI(t, c, "status"); !strings.Contains(out, fmt.Sprintf("command version: %d ", fsm.CommandVersion)) ||
 		!strings.Contains(out, fmt.Sprintf(" cmd=%d", fsm.CommandVersion)) {
 		t.Fatalf("status does not show the command versions:\n%s", out)
+	}
+
+	// Removing a node that still runs says it will come back and what to do (user trial: it
+	// rejoined unannounced). The last follower: the leader alone is a live majority.
+	running := (c.Leader(context.Background()) + 1) % 3
+	if running == gone {
+		running = (running + 1) % 3
+	}
+	out = mustCLI(t, c, "members", "remove", c.Nodes[running].ID)
+	if !strings.Contains(out, "note: "+c.Nodes[running].ID+" is still running") || !strings.Contains(out, "stop its agent first") || !strings.Contains(out, "--rejoin-delay") {
+		t.Fatalf("members remove of a running node does not warn that it rejoins:\n%s", out)
 	}
 
 	// quotad_build_info says what `quotad version` says.

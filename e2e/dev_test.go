@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -114,4 +115,43 @@ func devPortBase(nodes int) (int, error) {
 		}
 	}
 	return testports.ReserveBase(offs...)
+}
+
+// TestDevRefusesBusyPorts: `quotad dev` checks every port before it starts a node, so a busy
+// one (another dev cluster still running or shutting down) is a clear error naming the port,
+// its node and flag, and --port-base — not the "cluster of N" banner followed by a node that
+// exits with "address already in use".
+func TestDevRefusesBusyPorts(t *testing.T) {
+	base, err := devPortBase(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	busy, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", base+201)) // node1's gossip, UDP only
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	dev := exec.Command(binary, "dev", "--nodes", "1", "--port-base", fmt.Sprint(base), "--data-dir", t.TempDir(),
+		"--limits", filepath.Join("..", "examples", "limits.yaml"))
+	var out strings.Builder
+	dev.Stdout, dev.Stderr = &out, &out
+	if err := dev.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- dev.Wait() }()
+	select {
+	case err = <-done:
+	case <-time.After(20 * time.Second):
+		_ = dev.Process.Signal(syscall.SIGINT)
+		<-done
+		t.Fatalf("quotad dev with a busy port kept running:\n%s", out.String())
+	}
+	want := fmt.Sprintf("port 127.0.0.1:%d (node1's --gossip-addr) is not free", base+201)
+	if err == nil || !strings.Contains(out.String(), want) || !strings.Contains(out.String(), "--port-base") {
+		t.Fatalf("quotad dev with a busy port: %v\n%s\nwant an error saying %q and naming --port-base", err, out.String(), want)
+	}
+	if strings.Contains(out.String(), "cluster of") || strings.Contains(out.String(), "pid ") {
+		t.Fatalf("quotad dev started nodes or printed its banner before finding the port busy:\n%s", out.String())
+	}
 }

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -80,5 +81,71 @@ func TestSIGTERMLeaderHandsOver(t *testing.T) {
 	}
 	if maxGap > time.Second {
 		t.Errorf("decisions stopped for %v around the leader's SIGTERM: it did not hand over first", maxGap)
+	}
+}
+
+// TestGracefulStopLogsNoError: a node stopped gracefully (SIGTERM) — the leader, which hands
+// leadership over first, or a follower — logs no ERROR line on its way out: an operator
+// stopping a node for an upgrade should not see errors that mean nothing went wrong. Several
+// rounds, since what raft logs while the node leaves depends on timing.
+func TestGracefulStopLogsNoError(t *testing.T) {
+	c := startCluster(t, 3)
+	cl, err := client.New(c.ClientConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	stopped := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() { // traffic, so replication is busy when a node leaves
+		for {
+			select {
+			case <-stopped:
+				return
+			default:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_, _ = cl.Allow(ctx, client.Request{Domain: "provider", Descriptors: client.Descriptors("endpoint", "search")})
+			cancel()
+			time.Sleep(time.Millisecond)
+		}
+	})
+	defer func() { close(stopped); wg.Wait() }()
+	for round := range 6 {
+		leader, err := c.WaitLeader(10 * time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		i := leader
+		if round%2 == 1 {
+			i = (leader + 1) % 3
+		}
+		n := c.Nodes[i]
+		before, err := os.Stat(n.LogPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Stop(i)
+		b, err := os.ReadFile(n.LogPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var errs []string
+		for _, l := range strings.Split(string(b[before.Size():]), "\n") {
+			if strings.Contains(l, `"level":"ERROR"`) {
+				errs = append(errs, l)
+			}
+		}
+		role := "leader"
+		if i != leader {
+			role = "follower"
+		}
+		if len(errs) > 0 {
+			t.Errorf("round %d: %s %s logged ERROR while stopping gracefully:\n%s", round, role, n.ID, strings.Join(errs, "\n"))
+		}
+		if err := c.Start(i); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second) // it rejoins and catches up before the next round
 	}
 }

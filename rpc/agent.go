@@ -86,6 +86,14 @@ type AgentConfig struct {
 	// and the undecided admissions of one AcquireStream (--max-stream-admissions); zero
 	// fields mean the defaults.
 	Waiters WaiterCaps
+	// MaxWait caps how long the leader queues one admission (--max-wait): a larger
+	// max_wait_ms is taken as MaxWait, and a denial of it says so. 0 means DefaultMaxWait.
+	MaxWait time.Duration
+	// MaxCallsPerIdentity caps the gRPC calls one identity (a token, a client certificate)
+	// may have in flight on this node, counted from their headers to their end
+	// (--max-calls-per-identity); one more is refused ResourceExhausted at its headers. Cluster
+	// nodes and --insecure callers are not counted. 0 means DefaultMaxCallsPerIdentity.
+	MaxCallsPerIdentity int
 	// UnaryInterceptors are chained innermost on the gRPC server, after authentication (the
 	// chaos build adds one that loses replies of committed admissions).
 	UnaryInterceptors []grpc.UnaryServerInterceptor
@@ -115,7 +123,7 @@ func newAuthenticator(cfg AgentConfig, f *fsm.FSM, bootstrapToken string) *authe
 	a := &authenticator{insecure: cfg.Insecure, cluster: cfg.ClusterName, token: func(h [32]byte) (auth.Identity, bool) {
 		t, ok := f.TokenByHash(h)
 		return t.Identity(), ok
-	}}
+	}, generation: f.TokensGeneration, calls: newCallCounter(cfg.MaxCallsPerIdentity)}
 	if a.cluster == "" {
 		a.cluster = DefaultClusterName
 	}
@@ -183,6 +191,11 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 		limits = l
 	}
 	authn := newAuthenticator(cfg, a.fsm, bootstrapToken)
+	authn.calls.refused = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "quotad_calls_refused_total",
+		Help: "gRPC calls refused ResourceExhausted at their headers because their identity already had --max-calls-per-identity calls in flight on this node (health checks: their source address had 64).",
+	})
+	a.metrics.Registry.MustRegister(authn.calls.refused)
 	a.authn = authn
 	maxRequest := cfg.MaxRequestBytes
 	if maxRequest <= 0 {
@@ -247,6 +260,7 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 	a.server = NewServer(a.node, a.fsm, cfg.Proposer, forwardCreds, a.metrics)
 	a.server.SetWaiterCaps(cfg.Waiters)
 	a.server.insecure = cfg.Insecure
+	a.server.maxWait = cfg.MaxWait
 	a.server.SetRLSOptions(cfg.RLS)
 	a.server.setLogger(log)
 	a.server.rls.batchBytes = maxRequest / 2
@@ -362,6 +376,9 @@ func (a *Agent) registerGauges() {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "quotad_dedup_entries", Help: "Decisions remembered for request-ID retries.",
 		}, func() float64 { return float64(a.fsm.Stats().DedupEntries) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "quotad_calls_in_flight", Help: "gRPC calls of callers' identities in flight on this node (counted against --max-calls-per-identity; cluster nodes' and --insecure calls are not), and calls to open methods (health checks, counted per source address).",
+		}, func() float64 { return float64(a.authn.calls.inFlight.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "quotad_acquire_streams", Help: "AcquireStreams open on this node (a follower refuses them).",
 		}, func() float64 { return float64(a.AcquireStreams()) }),

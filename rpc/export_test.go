@@ -2,7 +2,10 @@ package rpc
 
 import (
 	"context"
+	"net/http/httptest"
 	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
@@ -106,3 +109,23 @@ func SetWaitReadHook(fn func(*quotadv1.Admission)) {
 
 // Waiting returns how many admissions wait in a's scheduler (queued, not yet released).
 func Waiting(a *Agent) int64 { return a.server.fair.nwait.Load() }
+
+// CallsInFlight returns the calls of counted identities in flight on a
+// (--max-calls-per-identity).
+func CallsInFlight(a *Agent) int64 { return a.authn.calls.inFlight.Load() }
+
+// SetTokenHashHook makes every hash of a bearer token call fn (nil: stop).
+func SetTokenHashHook(fn func()) {
+	if fn == nil {
+		tokenHashHook.Store(nil)
+		return
+	}
+	tokenHashHook.Store(&fn)
+}
+
+// MetricsText returns a's /metrics page.
+func MetricsText(a *Agent) string {
+	rec := httptest.NewRecorder()
+	promhttp.HandlerFor(a.metrics.Registry, promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	return rec.Body.String()
+}

@@ -592,9 +592,10 @@ func (f *fair) denyForWaiters(adm *quotadv1.Admission, v *pathView, i int, wait 
 
 // heldBy says why level i of v cannot take a request now, in the FSM's order of checks: a
 // pause anywhere on the path (the longest: the FSM refuses paused before anything else, and
-// the retry is at least the pause left as of v.now), then level i's permits all held
-// (counting grants released and not yet applied; a level with no rate can only be held by
-// its permits), else its rate. retry is wait, or fairPoll when wait is unknown (<= 0 or math.MaxInt64: a permit
+// the retry is at least the pause left as of v.now), then the permits of any level of the
+// path all held, outermost first (the FSM checks concurrency on every level before any rate;
+// counting grants released and not yet applied; shadow_mode levels refuse nothing; a level i
+// with no rate can only be held by its permits), else level i's rate. retry is wait, or fairPoll when wait is unknown (<= 0 or math.MaxInt64: a permit
 // returns on a release the scheduler cannot foresee). f.mu held.
 func (f *fair) heldBy(v *pathView, i int, wait time.Duration) (quota.Reason, quota.BucketStatus, time.Duration) {
 	if wait <= 0 || wait == math.MaxInt64 {
@@ -612,11 +613,15 @@ func (f *fair) heldBy(v *pathView, i int, wait time.Duration) (quota.Reason, quo
 	if p >= 0 {
 		return quota.ReasonPaused, v.levels[p], max(wait, v.levels[p].PausedFor-stale)
 	}
-	b := v.levels[i]
-	if b.MaxInFlight > 0 && (b.Limit == 0 || b.InFlight+unapplied(f.pendingConc[b.Key], f.appliedConc[b.Key]) >= b.MaxInFlight) {
-		return quota.ReasonConcurrencyLimited, b, wait
+	for j, b := range v.levels {
+		if b.MaxInFlight == 0 || (v.nodes[j] != nil && v.nodes[j].ShadowMode) {
+			continue
+		}
+		if (j == i && b.Limit == 0) || b.InFlight+unapplied(f.pendingConc[b.Key], f.appliedConc[b.Key]) >= b.MaxInFlight {
+			return quota.ReasonConcurrencyLimited, b, wait
+		}
 	}
-	return quota.ReasonRateLimited, b, wait
+	return quota.ReasonRateLimited, v.levels[i], wait
 }
 
 // backlog estimates how long the queue's waiting cost takes at the bucket's rate.

@@ -179,3 +179,50 @@ func TestGatePausedRetryIsThePauseLeftNow(t *testing.T) {
 			asked.Sub(sent).Round(time.Millisecond), pause, d, err, left.Round(time.Millisecond))
 	}
 }
+
+// The domain's ceiling is contended (D's waiters queue on it); tenant C's one permit is held.
+const gateOrderLimits = `
+domain: order
+rate_limit: {unit: minute, requests_per_unit: 10, burst: 1}
+descriptors:
+  - key: tenant
+    value: C
+    concurrency: {max_in_flight: 1, lease_ttl: 30s}
+  - key: tenant
+    value: D
+    rate_limit: {unit: second, requests_per_unit: 1000}
+`
+
+// The gate's denial follows the FSM's order of checks: permits on every level of the path
+// before any rate. A non-waiting admission of tenant C, whose permit is held, crossing the
+// domain ceiling that D's waiters queue on is concurrency_limited at tenant — what the FSM
+// says without the waiters — not rate_limited at the domain (heldBy checked permits on the
+// queue's level only).
+func TestGateDenialChecksPermitsOnEveryLevelFirst(t *testing.T) {
+	c := rpctest.Start(t, 3, gateOrderLimits)
+	leader := c.Leader()
+	q := quotadv1.NewQuotaClient(dial(t, c.Addrs()[leader]))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	adm := func(id uint64, tenant string, maxWait time.Duration) *quotadv1.Admission {
+		return &quotadv1.Admission{RequestId: id, Domain: "order", Cost: 1, MaxWaitMs: maxWait.Milliseconds(),
+			Descriptors: []*quotadv1.Entry{{Key: "tenant", Value: tenant}}}
+	}
+	// C takes the domain's one token and its one permit.
+	if d, err := acquireOne(ctx, q, "h", adm(1, "C", 0)); err != nil || !d.Admitted || d.LeaseId == 0 {
+		t.Fatalf("lease for C: %+v %v", d, err)
+	}
+	for i := range 3 {
+		go func() { _, _ = acquireOne(ctx, q, "w", adm(100+uint64(i), "D", 30*time.Second)) }()
+	}
+	clustertest.Eventually(t, 10*time.Second, func() error {
+		if got := c.Agent(leader).FairView().Waiting; got < 3 {
+			return fmt.Errorf("%d of D's admissions waiting, want 3", got)
+		}
+		return nil
+	})
+	d, err := acquireOne(ctx, q, "n", adm(2, "C", 0))
+	if err != nil || d.Admitted || d.Reason != "concurrency_limited" || d.Scope != "tenant" || d.Limit != 1 {
+		t.Fatalf("non-waiting admission of C beside D's waiters on the domain: %+v %v, want concurrency_limited at tenant, limit 1 (the FSM checks permits first)", d, err)
+	}
+}

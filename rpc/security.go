@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync/atomic"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -95,6 +96,32 @@ type authenticator struct {
 	bootstrap *[32]byte
 	// token looks up a created token by hash (the FSM's table).
 	token func(hash [32]byte) (auth.Identity, bool)
+	// generation is the token table's generation (fsm.FSM.TokensGeneration): a call whose
+	// token the tap looked up is looked up again by the interceptor only if it changed.
+	// nil: always again.
+	generation func() uint64
+	// calls caps each identity's calls in flight on this node (--max-calls-per-identity);
+	// nil: no cap.
+	calls *callCounter
+}
+
+// tapped is what the tap found for a call, handed to the interceptors in its context so the
+// token is hashed and looked up once per call.
+type tapped struct {
+	c caller
+	// gen is the token table's generation before the tap looked the token up.
+	gen uint64
+	// slot is the call's place in its identity's in-flight count (nil: not counted).
+	slot *callSlot
+}
+
+type tappedKey struct{}
+
+// end releases what the tap reserved for the call.
+func (t *tapped) end() {
+	if t != nil && t.slot != nil {
+		t.slot.end()
+	}
 }
 
 // caller is what the interceptor stores in a call's context.
@@ -161,6 +188,9 @@ func (a *authenticator) fromToken(vals []string, method string) (auth.Identity, 
 		return auth.Identity{}, status.Errorf(codes.Unauthenticated, "%s: metadata %q must be one value \"Bearer <token>\"", method, authorizationHeader)
 	}
 	h := auth.HashToken(tok)
+	if hook := tokenHashHook.Load(); hook != nil {
+		(*hook)()
+	}
 	if a.bootstrap != nil && subtle.ConstantTimeCompare(h[:], a.bootstrap[:]) == 1 {
 		return auth.Identity{Name: "bootstrap", Role: auth.RoleAdmin}, nil
 	}
@@ -189,14 +219,25 @@ func verifiedPeerCert(ctx context.Context) *x509.Certificate {
 	return info.State.PeerCertificates[0]
 }
 
+// tokenHashHook, if set, is called each time a bearer token is hashed (tests count them).
+var tokenHashHook atomic.Pointer[func()]
+
 // authorize authenticates and authorizes one call and returns the context its handler gets.
-func (a *authenticator) authorize(ctx context.Context, fullMethod string) (context.Context, error) {
+// t is what the tap found (nil: nothing, e.g. a Server without an agent): its identity is
+// used unless it came from a token and the token table changed since (a revoke between the
+// call's headers and its message is not missed).
+func (a *authenticator) authorize(ctx context.Context, t *tapped, fullMethod string) (context.Context, error) {
 	if auth.AccessOf(fullMethod).Open {
 		return ctx, nil
 	}
-	c, err := a.identify(ctx, auth.MethodName(fullMethod))
-	if err != nil {
-		return nil, err
+	var c caller
+	if t != nil && (!t.c.viaToken || (a.generation != nil && a.generation() == t.gen)) {
+		c = t.c
+	} else {
+		var err error
+		if c, err = a.identify(ctx, auth.MethodName(fullMethod)); err != nil {
+			return nil, err
+		}
 	}
 	if err := auth.Authorize(c.id, fullMethod); err != nil {
 		code := codes.PermissionDenied
@@ -208,33 +249,55 @@ func (a *authenticator) authorize(ctx context.Context, fullMethod string) (conte
 	return context.WithValue(ctx, callerKey{}, c), nil
 }
 
-// tap refuses a call before grpc-go starts its stream (grpc.InTapHandle: it sees the
-// headers, not the message) unless the method is open or the call carries a credential: a
-// bearer token this node knows, or a client certificate the TLS handshake verified. Who may
-// call what is still decided by the interceptors, after the message. Without it a caller with
-// no credential could open streams that send headers and never a message: each held a
-// goroutine and ~12 KB until the connection closed, 32,768 per connection and connections
-// are not capped (30,000 such streams took a make-run node from 48 to 396 MB). It runs on
-// the connection's reader goroutine: a SHA-256 and a map lookup.
+// tap authenticates a call before grpc-go starts its stream (grpc.InTapHandle: it sees the
+// headers, not the message) and refuses it unless the method is open or the call carries a
+// credential: a bearer token this node knows, or a client certificate the TLS handshake
+// verified. Who may call what is still decided by the interceptors, after the message, with
+// the identity the tap found (tapped). Without it a caller with no credential could open
+// streams that send headers and never a message: each held a goroutine and ~12 KB until the
+// connection closed, 32,768 per connection and connections are not capped (30,000 such
+// streams took a make-run node from 48 to 396 MB). A caller with a credential can do the
+// same, so the tap also counts each identity's calls in flight (callCounter,
+// --max-calls-per-identity) and refuses one beyond the cap, and the calls to open methods by
+// source address (MaxOpenCallsPerAddress). It runs on the connection's
+// reader goroutine: a SHA-256, a map lookup and a counter under a mutex.
 func (a *authenticator) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
-	if a.insecure || auth.AccessOf(info.FullMethodName).Open {
-		return ctx, nil
-	}
-	method := auth.MethodName(info.FullMethodName)
-	if vals := info.Header.Get(authorizationHeader); len(vals) > 0 {
-		if _, err := a.fromToken(vals, method); err != nil {
+	if auth.AccessOf(info.FullMethodName).Open {
+		// No credential needed, so counted by source address (MaxOpenCallsPerAddress).
+		if a.calls == nil {
+			return ctx, nil
+		}
+		slot, err := a.calls.takeOpen(ctx, auth.MethodName(info.FullMethodName))
+		if err != nil {
 			return nil, err
 		}
-		return ctx, nil
+		return context.WithValue(ctx, tappedKey{}, &tapped{slot: slot}), nil
 	}
-	if verifiedPeerCert(ctx) != nil {
-		return ctx, nil
+	var gen uint64
+	if a.generation != nil {
+		gen = a.generation() // before the lookup: a revoke after it changes the generation
 	}
-	return nil, status.Error(codes.Unauthenticated, auth.Authorize(auth.Identity{}, info.FullMethodName).Error())
+	method := auth.MethodName(info.FullMethodName)
+	c, err := a.identify(ctx, method)
+	if err != nil {
+		return nil, err
+	}
+	if c.id.IsZero() {
+		return nil, status.Error(codes.Unauthenticated, auth.Authorize(auth.Identity{}, info.FullMethodName).Error())
+	}
+	t := &tapped{c: c, gen: gen}
+	if a.calls != nil && counted(c.id) {
+		if t.slot, err = a.calls.take(ctx, c.id.Name, method); err != nil {
+			return nil, err
+		}
+	}
+	return context.WithValue(ctx, tappedKey{}, t), nil
 }
 
 func (a *authenticator) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	ctx, err := a.authorize(ctx, info.FullMethod)
+	t, _ := ctx.Value(tappedKey{}).(*tapped)
+	defer t.end()
+	ctx, err := a.authorize(ctx, t, info.FullMethod)
 	if err != nil {
 		return nil, err
 	}
@@ -242,7 +305,9 @@ func (a *authenticator) unary(ctx context.Context, req any, info *grpc.UnaryServ
 }
 
 func (a *authenticator) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	ctx, err := a.authorize(ss.Context(), info.FullMethod)
+	t, _ := ss.Context().Value(tappedKey{}).(*tapped)
+	defer t.end()
+	ctx, err := a.authorize(ss.Context(), t, info.FullMethod)
 	if err != nil {
 		return err
 	}

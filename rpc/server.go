@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -97,6 +98,9 @@ type Server struct {
 	// streamSendTimeout ends an AcquireStream whose write of answers waits this long for the
 	// client to read (0: DefaultStreamSendTimeout).
 	streamSendTimeout time.Duration
+
+	// maxWait caps an admission's max_wait_ms on this leader (--max-wait; 0: DefaultMaxWait).
+	maxWait time.Duration
 
 	// insecure: the agent runs with --insecure, so callers without a credential are all
 	// insecureIdentity (the waiter caps then count them by client_id only).
@@ -202,8 +206,52 @@ func (s *Server) Acquire(ctx context.Context, req *quotadv1.AcquireRequest) (*qu
 	return s.acquireLeader(ctx, req, id)
 }
 
-// acquireLeader decides req on the leader.
+// acquireLeader decides req on the leader. A max_wait_ms above the node's --max-wait is
+// capped to it, and a denial of such an admission says so.
 func (s *Server) acquireLeader(ctx context.Context, req *quotadv1.AcquireRequest, id auth.Identity) (*quotadv1.AcquireResponse, error) {
+	asked := s.capWaits(req)
+	resp, err := s.decideLeader(ctx, req, id)
+	if asked != nil && resp != nil {
+		for i, d := range resp.Decisions {
+			if asked[i] > 0 && d != nil && !d.Admitted {
+				d.Message = strings.TrimSpace(d.Message + fmt.Sprintf(" (max_wait_ms %d was capped at %d, this cluster's --max-wait %v)", asked[i], req.Admissions[i].MaxWaitMs, s.maxWaitCap()))
+			}
+		}
+	}
+	return resp, err
+}
+
+// DefaultMaxWait caps how long the leader queues one admission (--max-wait). The Go client
+// asks for at most client.MaxServerWait (30 s) per call and asks again; a wait for hours would
+// hold a waiter slot and a goroutine that long, and the queues are soft state a leader change
+// loses anyway.
+const DefaultMaxWait = 5 * time.Minute
+
+func (s *Server) maxWaitCap() time.Duration {
+	if s.maxWait <= 0 {
+		return DefaultMaxWait
+	}
+	return s.maxWait
+}
+
+// capWaits lowers every max_wait_ms of req above the cap to it and returns what each capped
+// admission asked for (0 for the others), or nil when none was capped.
+func (s *Server) capWaits(req *quotadv1.AcquireRequest) []int64 {
+	limit := s.maxWaitCap().Milliseconds()
+	var asked []int64
+	for i, adm := range req.Admissions {
+		if adm.GetMaxWaitMs() > limit {
+			if asked == nil {
+				asked = make([]int64, len(req.Admissions))
+			}
+			asked[i], adm.MaxWaitMs = adm.MaxWaitMs, limit
+		}
+	}
+	return asked
+}
+
+// decideLeader decides req on the leader (its waits capped).
+func (s *Server) decideLeader(ctx context.Context, req *quotadv1.AcquireRequest, id auth.Identity) (*quotadv1.AcquireResponse, error) {
 	var seen gateSeen
 	if nonWaitingHook.Load() != nil {
 		// Traced (tests): route and read what the scheduler holds in one look under its

@@ -48,4 +48,16 @@ func TestConfiguredAddrsOnlyFlagAndEnv(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `$QUOTAD_CONFIGURED_ADDRS_ONLY is "yes"`) {
 		t.Fatalf("$%s=yes: %v, want a refusal naming the value", client.EnvConfiguredAddrsOnly, err)
 	}
+	// The flag given: it wins, and the environment's bogus value is not read (as
+	// client.Flags does); the client library accepts the config.
+	for _, arg := range []string{"--configured-addrs-only", "--configured-addrs-only=false"} {
+		parse(arg)
+		if err := checkAddrFlag(cmd); err != nil {
+			t.Fatalf("$%s=yes with %s: %v, want the flag to win", client.EnvConfiguredAddrsOnly, arg, err)
+		}
+		cfg := connConfig("127.0.0.1:7101")
+		if err := cfg.Validate(); err != nil || cfg.ConfiguredAddrsOnly != (arg == "--configured-addrs-only") {
+			t.Fatalf("$%s=yes with %s: ConfiguredAddrsOnly %v, Validate %v", client.EnvConfiguredAddrsOnly, arg, cfg.ConfiguredAddrsOnly, err)
+		}
+	}
 }

@@ -10,6 +10,8 @@ import (
 // capFlags are the agent's caps on what one caller can make a node hold.
 type capFlags struct {
 	maxRequestBytes       int
+	maxCallsPerIdentity   int
+	maxWait               time.Duration
 	waiters               rpc.WaiterCaps
 	maxStreamsPerIdentity int
 	streamSendTimeout     time.Duration
@@ -25,6 +27,8 @@ func (c *capFlags) register(f intFlags) {
 	f.IntVar(&c.maxStreamsPerIdentity, "max-streams-per-identity", rpc.DefaultMaxStreamsPerIdentity, "AcquireStreams one identity (token or client certificate; with --insecure, one client_id) may have open on the leader at once; a Go client process holds one (more are refused RESOURCE_EXHAUSTED and those clients send waiting admissions unary for 30 s)")
 	f.DurationVar(&c.streamSendTimeout, "stream-send-timeout", rpc.DefaultStreamSendTimeout, "an AcquireStream whose client has not read its answers for this long is ended (DEADLINE_EXCEEDED) and its undecided admissions canceled")
 	f.IntVar(&c.maxRequestBytes, "max-request-bytes", c.maxRequestBytes, "largest gRPC message accepted, in bytes")
+	f.IntVar(&c.maxCallsPerIdentity, "max-calls-per-identity", rpc.DefaultMaxCallsPerIdentity, "gRPC calls one identity (token or client certificate) may have in flight on this node at once, from their headers to their end (more are refused: ResourceExhausted; cluster nodes are not counted)")
+	f.DurationVar(&c.maxWait, "max-wait", rpc.DefaultMaxWait, "longest an admission may wait on the leader (a longer max_wait_ms is taken as this; its denial says so); at least 1s")
 	f.IntVar(&c.waiters.PerClient, "max-waiters-per-client", rpc.DefaultMaxWaitersPerClient, "admissions of one client_id that may wait on the leader at once (more are denied: too_many_waiters)")
 	f.IntVar(&c.waiters.PerIdentity, "max-waiters-per-identity", 0, "admissions of one authenticated identity (token or client certificate) that may wait on the leader at once in one domain, whatever its client_ids (0: a quarter of --max-waiters-per-domain; more are denied: too_many_waiters)")
 	f.IntVar(&c.waiters.PerDomain, "max-waiters-per-domain", rpc.DefaultMaxWaitersPerDomain, "admissions of one domain that may wait on the leader at once (more are denied: too_many_waiters)")
@@ -35,6 +39,10 @@ func (c *capFlags) apply(cfg *rpc.AgentConfig) error {
 	switch {
 	case c.maxRequestBytes < 1024:
 		return fmt.Errorf("--max-request-bytes %d: use at least 1024 (default %d)", c.maxRequestBytes, rpc.DefaultMaxRequestBytes)
+	case c.maxCallsPerIdentity < 1:
+		return fmt.Errorf("--max-calls-per-identity %d: use at least 1 (default %d)", c.maxCallsPerIdentity, rpc.DefaultMaxCallsPerIdentity)
+	case c.maxWait < time.Second:
+		return fmt.Errorf("--max-wait %v: use at least 1s (default %v)", c.maxWait, rpc.DefaultMaxWait)
 	case c.waiters.PerClient < 1:
 		return fmt.Errorf("--max-waiters-per-client %d: use at least 1 (default %d)", c.waiters.PerClient, rpc.DefaultMaxWaitersPerClient)
 	case c.waiters.PerIdentity < 0:
@@ -48,7 +56,7 @@ func (c *capFlags) apply(cfg *rpc.AgentConfig) error {
 	case c.streamSendTimeout < time.Second:
 		return fmt.Errorf("--stream-send-timeout %v: use at least 1s (default %v)", c.streamSendTimeout, rpc.DefaultStreamSendTimeout)
 	}
-	cfg.MaxRequestBytes, cfg.Waiters = c.maxRequestBytes, c.waiters
+	cfg.MaxRequestBytes, cfg.MaxCallsPerIdentity, cfg.MaxWait, cfg.Waiters = c.maxRequestBytes, c.maxCallsPerIdentity, c.maxWait, c.waiters
 	cfg.MaxStreamsPerIdentity, cfg.StreamSendTimeout = c.maxStreamsPerIdentity, c.streamSendTimeout
 	return nil
 }

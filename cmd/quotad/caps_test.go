@@ -33,6 +33,21 @@ func TestWaiterFlags(t *testing.T) {
 	if _, err := parse("--max-waiters-per-identity", "-1"); err == nil || !strings.Contains(err.Error(), "--max-waiters-per-identity -1") {
 		t.Fatalf("negative: %v", err)
 	}
+	if cfg, err := parse(); err != nil || cfg.MaxCallsPerIdentity != rpc.DefaultMaxCallsPerIdentity {
+		t.Fatalf("default --max-calls-per-identity: %d %v", cfg.MaxCallsPerIdentity, err)
+	}
+	if cfg, err := parse("--max-calls-per-identity", "50"); err != nil || cfg.MaxCallsPerIdentity != 50 {
+		t.Fatalf("--max-calls-per-identity 50: %d %v", cfg.MaxCallsPerIdentity, err)
+	}
+	if _, err := parse("--max-calls-per-identity", "0"); err == nil || !strings.Contains(err.Error(), "--max-calls-per-identity 0") {
+		t.Fatalf("--max-calls-per-identity 0: %v", err)
+	}
+	if cfg, err := parse(); err != nil || cfg.MaxWait != rpc.DefaultMaxWait {
+		t.Fatalf("default --max-wait: %v %v", cfg.MaxWait, err)
+	}
+	if _, err := parse("--max-wait", "500ms"); err == nil || !strings.Contains(err.Error(), "--max-wait 500ms") {
+		t.Fatalf("--max-wait 500ms: %v", err)
+	}
 	if got := rpc.DefaultPerIdentity(rpc.DefaultMaxWaitersPerDomain); got != 2500 {
 		t.Fatalf("default per identity for 10000 per domain: %d", got)
 	}

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -46,7 +48,7 @@ func connConfig(addrs string) client.Config {
 	cfg.TLSFiles, cfg.TokenFile = cliTLS, cliTokenFile
 	cfg.LoadEnv()
 	if cliFlags != nil && cliFlags.Changed(addrsOnlyFlag) { // the flag wins over the environment
-		cfg.ConfiguredAddrsOnly = cliAddrsOnly
+		cfg.SetConfiguredAddrsOnly(cliAddrsOnly)
 	}
 	return cfg
 }
@@ -446,6 +448,32 @@ func changeLimits(cmd *cobra.Command, addr string, req *quotadv1.ApplyLimitsRequ
 	})
 }
 
+// statusMember is one node as `quotad status` shows it.
+type statusMember struct {
+	ID           string `json:"id"`
+	GRPCAddr     string `json:"grpc_addr"`
+	RaftAddr     string `json:"raft_addr"`
+	Suffrage     string `json:"suffrage"`
+	State        string `json:"state"`
+	AppliedIndex uint64 `json:"applied_index"`
+	// CommandVersion: the newest FSM command version it advertises (0: none seen).
+	CommandVersion int32 `json:"command_version"`
+}
+
+// writeMembers writes one line per member, its columns aligned whatever their widths (state
+// "unreachable" and IDs such as "r1-node1" are wider than fixed %-9s/%-8s columns).
+func writeMembers(w io.Writer, members []statusMember) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
+	for _, m := range members {
+		cv := "cmd=none"
+		if m.CommandVersion > 0 {
+			cv = fmt.Sprintf("cmd=%d", m.CommandVersion)
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\tgrpc=%s\traft=%s\tapplied=%d\t%s\n", m.ID, m.State, m.Suffrage, m.GRPCAddr, m.RaftAddr, m.AppliedIndex, cv)
+	}
+	return tw.Flush()
+}
+
 func statusCmd() *cobra.Command {
 	var (
 		addr   string
@@ -466,16 +494,7 @@ func statusCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			type member struct {
-				ID           string `json:"id"`
-				GRPCAddr     string `json:"grpc_addr"`
-				RaftAddr     string `json:"raft_addr"`
-				Suffrage     string `json:"suffrage"`
-				State        string `json:"state"`
-				AppliedIndex uint64 `json:"applied_index"`
-				// CommandVersion: the newest FSM command version it advertises (0: none seen).
-				CommandVersion int32 `json:"command_version"`
-			}
+			type member = statusMember
 			out := struct {
 				Leader *struct {
 					ID       string `json:"id"`
@@ -508,12 +527,8 @@ func statusCmd() *cobra.Command {
 			if out.CommandVersion > 0 {
 				fmt.Printf("command version: %d (log entries are written at the lowest any server advertises; cmd= per node)\n", out.CommandVersion)
 			}
-			for _, m := range out.Members {
-				cv := "cmd=none"
-				if m.CommandVersion > 0 {
-					cv = fmt.Sprintf("cmd=%d", m.CommandVersion)
-				}
-				fmt.Printf("  %-8s %-9s %-9s grpc=%s raft=%s applied=%d %s\n", m.ID, m.State, m.Suffrage, m.GRPCAddr, m.RaftAddr, m.AppliedIndex, cv)
+			if err := writeMembers(os.Stdout, out.Members); err != nil {
+				return err
 			}
 			printRegion(out.Region, out.RegionShares)
 			return nil

@@ -46,7 +46,11 @@ func checkAddrFlag(cmd *cobra.Command) error {
 			return fmt.Errorf("%s: %v", source, err)
 		}
 	}
-	// Every client command reads it (through the client library, or dialing --addr only).
+	// Every client command reads it (through the client library, or dialing --addr only),
+	// unless --configured-addrs-only was given: the flag wins, as in client.Flags.
+	if cliFlags != nil && cliFlags.Changed(addrsOnlyFlag) {
+		return nil
+	}
 	_, _, err := client.ConfiguredAddrsOnlyFromEnv()
 	return err
 }

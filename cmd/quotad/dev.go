@@ -54,6 +54,11 @@ dir; a --data-dir you give is kept).`,
 					return err
 				}
 			}
+			// Every port before anything starts: a node that finds its port busy exits after
+			// dev printed that the cluster is up.
+			if err := devPortsFree(host, base, nodes, regions); err != nil {
+				return err
+			}
 			tempDir := dataDir == ""
 			if tempDir {
 				d, err := os.MkdirTemp("", "quotad-dev-")

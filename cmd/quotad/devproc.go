@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -216,4 +217,46 @@ func (dc *devCluster) stopAll() {
 			signalAll(syscall.SIGKILL)
 		}
 	}
+}
+
+// devPortsFree checks that every port `quotad dev` is about to give its nodes (and its regions'
+// nodes) can be bound: gRPC, Raft and HTTP over TCP, gossip over TCP and UDP. The error names
+// the first busy one, the node and flag it is for, and what to do.
+func devPortsFree(host string, base, nodes, regions int) error {
+	kinds := []string{"--grpc-addr", "--raft-addr", "--gossip-addr", "--http-addr"}
+	for r := 0; r <= regions; r++ {
+		for kind, flag := range kinds {
+			for i := 0; i < nodes; i++ {
+				addr := net.JoinHostPort(host, strconv.Itoa(base+1000*r+kind*100+i+1))
+				node := fmt.Sprintf("node%d", i+1)
+				if r > 0 {
+					node = fmt.Sprintf("r%d-%s", r, node)
+				}
+				err := canListen("tcp", addr)
+				if err == nil && flag == "--gossip-addr" {
+					err = canListen("udp", addr)
+				}
+				if err != nil {
+					return fmt.Errorf("port %s (%s's %s) is not free: %v; another quotad dev or agent may still be running there (stop it, or wait until it has exited), or start with another --port-base (now %d; dev uses ports %d to %d)",
+						addr, node, flag, err, base, base+1, base+1000*regions+300+nodes)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func canListen(network, addr string) error {
+	if network == "udp" {
+		c, err := net.ListenPacket(network, addr)
+		if err != nil {
+			return err
+		}
+		return c.Close()
+	}
+	l, err := net.Listen(network, addr)
+	if err != nil {
+		return err
+	}
+	return l.Close()
 }

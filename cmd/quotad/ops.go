@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"github.com/quotad/quotad/cluster"
 	"github.com/quotad/quotad/internal/buildinfo"
 	"github.com/quotad/quotad/rpc"
 )
@@ -258,11 +259,27 @@ remove it first. --force removes anyway (docs/operations.md, "Removing a member"
 			defer cancel()
 			// maybe: a try that may have removed it (the call timed out after it was sent).
 			var maybe error
+			// running: gossip saw the node alive just before the removal, so it will be added
+			// back (user trial: a removed node that was still running rejoined, unannounced).
+			running := false
 			err := call(ctx, addr, func(ctx context.Context, conn *grpc.ClientConn) error {
-				resp, err := quotadv1.NewAdminClient(conn).RemoveServer(ctx, &quotadv1.RemoveServerRequest{Id: args[0], Force: force})
+				admin := quotadv1.NewAdminClient(conn)
+				if ms, err := admin.Members(ctx, &quotadv1.MembersRequest{}); err == nil {
+					for _, m := range ms.Members {
+						if m.Id == args[0] {
+							running = m.State != "" && m.State != cluster.StateUnreachable
+						}
+					}
+				}
+				resp, err := admin.RemoveServer(ctx, &quotadv1.RemoveServerRequest{Id: args[0], Force: force})
 				switch {
 				case err == nil:
 					fmt.Printf("removed %s; members: %s\n", args[0], strings.Join(resp.Members, ", "))
+					if running {
+						fmt.Fprintf(cmd.ErrOrStderr(), "note: %s is still running (gossip sees it alive): the leader will add it back as a non-voter "+
+							"after --rejoin-delay (15 s by default) and promote it once it keeps up. To remove it for good, stop its agent first "+
+							"(systemctl stop quotad, docker stop, kill), then run quotad members remove %s again if it came back.\n", args[0], args[0])
+					}
 					return nil
 				case maybe != nil && status.Code(err) == codes.NotFound:
 					fmt.Printf("removed %s (by an earlier try whose answer timed out; `quotad status` shows whether it committed)\n", args[0])

@@ -331,6 +331,9 @@ type Admission struct {
 	// work_class names a class such as "interactive" or "backfill" (fair scheduler).
 	WorkClass string `protobuf:"bytes,7,opt,name=work_class,json=workClass,proto3" json:"work_class,omitempty"`
 	// max_wait_ms > 0 lets the leader queue the admission up to that long (fair scheduler).
+	// The leader caps it at its --max-wait (default 5 minutes): a longer wait is taken as
+	// the cap, and a denial of the admission says so in its message. The Go client asks
+	// for at most 30 s per call (client.MaxServerWait) and asks again.
 	MaxWaitMs     int64 `protobuf:"varint,8,opt,name=max_wait_ms,json=maxWaitMs,proto3" json:"max_wait_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

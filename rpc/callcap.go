@@ -1,0 +1,147 @@
+package rpc
+
+import (
+	"context"
+	"net"
+	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/quotad/quotad/auth"
+)
+
+// DefaultMaxCallsPerIdentity is the default cap on the gRPC calls one identity may have in
+// flight on one node (--max-calls-per-identity). A call in flight costs the node a goroutine
+// and 12-17 KB until it ends — also one that sent its headers and never its message (30,000
+// such calls with a valid token took a dev node from 30 to 362 MB) — so the cap bounds what
+// one credential can make a node hold: ~70 MB at the default. Honest callers stay far below
+// it: calls that do not wait are in flight for about a commit, so rate × latency of them
+// (the cluster's whole 100,000 decisions/s at 20 ms is 2,000); waiting ones are capped at
+// 2,500 per identity and domain (--max-waiters-per-identity), and a Go client sends them on
+// one AcquireStream (one call) unless streams are off. A fleet of Envoys sharing one
+// credential sends one unary call per request, at most its rate × its timeout (20 ms).
+const DefaultMaxCallsPerIdentity = 4096
+
+// callCounter counts the gRPC calls each identity has in flight on this node, from the tap
+// (the call's headers) to the call's end, and refuses one beyond the cap. Cluster nodes
+// (server certificates: a follower forwards every caller's calls over one connection) and
+// the --insecure identity (everyone) are not counted. Safe for concurrent use; its map holds
+// only identities with calls in flight.
+type callCounter struct {
+	max     int
+	refused prometheus.Counter // nil: not counted
+
+	mu       sync.Mutex
+	byName   map[string]int
+	inFlight atomic.Int64 // the sum of byName (quotad_calls_in_flight)
+}
+
+func newCallCounter(max int) *callCounter {
+	if max <= 0 {
+		max = DefaultMaxCallsPerIdentity
+	}
+	return &callCounter{max: max, byName: make(map[string]int)}
+}
+
+// counted reports whether id's calls count against the cap.
+func counted(id auth.Identity) bool {
+	return id.Role != auth.RoleServer && id.Name != insecureIdentity && id.Name != ""
+}
+
+// take reserves a slot for one call of identity name, released by the returned slot's end
+// or, whatever path the call takes (a message never read, an unknown method, the stream
+// reset by the client), when ctx — the call's context, which grpc-go cancels when the call
+// ends — is done. An error is a ResourceExhausted status naming the cap and its flag.
+func (c *callCounter) take(ctx context.Context, name, method string) (*callSlot, error) {
+	return c.takeUpTo(ctx, name, c.max, func(n int) error {
+		return status.Errorf(codes.ResourceExhausted, "%s: identity %.64q already has %d calls in flight on this node, its limit (--max-calls-per-identity %d); "+
+			"wait for some to finish (a client that opens calls and never completes them holds them), or give separate callers separate credentials", method, name, n, c.max)
+	})
+}
+
+// MaxOpenCallsPerAddress caps the calls to open methods (gRPC health Check and List, which
+// need no credential) in flight on a node from one source address (an IPv4 address or an
+// IPv6 /64). Without it anyone could hold a node's memory with health checks that send
+// headers and never their message (30,000 took a node from 25 to 359 MB); a health checker
+// has one or a few in flight. By address, not in total, so a flood from one host does not
+// refuse another's health checks.
+const MaxOpenCallsPerAddress = 64
+
+// takeOpen reserves a slot for one call to an open method from ctx's source address (see
+// take).
+func (c *callCounter) takeOpen(ctx context.Context, method string) (*callSlot, error) {
+	src := sourceOf(ctx)
+	return c.takeUpTo(ctx, "open\x00"+src, MaxOpenCallsPerAddress, func(n int) error {
+		return status.Errorf(codes.ResourceExhausted, "%s: %s already has %d calls to open methods in flight on this node, the limit per address (%d); "+
+			"wait for some to finish (a client that opens calls and never completes them holds them)", method, src, n, MaxOpenCallsPerAddress)
+	})
+}
+
+// sourceOf is the source address a call counts against: its IPv4 address, its IPv6 /64, or
+// the whole address if it is neither.
+func sourceOf(ctx context.Context) string {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.Addr == nil {
+		return "an unknown address"
+	}
+	if ta, ok := p.Addr.(*net.TCPAddr); ok {
+		if ip4 := ta.IP.To4(); ip4 != nil {
+			return ip4.String()
+		}
+		return ta.IP.Mask(net.CIDRMask(64, 128)).String() + "/64"
+	}
+	return p.Addr.String()
+}
+
+func (c *callCounter) takeUpTo(ctx context.Context, name string, limit int, refusal func(n int) error) (*callSlot, error) {
+	c.mu.Lock()
+	n := c.byName[name]
+	if n >= limit {
+		c.mu.Unlock()
+		if c.refused != nil {
+			c.refused.Inc()
+		}
+		return nil, refusal(n)
+	}
+	c.byName[name] = n + 1
+	c.mu.Unlock()
+	c.inFlight.Add(1)
+	s := &callSlot{c: c, name: name}
+	s.stop = context.AfterFunc(ctx, s.release)
+	return s, nil
+}
+
+func (c *callCounter) put(name string) {
+	c.mu.Lock()
+	if c.byName[name]--; c.byName[name] <= 0 {
+		delete(c.byName, name)
+	}
+	c.mu.Unlock()
+	c.inFlight.Add(-1)
+}
+
+// callSlot is one call's place in its identity's count.
+type callSlot struct {
+	c    *callCounter
+	name string
+	stop func() bool // unregisters the release on the call's context
+	done atomic.Bool
+}
+
+// release returns the slot (once, whoever calls first).
+func (s *callSlot) release() {
+	if s.done.CompareAndSwap(false, true) {
+		s.c.put(s.name)
+	}
+}
+
+// end returns the slot when the interceptor sees the call end, without the goroutine
+// context.AfterFunc would start for it.
+func (s *callSlot) end() {
+	s.stop()
+	s.release()
+}
