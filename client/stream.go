@@ -72,6 +72,9 @@ const (
 	// ones joined the same stream, for as long as it stayed stopped (trial: 15 s).
 	streamStallBeats = 3
 	streamStallMin   = 3 * time.Second
+	// streamMaxBeat is the longest heartbeat period the client watches; a header announcing
+	// a longer one (or a malformed one) is ignored.
+	streamMaxBeat = time.Minute
 )
 
 // streamHeartbeatHeader is rpc.StreamHeartbeatHeader (the client does not import rpc).
@@ -494,7 +497,10 @@ func (ws *wstream) run(qc quotadv1.QuotaClient) {
 func (ws *wstream) recv(cs quotadv1.Quota_AcquireStreamClient) {
 	if md, err := cs.Header(); err == nil {
 		if v := md.Get(streamHeartbeatHeader); len(v) > 0 {
-			if ms, err := strconv.Atoi(v[0]); err == nil && ms > 0 {
+			// A period outside (0, streamMaxBeat] is not one this client can watch (one
+			// that overflows a Duration made time.NewTicker panic): no watch, as without
+			// the header.
+			if ms, err := strconv.ParseInt(v[0], 10, 64); err == nil && ms > 0 && ms <= streamMaxBeat.Milliseconds() {
 				go ws.watch(time.Duration(ms) * time.Millisecond)
 			}
 		}
