@@ -531,6 +531,7 @@ func (ws *wstream) watch(beat time.Duration) {
 	t := time.NewTicker(beat)
 	defer t.Stop()
 	quietFrom := time.Now() // silence counts from when admissions were last all decided
+	prev := quietFrom       // the previous tick
 	for {
 		select {
 		case <-ws.done:
@@ -538,7 +539,12 @@ func (ws *wstream) watch(beat time.Duration) {
 		case <-t.C:
 		}
 		now := time.Now()
-		if !ws.awaiting() {
+		late := now.Sub(prev) > 2*beat
+		prev = now
+		if late || !ws.awaiting() {
+			// late: this process was not running (stopped, its VM suspended, starved) for
+			// more than a beat; what the leader sent meanwhile waits unread in the socket, and
+			// the receiver may not have run yet. Silence counts from now.
 			quietFrom = now
 			continue
 		}
