@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 )
@@ -136,14 +137,25 @@ func pauseCmd() *cobra.Command {
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), 15*time.Second)
 			defer cancel()
+			// maybe: an earlier try that may have lifted the pause (call retries one that
+			// failed Unavailable or DeadlineExceeded, also after it committed).
+			var maybe error
 			return call(ctx, addr, func(ctx context.Context, conn *grpc.ClientConn) error {
 				resp, err := quotadv1.NewAdminClient(conn).LiftPause(ctx, req)
 				if err != nil {
+					maybe = err
 					return err
 				}
 				path := domain
 				for _, d := range descs {
 					path += " " + d
+				}
+				if !resp.Lifted && maybe != nil {
+					// Not an error: the lost try most likely lifted it (a retry of a lift that
+					// worked finds nothing to lift), and the pause is not active now.
+					fmt.Printf("no pause is active on %s now (scope %s): an earlier try whose answer was lost (%s) may have lifted it; quotad bucket status shows that path's pauses\n",
+						path, resp.Scope, status.Convert(maybe).Message())
+					return nil
 				}
 				if !resp.Lifted {
 					// Exit 1, like release of a lease not held: a typo in a value (endpoint=serach)
