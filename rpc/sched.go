@@ -1201,6 +1201,11 @@ func (e *delayEstimate) bound() time.Duration { return time.Duration(e.avg + 4*e
 // that: stamped after t, the bucket refills meanwhile and units are lost. Both delays are
 // measured (delayEstimate), the lateness counted up to fairLateMax. f.mu held.
 func (f *fair) setHorizon() {
+	if !f.stampDelay.seen {
+		// Nothing measured of the larger part yet (a new leader's first waiters): keep
+		// fairHorizonInitial rather than lateness + fairPassMin alone.
+		return
+	}
 	h := f.stampDelay.bound() + min(f.timerLate.bound(), fairLateMax) + fairPassMin
 	f.horizon = min(max(h, fairHorizonMin), fairHorizonMax)
 }

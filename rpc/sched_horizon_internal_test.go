@@ -48,3 +48,21 @@ func TestHorizonCoversTimerLateness(t *testing.T) {
 func near(got, want time.Duration) bool {
 	return got > want-10*time.Microsecond && got < want+10*time.Microsecond
 }
+
+// TestHorizonInitialUntilStampMeasured: before any release-to-stamp delay is measured the
+// horizon stays fairHorizonInitial, whatever the pump timer's lateness says: lateness is the
+// smaller part it covers, and a timer-driven pass before the first stamp (a new leader's first
+// waiters) set it to lateness + fairPassMin (~3 ms), below a commit's fsync on this machine.
+func TestHorizonInitialUntilStampMeasured(t *testing.T) {
+	f := &fair{horizon: fairHorizonInitial}
+	for range 5 {
+		f.observeLate(time.Millisecond)
+	}
+	if f.horizon != fairHorizonInitial {
+		t.Fatalf("horizon %v after timer lateness only, want fairHorizonInitial %v until a stamp delay is measured", f.horizon, fairHorizonInitial)
+	}
+	f.observeStamp(int64(time.Millisecond))
+	if want := fairPassMin + time.Millisecond; f.horizon < want || f.horizon >= fairHorizonInitial {
+		t.Fatalf("horizon %v after the first stamp delay (1 ms), want it measured: at least %v, below %v", f.horizon, want, fairHorizonInitial)
+	}
+}
