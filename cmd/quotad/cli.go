@@ -307,7 +307,7 @@ func releaseCmd() *cobra.Command {
 				return err
 			}
 			if !released {
-				return fmt.Errorf("lease %d was not released: no lease of yours by that ID is held — unknown, already released, another caller's, or expired (its TTL passed without a renew); its permits are free either way", leaseID)
+				return fmt.Errorf("lease %d was not released: no lease by that ID is held — unknown, already released, or expired (its TTL passed without a renew), so it holds no permits; check the ID your acquire printed (another caller's lease is refused PermissionDenied instead, and stays held)", leaseID)
 			}
 			fmt.Printf("released=%v\n", released)
 			return nil
@@ -475,6 +475,9 @@ func statusCmd() *cobra.Command {
 				AppliedIndex uint64 `json:"applied_index"`
 				// CommandVersion: the newest FSM command version it advertises (0: none seen).
 				CommandVersion int32 `json:"command_version"`
+				// AppliedIndexStale: the node is unreachable or left; applied_index is the
+				// last one gossip reported, not where it is now.
+				AppliedIndexStale bool `json:"applied_index_stale,omitempty"`
 			}
 			out := struct {
 				Leader *struct {
@@ -495,7 +498,8 @@ func statusCmd() *cobra.Command {
 				}{l.Id, l.GrpcAddr}
 			}
 			for _, m := range resp.Members {
-				out.Members = append(out.Members, member{m.Id, m.GrpcAddr, m.RaftAddr, m.Suffrage, m.State, m.AppliedIndex, m.CommandVersion})
+				stale := m.State == "unreachable" || m.State == "left"
+				out.Members = append(out.Members, member{m.Id, m.GrpcAddr, m.RaftAddr, m.Suffrage, m.State, m.AppliedIndex, m.CommandVersion, stale})
 			}
 			if asJSON {
 				return printJSON(out)
@@ -513,7 +517,11 @@ func statusCmd() *cobra.Command {
 				if m.CommandVersion > 0 {
 					cv = fmt.Sprintf("cmd=%d", m.CommandVersion)
 				}
-				fmt.Printf("  %-8s %-9s %-9s grpc=%s raft=%s applied=%d %s\n", m.ID, m.State, m.Suffrage, m.GRPCAddr, m.RaftAddr, m.AppliedIndex, cv)
+				applied := fmt.Sprint(m.AppliedIndex)
+				if m.AppliedIndexStale {
+					applied = "unknown" // what gossip last said is not where it is now
+				}
+				fmt.Printf("  %-8s %-9s %-9s grpc=%s raft=%s applied=%s %s\n", m.ID, m.State, m.Suffrage, m.GRPCAddr, m.RaftAddr, applied, cv)
 			}
 			printRegion(out.Region, out.RegionShares)
 			return nil
