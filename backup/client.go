@@ -7,6 +7,9 @@ import (
 	"io"
 	"strings"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 )
 
@@ -69,6 +72,14 @@ type RestoreOptions struct {
 
 // RestoreWith is Restore with options.
 func RestoreWith(ctx context.Context, c quotadv1.SnapshotClient, path string, o RestoreOptions) (*quotadv1.SnapshotRestoreResponse, error) {
+	resp, err := restore(ctx, c, path, o)
+	if o.DryRun && status.Code(err) == codes.Unimplemented {
+		return nil, fmt.Errorf("the cluster's build has no restore --dry-run (PlanRestore: %w); nothing was restored — upgrade it first, or compare `quotad snapshot inspect FILE` with `quotad limits get` and `quotad status` by hand", err)
+	}
+	return resp, err
+}
+
+func restore(ctx context.Context, c quotadv1.SnapshotClient, path string, o RestoreOptions) (*quotadv1.SnapshotRestoreResponse, error) {
 	if _, err := Inspect(path); err != nil {
 		return nil, err
 	}
@@ -77,11 +88,15 @@ func RestoreWith(ctx context.Context, c quotadv1.SnapshotClient, path string, o 
 		return nil, err
 	}
 	defer file.Close()
-	stream, err := c.Restore(ctx)
+	open := c.Restore
+	if o.DryRun {
+		open = c.PlanRestore
+	}
+	stream, err := open(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if err := stream.Send(&quotadv1.SnapshotChunk{Header: file.Header.Marshal(), RestoreTokens: o.RestoreTokens, DryRun: o.DryRun}); err != nil {
+	if err := stream.Send(&quotadv1.SnapshotChunk{Header: file.Header.Marshal(), RestoreTokens: o.RestoreTokens}); err != nil {
 		_, rerr := stream.CloseAndRecv()
 		return nil, errors.Join(err, rerr)
 	}

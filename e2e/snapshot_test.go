@@ -202,6 +202,15 @@ func TestSnapshotSaveDestroyRestore(t *testing.T) {
 	if out, err := runCLI(t, bc, "snapshot", "restore", "--addr", bc.Nodes[(bl+1)%3].GRPCAddr, damaged); err == nil {
 		t.Fatalf("restore of a damaged file succeeded:\n%s", out)
 	}
+	// --dry-run says what the restore would change and restores nothing.
+	out, err = runCLI(t, bc, "snapshot", "restore", "--dry-run", "--restore-tokens", "--addr", bc.Nodes[(bl+1)%3].GRPCAddr, file)
+	if err != nil || !strings.Contains(out, "dry run: restoring") || !strings.Contains(out, "limits version  0 -> 2 (the file's 1") ||
+		!strings.Contains(out, "nothing was restored (--dry-run)") || !strings.Contains(out, "tokens: would restore the file's 1") {
+		t.Fatalf("snapshot restore --dry-run: %v\n%s", err, out)
+	}
+	if lim, err := quotadv1.NewAdminClient(dialNode(t, bc, bl)).GetLimits(ctx, &quotadv1.GetLimitsRequest{}); err != nil || lim.Version != 0 {
+		t.Fatalf("limits after a dry run: %v %v, want none (nothing restored)", lim, err)
+	}
 	// A fresh cluster has no tokens of its own: --restore-tokens brings the saved one back (by
 	// default a restore keeps the cluster's current tokens).
 	out, err = runCLI(t, bc, "snapshot", "restore", "--restore-tokens", "--addr", bc.Nodes[(bl+1)%3].GRPCAddr, file)

@@ -110,13 +110,28 @@ func (x *snapshotService) Save(req *quotadv1.SnapshotSaveRequest, stream grpc.Se
 // installed carries the cluster's current token table instead of the file's (tokens and
 // revocations are security state); the answer says which and counts the change.
 func (x *snapshotService) Restore(stream grpc.ClientStreamingServer[quotadv1.SnapshotChunk, quotadv1.SnapshotRestoreResponse]) error {
+	return x.restore(stream, false)
+}
+
+// PlanRestore is Restore's dry run: the same checks, and the answer says what Restore would
+// change against the state now; nothing is installed.
+func (x *snapshotService) PlanRestore(stream grpc.ClientStreamingServer[quotadv1.SnapshotChunk, quotadv1.SnapshotRestoreResponse]) error {
+	return x.restore(stream, true)
+}
+
+func (x *snapshotService) restore(stream grpc.ClientStreamingServer[quotadv1.SnapshotChunk, quotadv1.SnapshotRestoreResponse], dryRun bool) error {
 	ctx := stream.Context()
 	conn, err := x.s.route(ctx)
 	if err != nil {
 		return err
 	}
 	if conn != nil {
-		up, err := quotadv1.NewSnapshotClient(conn).Restore(forwardCtx(ctx))
+		c := quotadv1.NewSnapshotClient(conn)
+		open := c.Restore
+		if dryRun {
+			open = c.PlanRestore
+		}
+		up, err := open(forwardCtx(ctx))
 		if err != nil {
 			return err
 		}
@@ -193,7 +208,7 @@ func (x *snapshotService) Restore(stream grpc.ClientStreamingServer[quotadv1.Sna
 	decoded = nil // garbage from here
 	resp := &quotadv1.SnapshotRestoreResponse{Buckets: uint64(info.Buckets), Leases: uint64(info.Leases), Pauses: uint64(info.Pauses),
 		DedupEntries: uint64(info.DedupEntries), FileTokens: uint64(len(fileTokens)), TokensRestored: first.RestoreTokens,
-		FileLimitsVersion: file.LimitsVersion, DryRun: first.DryRun}
+		FileLimitsVersion: file.LimitsVersion, DryRun: dryRun}
 	// compare fills in what the restore changes, against the state it replaces, and returns
 	// how the file is rewritten: the limits version and lease counter continue above the
 	// current ones (fsm.FSM.RestoreVersions) — decided here, on the leader, once: every
@@ -216,7 +231,7 @@ func (x *snapshotService) Restore(stream grpc.ClientStreamingServer[quotadv1.Sna
 		}
 		return rw
 	}
-	if first.DryRun {
+	if dryRun {
 		if err := x.node.VerifyRead(ctx); err != nil {
 			return x.s.applyError(err)
 		}

@@ -68,9 +68,6 @@ type SnapshotChunk struct {
 	// a restore keeps the cluster's current tokens and revocations (security state, not quota
 	// state): a token revoked since the save stays revoked, one created since stays valid.
 	RestoreTokens bool `protobuf:"varint,3,opt,name=restore_tokens,json=restoreTokens,proto3" json:"restore_tokens,omitempty"`
-	// dry_run (Restore, first message only): check and compare the file with the cluster's
-	// state and answer what a restore would change, without installing anything (index 0).
-	DryRun        bool `protobuf:"varint,4,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -126,13 +123,6 @@ func (x *SnapshotChunk) GetRestoreTokens() bool {
 	return false
 }
 
-func (x *SnapshotChunk) GetDryRun() bool {
-	if x != nil {
-		return x.DryRun
-	}
-	return false
-}
-
 type SnapshotRestoreResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// index is the Raft index the restored state was installed at.
@@ -153,7 +143,8 @@ type SnapshotRestoreResponse struct {
 	TokensRemoved uint64 `protobuf:"varint,9,opt,name=tokens_removed,json=tokensRemoved,proto3" json:"tokens_removed,omitempty"`
 	// file_tokens is the number of tokens in the file.
 	FileTokens uint64 `protobuf:"varint,10,opt,name=file_tokens,json=fileTokens,proto3" json:"file_tokens,omitempty"`
-	// dry_run: nothing was restored; the other fields say what a restore would do.
+	// dry_run: the answer of PlanRestore: nothing was restored; the other fields say what a
+	// restore would do.
 	DryRun bool `protobuf:"varint,11,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
 	// limits_version_before is the limits version in force before the restore, file_limits_version
 	// the file's. The restored limits get limits_version = max(before, file) + 1, so a version
@@ -367,12 +358,11 @@ var File_quotad_v1_snapshot_proto protoreflect.FileDescriptor
 const file_quotad_v1_snapshot_proto_rawDesc = "" +
 	"\n" +
 	"\x18quotad/v1/snapshot.proto\x12\tquotad.v1\"\x15\n" +
-	"\x13SnapshotSaveRequest\"{\n" +
+	"\x13SnapshotSaveRequest\"b\n" +
 	"\rSnapshotChunk\x12\x16\n" +
 	"\x06header\x18\x01 \x01(\fR\x06header\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\x12%\n" +
-	"\x0erestore_tokens\x18\x03 \x01(\bR\rrestoreTokens\x12\x17\n" +
-	"\adry_run\x18\x04 \x01(\bR\x06dryRun\"\xa5\x06\n" +
+	"\x0erestore_tokens\x18\x03 \x01(\bR\rrestoreTokens\"\xa5\x06\n" +
 	"\x17SnapshotRestoreResponse\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12%\n" +
 	"\x0elimits_version\x18\x02 \x01(\x04R\rlimitsVersion\x12\x18\n" +
@@ -397,10 +387,11 @@ const file_quotad_v1_snapshot_proto_rawDesc = "" +
 	"\x0epauses_dropped\x18\x13 \x01(\x04R\rpausesDropped\x12!\n" +
 	"\fpauses_added\x18\x14 \x01(\x04R\vpausesAdded\x12%\n" +
 	"\x0ebuckets_before\x18\x15 \x01(\x04R\rbucketsBefore\x120\n" +
-	"\x14dedup_entries_before\x18\x16 \x01(\x04R\x12dedupEntriesBefore2\x99\x01\n" +
+	"\x14dedup_entries_before\x18\x16 \x01(\x04R\x12dedupEntriesBefore2\xe8\x01\n" +
 	"\bSnapshot\x12B\n" +
 	"\x04Save\x12\x1e.quotad.v1.SnapshotSaveRequest\x1a\x18.quotad.v1.SnapshotChunk0\x01\x12I\n" +
-	"\aRestore\x12\x18.quotad.v1.SnapshotChunk\x1a\".quotad.v1.SnapshotRestoreResponse(\x01B1Z/github.com/quotad/quotad/api/quotad/v1;quotadv1b\x06proto3"
+	"\aRestore\x12\x18.quotad.v1.SnapshotChunk\x1a\".quotad.v1.SnapshotRestoreResponse(\x01\x12M\n" +
+	"\vPlanRestore\x12\x18.quotad.v1.SnapshotChunk\x1a\".quotad.v1.SnapshotRestoreResponse(\x01B1Z/github.com/quotad/quotad/api/quotad/v1;quotadv1b\x06proto3"
 
 var (
 	file_quotad_v1_snapshot_proto_rawDescOnce sync.Once
@@ -423,10 +414,12 @@ var file_quotad_v1_snapshot_proto_goTypes = []any{
 var file_quotad_v1_snapshot_proto_depIdxs = []int32{
 	0, // 0: quotad.v1.Snapshot.Save:input_type -> quotad.v1.SnapshotSaveRequest
 	1, // 1: quotad.v1.Snapshot.Restore:input_type -> quotad.v1.SnapshotChunk
-	1, // 2: quotad.v1.Snapshot.Save:output_type -> quotad.v1.SnapshotChunk
-	2, // 3: quotad.v1.Snapshot.Restore:output_type -> quotad.v1.SnapshotRestoreResponse
-	2, // [2:4] is the sub-list for method output_type
-	0, // [0:2] is the sub-list for method input_type
+	1, // 2: quotad.v1.Snapshot.PlanRestore:input_type -> quotad.v1.SnapshotChunk
+	1, // 3: quotad.v1.Snapshot.Save:output_type -> quotad.v1.SnapshotChunk
+	2, // 4: quotad.v1.Snapshot.Restore:output_type -> quotad.v1.SnapshotRestoreResponse
+	2, // 5: quotad.v1.Snapshot.PlanRestore:output_type -> quotad.v1.SnapshotRestoreResponse
+	3, // [3:6] is the sub-list for method output_type
+	0, // [0:3] is the sub-list for method input_type
 	0, // [0:0] is the sub-list for extension type_name
 	0, // [0:0] is the sub-list for extension extendee
 	0, // [0:0] is the sub-list for field type_name
