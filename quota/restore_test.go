@@ -2,6 +2,8 @@ package quota
 
 import (
 	"bytes"
+	"encoding/json"
+	"os"
 	"testing"
 	"time"
 )
@@ -40,5 +42,42 @@ func TestRenumberSnapshot(t *testing.T) {
 	}
 	if _, err := RenumberSnapshot(data[:3], 1, 1); err == nil {
 		t.Fatal("a truncated state was renumbered")
+	}
+}
+
+// The golden states (every section: adaptive rates, retry budgets, owners, shares) keep every
+// byte but the renumbered ones.
+func TestRenumberGoldenSnapshots(t *testing.T) {
+	for _, name := range []string{"testdata/golden/workload_snapshot.bin", "testdata/golden/bulk_snapshot.bin"} {
+		data, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var e Engine
+		if err := e.UnmarshalBinary(data); err != nil {
+			t.Fatal(err)
+		}
+		out, err := RenumberSnapshot(data, e.Limits().Version+5, e.LeaseSeq()+3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got Engine
+		if err := got.UnmarshalBinary(out); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		again, _ := got.MarshalBinary()
+		if got.Limits().Version != e.Limits().Version+5 || got.LeaseSeq() != e.LeaseSeq()+3 || !bytes.Equal(again, out) {
+			t.Fatalf("%s: version %d, lease counter %d, re-encodes equal: %v", name, got.Limits().Version, got.LeaseSeq(), bytes.Equal(again, out))
+		}
+		// Only the version and the lease counter moved: the rest of the limits and state are
+		// the original's.
+		gl, el := got.Limits(), e.Limits()
+		gl.Version = el.Version
+		ga, _ := json.Marshal(gl)
+		ea, _ := json.Marshal(el)
+		if !bytes.Equal(ga, ea) || got.Stats() != (Stats{Buckets: e.Stats().Buckets, Leases: e.Stats().Leases, Pauses: e.Stats().Pauses,
+			Adapted: e.Stats().Adapted, RetryBudgets: e.Stats().RetryBudgets, LimitsVersion: got.Limits().Version}) {
+			t.Fatalf("%s: the state changed beyond the version and lease counter", name)
+		}
 	}
 }
