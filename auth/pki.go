@@ -149,7 +149,7 @@ func CreateCert(caCertPEM, caKeyPEM []byte, opts CertOptions) (certPEM, keyPEM [
 		if id.Role != RoleWorker && (len(id.Domains) > 0 || id.Tenant != "") {
 			// Only workers are scoped (MayUseDomain ignores the scope of readers and
 			// admins): a scope in the SAN would be a promise nothing keeps.
-			return nil, nil, fmt.Errorf("auth: client certificate %q: --domain and --tenant scope workers only; a %s certificate may not have them", opts.Name, id.Role)
+			return nil, nil, fmt.Errorf("auth: client certificate %q: --domain and --tenant scope workers only; a certificate of role %s may not have them", opts.Name, id.Role)
 		}
 		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
 		tmpl.URIs = append(tmpl.URIs, ClientRoleURI(opts.Cluster, id))

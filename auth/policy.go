@@ -67,8 +67,9 @@ var Methods = map[string]Access{
 	"/quotad.v1.Admin/LiftPause":          adminOnly,
 
 	// quotad.v1.Snapshot: the whole state, tokens' hashes included, out and in.
-	"/quotad.v1.Snapshot/Save":    adminOnly,
-	"/quotad.v1.Snapshot/Restore": adminOnly,
+	"/quotad.v1.Snapshot/Save":        adminOnly,
+	"/quotad.v1.Snapshot/Restore":     adminOnly,
+	"/quotad.v1.Snapshot/PlanRestore": adminOnly, // Restore's dry run: the file and the state compared
 
 	// Health checks are for load balancers and orchestrators, which hold no credential
 	// (Kubernetes' gRPC probe and Envoy's health checker call Check). Watch is a stream that

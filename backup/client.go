@@ -5,6 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 )
@@ -54,6 +58,28 @@ func (r *streamReader) Read(p []byte) (int, error) {
 // it to the cluster (Snapshot.Restore), which installs it on the leader and replicates it. The
 // cluster keeps its current token table unless restoreTokens (the response says which).
 func Restore(ctx context.Context, c quotadv1.SnapshotClient, path string, restoreTokens bool) (*quotadv1.SnapshotRestoreResponse, error) {
+	return RestoreWith(ctx, c, path, RestoreOptions{RestoreTokens: restoreTokens})
+}
+
+// RestoreOptions are Restore's choices.
+type RestoreOptions struct {
+	// RestoreTokens installs the file's token table too (default: keep the cluster's).
+	RestoreTokens bool
+	// DryRun checks the file and compares it with the cluster's state: the answer says what a
+	// restore would change, and nothing is installed.
+	DryRun bool
+}
+
+// RestoreWith is Restore with options.
+func RestoreWith(ctx context.Context, c quotadv1.SnapshotClient, path string, o RestoreOptions) (*quotadv1.SnapshotRestoreResponse, error) {
+	resp, err := restore(ctx, c, path, o)
+	if o.DryRun && status.Code(err) == codes.Unimplemented {
+		return nil, fmt.Errorf("the cluster's build has no restore --dry-run (PlanRestore: %w); nothing was restored — upgrade it first, or compare `quotad snapshot inspect FILE` with `quotad limits get` and `quotad status` by hand", err)
+	}
+	return resp, err
+}
+
+func restore(ctx context.Context, c quotadv1.SnapshotClient, path string, o RestoreOptions) (*quotadv1.SnapshotRestoreResponse, error) {
 	if _, err := Inspect(path); err != nil {
 		return nil, err
 	}
@@ -62,11 +88,15 @@ func Restore(ctx context.Context, c quotadv1.SnapshotClient, path string, restor
 		return nil, err
 	}
 	defer file.Close()
-	stream, err := c.Restore(ctx)
+	open := c.Restore
+	if o.DryRun {
+		open = c.PlanRestore
+	}
+	stream, err := open(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if err := stream.Send(&quotadv1.SnapshotChunk{Header: file.Header.Marshal(), RestoreTokens: restoreTokens}); err != nil {
+	if err := stream.Send(&quotadv1.SnapshotChunk{Header: file.Header.Marshal(), RestoreTokens: o.RestoreTokens}); err != nil {
 		_, rerr := stream.CloseAndRecv()
 		return nil, errors.Join(err, rerr)
 	}
@@ -96,8 +126,38 @@ func Restore(ctx context.Context, c quotadv1.SnapshotClient, path string, restor
 // TokensSummary says what a restore did to the token table, for the operator.
 func TokensSummary(r *quotadv1.SnapshotRestoreResponse) string {
 	if r.TokensRestored {
-		return fmt.Sprintf("tokens: restored the file's %d (+%d added, -%d removed compared with before the restore; a token revoked since the save is valid again)",
-			r.Tokens, r.TokensAdded, r.TokensRemoved)
+		verb := "restored"
+		if r.DryRun {
+			verb = "would restore"
+		}
+		return fmt.Sprintf("tokens: %s the file's %d (+%d added, -%d removed compared with before the restore; a token revoked since the save is valid again)",
+			verb, r.Tokens, r.TokensAdded, r.TokensRemoved)
+	}
+	if r.DryRun {
+		return fmt.Sprintf("tokens: would keep the cluster's current %d (the file's %d would not be restored; --restore-tokens restores them)", r.Tokens, r.FileTokens)
 	}
 	return fmt.Sprintf("tokens: kept the cluster's current %d (the file's %d were not restored; --restore-tokens restores them)", r.Tokens, r.FileTokens)
+}
+
+// RestoreSummary says what a restore changed (or, for a dry run, would change), for the
+// operator: limits version before and after, leases and pauses dropped and added, tokens.
+func RestoreSummary(path string, r *quotadv1.SnapshotRestoreResponse) string {
+	var b strings.Builder
+	if r.DryRun {
+		fmt.Fprintf(&b, "dry run: restoring %s would change:\n", path)
+	} else {
+		fmt.Fprintf(&b, "restored %s at index %d:\n", path, r.Index)
+	}
+	fmt.Fprintf(&b, "  limits version  %d -> %d (the file's %d, numbered above the current one so no version names two sets of limits)\n",
+		r.LimitsVersionBefore, r.LimitsVersion, r.FileLimitsVersion)
+	fmt.Fprintf(&b, "  leases          %d -> %d: %d dropped (held now, not in the file: their holders lose their permits), %d added (from the file, held until their TTL)\n",
+		r.LeasesBefore, r.Leases, r.LeasesDropped, r.LeasesAdded)
+	fmt.Fprintf(&b, "  pauses          %d -> %d: %d dropped (lifted), %d added\n", r.PausesBefore, r.Pauses, r.PausesDropped, r.PausesAdded)
+	fmt.Fprintf(&b, "  buckets         %d -> %d\n", r.BucketsBefore, r.Buckets)
+	fmt.Fprintf(&b, "  dedup entries   %d -> %d (decisions made since the save are forgotten)\n", r.DedupEntriesBefore, r.DedupEntries)
+	b.WriteString("  " + TokensSummary(r))
+	if r.DryRun {
+		b.WriteString("\nnothing was restored (--dry-run)")
+	}
+	return b.String()
 }

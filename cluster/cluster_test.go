@@ -351,6 +351,10 @@ func TestTransferLeadershipTo(t *testing.T) {
 	if err := c.Node(li).TransferLeadership("nope"); !errors.Is(err, cluster.ErrUnknownServer) {
 		t.Fatalf("transfer to unknown: %v", err)
 	}
+	// To itself: a no-op (it already leads).
+	if err := c.Node(li).TransferLeadership(c.Node(li).ID()); err != nil || !c.Node(li).IsLeader() {
+		t.Fatalf("transfer to the leader itself: %v (leads: %v), want a no-op", err, c.Node(li).IsLeader())
+	}
 	if err := c.Node(li).TransferLeadership(c.Node(to).ID()); err != nil {
 		t.Fatalf("transfer: %v", err)
 	}

@@ -563,10 +563,14 @@ func (n *Node) VerifyRead(ctx context.Context) error {
 // TransferLeadership hands leadership to the voter with ID to, or to the most up-to-date
 // voter if to is "". It returns once the transfer succeeded or failed (raft bounds it by
 // ElectionTimeout). ErrNotLeader if this node is not the leader; ErrUnknownServer if to is
-// not a voter in the configuration.
+// not a voter in the configuration. to naming this node, the leader, is a no-op: it already
+// leads (raft would refuse it as a transfer to itself).
 func (n *Node) TransferLeadership(to string) error {
 	if n.raft.State() != raft.Leader {
 		return ErrNotLeader
+	}
+	if to == n.cfg.ID {
+		return nil
 	}
 	var f raft.Future
 	if to == "" {

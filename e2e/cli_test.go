@@ -179,7 +179,11 @@ func TestCLIOperatorCommands(t *testing.T) {
 		t.Fatalf("acquire --lease-ttl 10h: %v, want lease_ttl_ms 20000 (the limit's lease_ttl)\n%s", err, out)
 	}
 	// Releasing a lease nobody holds says why and fails (user trial: released=false, exit 0).
-	wantCLI(t, c, 1, []string{"lease 999999 was not released", "expired"}, "release", "--lease-id", "999999")
+	// It never says "another caller's" (that lease is refused PermissionDenied and stays held)
+	// nor that permits are free "either way" (user trial).
+	if out := wantCLI(t, c, 1, []string{"lease 999999 was not released", "expired", "holds no permits"}, "release", "--lease-id", "999999"); strings.Contains(out, "either way") || strings.Contains(out, "another caller's, or") {
+		t.Fatalf("release of an unknown lease:\n%s", out)
+	}
 	out = wantCLI(t, c, 3, []string{`"concurrency_limited"`}, acq...)
 	if err := json.Unmarshal([]byte(out), &d); err != nil {
 		t.Fatalf("%v: %s", err, out)
@@ -213,6 +217,30 @@ func TestCLIOperatorCommands(t *testing.T) {
 	wantCLI(t, c, 1, []string{"InvalidArgument", `"endpont"`, "strict_keys"}, "bucket", "status", "--domain", "provider", "--descriptor", "endpont=charges")
 	// Feedback pauses the scope named.
 	mustCLI(t, c, "feedback", "--domain", "provider", "--descriptor", "endpoint=search", "--status", "429", "--retry-after", "30s")
+	// A Retry-After above max_pause says it was clamped, naming max_pause (user trial).
+	if out := mustCLI(t, c, "feedback", "--domain", "provider", "--descriptor", "endpoint=charges", "--status", "429", "--retry-after", "2h"); !strings.Contains(out, "for 300000ms") ||
+		!strings.Contains(out, "--retry-after 2h0m0s was clamped to the domain's max_pause 5m0s") {
+		t.Fatalf("feedback --retry-after 2h:\n%s", out)
+	}
+	if out := mustCLI(t, c, "feedback", "--domain", "provider", "--descriptor", "endpoint=search", "--status", "429", "--retry-after", "1m"); strings.Contains(out, "clamped") {
+		t.Fatalf("feedback --retry-after 1m says clamped:\n%s", out)
+	}
+	// A cost above the maximum says what to do.
+	wantCLI(t, c, 3, []string{"cost 2000000000000 is above the maximum", "split the work"}, "acquire", "--domain", "provider", "--cost", "2000000000000")
+	// Token messages: "a token of role admin", not "a admin token"; a second revoke says the
+	// token is already revoked (or unknown), not just "no token".
+	if out := wantCLI(t, c, 1, []string{"a token of role admin may not have them"}, "token", "create", "--role", "admin", "--domain", "provider"); strings.Contains(out, "a admin") {
+		t.Fatalf("token create --role admin --domain:\n%s", out)
+	}
+	out = mustCLI(t, c, "token", "create", "--role", "reader")
+	acc := ""
+	for _, l := range strings.Split(out, "\n") {
+		if v, ok := strings.CutPrefix(l, "accessor: "); ok {
+			acc = strings.TrimSpace(v)
+		}
+	}
+	mustCLI(t, c, "token", "revoke", acc)
+	wantCLI(t, c, 1, []string{"already revoked", acc}, "token", "revoke", acc)
 	wantCLI(t, c, 3, []string{"reason=paused", "scope=endpoint"}, "acquire", "--domain", "provider", "--descriptor", "endpoint=search")
 	// Lifting a pause on a path that has none (the wrong value, or a typo in a value of a key
 	// without one, names another valid bucket) fails naming the path it looked at (user
@@ -244,9 +272,33 @@ func TestCLIOperatorCommands(t *testing.T) {
 	if !strings.Contains(out, "leader: "+to) {
 		t.Fatalf("transfer-leadership:\n%s", out)
 	}
+	// To the leader itself: a no-op that succeeds (user trial: "cannot transfer leadership to
+	// itself", exit 1).
+	out = mustCLI(t, c, "operator", "transfer-leadership", "--to", to)
+	if !strings.Contains(out, to+" already leads; nothing to transfer") {
+		t.Fatalf("transfer-leadership to the leader:\n%s", out)
+	}
 	// Member removal: stop a follower for good, remove it.
 	gone := (c.Leader(context.Background()) + 1) % 3
 	c.Stop(gone)
+	// The stopped node's applied index is unknown, not the last one gossip carried (user trial).
+	goneLine := func(out string) string {
+		for _, l := range strings.Split(out, "\n") {
+			if f := strings.Fields(l); len(f) > 0 && f[0] == c.Nodes[gone].ID {
+				return l
+			}
+		}
+		return ""
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		l := goneLine(mustCLI(t, c, "status"))
+		if strings.Contains(l, "applied=unknown") {
+			break
+		}
+		if time.Now().After(deadline) || (!strings.Contains(l, "follower") && strings.Contains(l, "applied=")) {
+			t.Fatalf("status of the stopped %s: %q, want applied=unknown", c.Nodes[gone].ID, l)
+		}
+	}
 	wantCLI(t, c, 1, []string{"NotFound", `"nodeX" is not in the Raft configuration`}, "members", "remove", "nodeX")
 	out = mustCLI(t, c, "members", "remove", c.Nodes[gone].ID)
 	if strings.Contains(strings.SplitN(out, "members:", 2)[1], c.Nodes[gone].ID) || strings.Contains(out, "still running") {

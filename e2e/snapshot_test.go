@@ -202,10 +202,20 @@ func TestSnapshotSaveDestroyRestore(t *testing.T) {
 	if out, err := runCLI(t, bc, "snapshot", "restore", "--addr", bc.Nodes[(bl+1)%3].GRPCAddr, damaged); err == nil {
 		t.Fatalf("restore of a damaged file succeeded:\n%s", out)
 	}
+	// --dry-run says what the restore would change and restores nothing.
+	out, err = runCLI(t, bc, "snapshot", "restore", "--dry-run", "--restore-tokens", "--addr", bc.Nodes[(bl+1)%3].GRPCAddr, file)
+	if err != nil || !strings.Contains(out, "dry run: restoring") || !strings.Contains(out, "limits version  0 -> 2 (the file's 1") ||
+		!strings.Contains(out, "nothing was restored (--dry-run)") || !strings.Contains(out, "tokens: would restore the file's 1") {
+		t.Fatalf("snapshot restore --dry-run: %v\n%s", err, out)
+	}
+	if lim, err := quotadv1.NewAdminClient(dialNode(t, bc, bl)).GetLimits(ctx, &quotadv1.GetLimitsRequest{}); err != nil || lim.Version != 0 {
+		t.Fatalf("limits after a dry run: %v %v, want none (nothing restored)", lim, err)
+	}
 	// A fresh cluster has no tokens of its own: --restore-tokens brings the saved one back (by
 	// default a restore keeps the cluster's current tokens).
 	out, err = runCLI(t, bc, "snapshot", "restore", "--restore-tokens", "--addr", bc.Nodes[(bl+1)%3].GRPCAddr, file)
-	if err != nil || !strings.Contains(out, "restored ") || !strings.Contains(out, "tokens: restored the file's 1 (+1 added, -0 removed") {
+	if err != nil || !strings.Contains(out, "restored ") || !strings.Contains(out, "tokens: restored the file's 1 (+1 added, -0 removed") ||
+		!strings.Contains(out, "limits version  0 -> 2 (the file's 1") {
 		t.Fatalf("snapshot restore: %v\n%s", err, out)
 	}
 	t.Log(strings.TrimSpace(out))
@@ -226,7 +236,7 @@ func TestSnapshotSaveDestroyRestore(t *testing.T) {
 			resp.Body.Close()
 			hashes, lv = append(hashes, s.Hash), append(lv, s.LimitsVersion)
 		}
-		if len(hashes) == 3 && hashes[0] == hashes[1] && hashes[1] == hashes[2] && lv[0] == 1 && lv[1] == 1 && lv[2] == 1 {
+		if len(hashes) == 3 && hashes[0] == hashes[1] && hashes[1] == hashes[2] && lv[0] == 2 && lv[1] == 2 && lv[2] == 2 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -250,7 +260,7 @@ func TestSnapshotSaveDestroyRestore(t *testing.T) {
 
 	bconn := dialNode(t, bc, (bl+2)%3) // any node: followers forward
 	lim, err := quotadv1.NewAdminClient(bconn).GetLimits(ctx, &quotadv1.GetLimitsRequest{})
-	if err != nil || lim.Version != 1 || !strings.Contains(lim.Yaml, "platform") || !strings.Contains(lim.Yaml, "reports") {
+	if err != nil || lim.Version != 2 || !strings.Contains(lim.Yaml, "platform") || !strings.Contains(lim.Yaml, "reports") {
 		t.Fatalf("limits after the restore: %v %v", lim, err)
 	}
 	// The balance: what it was, plus at most the refill since the restore (one unit per 10 s;

@@ -260,6 +260,40 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 // checksum is checked at the end: on an error, what was written to w is unusable. It returns
 // the number of bytes written.
 func (f *FSM) WriteSnapshotWithTokens(w io.Writer, r io.Reader) (int64, error) {
+	return f.WriteRestoreSnapshot(w, r, RestoreRewrite{KeepTokens: true})
+}
+
+// RestoreRewrite says how WriteRestoreSnapshot changes a snapshot file for a restore.
+type RestoreRewrite struct {
+	// KeepTokens replaces the file's token table with the FSM's current one.
+	KeepTokens bool
+	// Renumber sets the limits version to LimitsVersion and raises the lease counter to at
+	// least MinLeaseSeq (quota.RenumberSnapshot).
+	Renumber                   bool
+	LimitsVersion, MinLeaseSeq uint64
+}
+
+// RestoreVersions returns what a restore of a file whose limits version is fileLimits and
+// whose lease counter is fileLeaseSeq renumbers them to, given f's current state: the limits
+// version max(current, file) + 1 (0 when both are 0: no limits were ever set), so it never
+// moves backwards and never names two different limit sets; the lease counter
+// max(current, file), so no lease ID is issued twice. The leader decides it once and the
+// rewritten bytes are what every replica restores.
+func (f *FSM) RestoreVersions(fileLimits, fileLeaseSeq uint64) RestoreRewrite {
+	f.mu.RLock()
+	cur, seq := f.engine.LimitsVersion(), f.engine.LeaseSeq()
+	f.mu.RUnlock()
+	rw := RestoreRewrite{Renumber: true, MinLeaseSeq: max(seq, fileLeaseSeq)}
+	if cur > 0 || fileLimits > 0 {
+		rw.LimitsVersion = max(cur, fileLimits) + 1
+	}
+	return rw
+}
+
+// WriteRestoreSnapshot copies the snapshot file read from r to w changed as rw says, with a
+// new checksum; everything else is copied byte for byte. r's checksum is checked at the end:
+// on an error, what was written to w is unusable. It returns the number of bytes written.
+func (f *FSM) WriteRestoreSnapshot(w io.Writer, r io.Reader, rw RestoreRewrite) (int64, error) {
 	s := snapshotReader{r: checksumReader{r: r}}
 	if err := s.readHeader(); err != nil {
 		return 0, err
@@ -272,27 +306,39 @@ func (f *FSM) WriteSnapshotWithTokens(w io.Writer, r io.Reader) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
+	if rw.Renumber {
+		if engine, err = quota.RenumberSnapshot(engine, rw.LimitsVersion, rw.MinLeaseSeq); err != nil {
+			return 0, fmt.Errorf("fsm: snapshot engine section: %w", err)
+		}
+	}
+	var fileTokens []byte
 	if s.format >= snapshotFormatTokens {
 		n, err := s.sectionLen("tokens")
 		if err != nil {
 			return 0, err
 		}
-		if _, err := io.CopyN(io.Discard, &s.r, int64(n)); err != nil {
-			return 0, fmt.Errorf("fsm: snapshot tokens section truncated: %w", err)
+		if fileTokens, err = s.readSection(n, "tokens"); err != nil {
+			return 0, err
 		}
 	}
-	tokens := f.tokens.Load()
-	format := uint32(snapshotFormat)
-	if len(tokens.byAccessor) > 0 {
-		format = snapshotFormatTokens
+	format := s.format
+	if rw.KeepTokens {
+		fileTokens = nil
+		if tokens := f.tokens.Load(); len(tokens.byAccessor) > 0 {
+			fileTokens = tokens.appendTo(nil)
+		}
+		format = snapshotFormat
+		if fileTokens != nil {
+			format = snapshotFormatTokens
+		}
 	}
-	b := appendSnapshotHeaderFormat(make([]byte, 0, snapshotHeader+len(engine)), format, s.applied, s.lastSweep)
+	b := appendSnapshotHeaderFormat(make([]byte, 0, snapshotHeader+len(engine)+len(fileTokens)), format, s.applied, s.lastSweep)
 	b, start := beginSection(b)
 	b = append(b, engine...)
 	endSection(b, start)
 	if format == snapshotFormatTokens {
 		b, start = beginSection(b)
-		b = tokens.appendTo(b)
+		b = append(b, fileTokens...)
 		endSection(b, start)
 	}
 	dedupLen, err := s.sectionLen("dedup")
@@ -313,4 +359,24 @@ func (f *FSM) WriteSnapshotWithTokens(w io.Writer, r io.Reader) (int64, error) {
 	}
 	_, err = out.Write(binary.LittleEndian.AppendUint32(nil, cw.crc))
 	return out.n, err
+}
+
+// RestoreView is what a restore compares between the state it replaces and the file's
+// (quotad snapshot restore's summary and --dry-run).
+type RestoreView struct {
+	LimitsVersion uint64
+	LeaseSeq      uint64
+	LeaseIDs      []uint64 // sorted
+	PauseKeys     []string // sorted
+	Buckets       int
+	DedupEntries  int
+}
+
+// RestoreView returns f's RestoreView.
+func (f *FSM) RestoreView() RestoreView {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return RestoreView{LimitsVersion: f.engine.LimitsVersion(), LeaseSeq: f.engine.LeaseSeq(),
+		LeaseIDs: f.engine.LeaseIDs(), PauseKeys: f.engine.PauseKeys(),
+		Buckets: f.engine.Stats().Buckets, DedupEntries: f.dedup.len()}
 }

@@ -180,7 +180,7 @@ func tokenFromOp(o *fsmv1.CreateToken) (*Token, error) {
 	case role == auth.RoleWorker && len(o.Domains) == 0:
 		return nil, fmt.Errorf("%w: a worker token needs at least one domain (\"*\" for all)", ErrInvalidToken)
 	case role != auth.RoleWorker && (len(o.Domains) > 0 || o.Tenant != ""):
-		return nil, fmt.Errorf("%w: domains and tenant scope workers only; a %s token may not have them", ErrInvalidToken, role)
+		return nil, fmt.Errorf("%w: domains and tenant scope workers only; a token of role %s may not have them", ErrInvalidToken, role)
 	case len(o.Domains) > maxTokenDomains:
 		return nil, fmt.Errorf("%w: %d domains; at most %d (or \"*\")", ErrInvalidToken, len(o.Domains), maxTokenDomains)
 	}

@@ -191,3 +191,43 @@ func TestRegionsRetrySpendsShareOnce(t *testing.T) {
 		t.Fatalf("the share spent %d units for 5 retries of an admitted request (admitted units %d → %d); want 0", got-spent, spent, got)
 	}
 }
+
+// A global cluster rebuilt from scratch numbers its limits from 1 again, so the version a
+// region last followed can come back naming other limits: the region compares the text too
+// and follows them.
+func TestRegionsFollowSameVersionOtherLimits(t *testing.T) {
+	global := rpctest.Start(t, 1, limitsYAML)
+	g := client.Config{Addrs: global.Addrs(), Insecure: true}
+	rc := rpctest.Start(t, 1, limitsYAML, func(_ int, c *rpc.AgentConfig) { c.Region = region.Agent("r0", g) })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	r, err := adminConn(t, global.Addrs()[0]).ApplyLimits(ctx, &quotadv1.ApplyLimitsRequest{Yaml: changedYAML, ReplaceAll: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clustertest.Eventually(t, 10*time.Second, func() error { return replicasHave(rc, -1, formatted(t, changedYAML)) })
+
+	// The global cluster is rebuilt: an empty data dir, the first limits again, then an apply
+	// of other limits — the same version number as the limits the region follows.
+	global.Kill(0)
+	global.Reconfigure(0, func(_ int, c *rpc.AgentConfig) { c.Cluster.DataDir = t.TempDir() })
+	global.Restart(0)
+	global.WaitLeader(15 * time.Second)
+	clustertest.Eventually(t, 10*time.Second, func() error {
+		if v := global.Agent(0).FSM().Limits().Version; v != 1 {
+			return fmt.Errorf("rebuilt global cluster at limits version %d, want its --limits file as 1", v)
+		}
+		return nil
+	})
+	again := strings.Replace(changedYAML, "requests_per_unit: 7", "requests_per_unit: 9", 1)
+	var r2 *quotadv1.ApplyLimitsResponse
+	clustertest.Eventually(t, 15*time.Second, func() error {
+		var err error
+		r2, err = adminConn(t, global.Addrs()[0]).ApplyLimits(ctx, &quotadv1.ApplyLimitsRequest{Yaml: again, ReplaceAll: true})
+		return err
+	})
+	if r2.Version != r.Version {
+		t.Fatalf("the rebuilt global cluster applied version %d, want the same number %d for the test", r2.Version, r.Version)
+	}
+	clustertest.Eventually(t, 15*time.Second, func() error { return replicasHave(rc, -1, formatted(t, again)) })
+}

@@ -27,6 +27,7 @@ package region
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"slices"
 	"sync"
@@ -82,12 +83,15 @@ type Holder struct {
 	stop chan struct{}
 	done chan struct{}
 
-	// followed is the version of the global limits last followed, localVersion the regional
-	// cluster's limits version right after (the initial --limits file of a new cluster may
-	// land after a follow: then they are compared again); followErr the last failure to
-	// follow them (logged once per change).
-	followed, localVersion uint64
-	followErr              string
+	// followed is the version of the global limits last followed and followedSum a hash of
+	// their text, localVersion the regional cluster's limits version right after (the initial
+	// --limits file of a new cluster may land after a follow: then they are compared again);
+	// followErr the last failure to follow them (logged once per change). The text is compared
+	// too because a version number alone does not name one set of limits: a global cluster
+	// rebuilt from scratch numbers from 1 again (and a restore by a build before session 10
+	// moved the version backwards), so the same version can come back with other limits.
+	followed, followedSum, localVersion uint64
+	followErr                           string
 
 	// relendMu guards answers: the last answer to each downstream share holder (relend.go).
 	relendMu sync.Mutex
@@ -178,7 +182,9 @@ func (h *Holder) follow() {
 	if l := h.cfg.Limits(); l != nil {
 		local = l.Version
 	}
-	if version == h.followed && h.followErr == "" && local == h.localVersion {
+	sum := fnv.New64a()
+	sum.Write([]byte(yaml))
+	if version == h.followed && sum.Sum64() == h.followedSum && h.followErr == "" && local == h.localVersion {
 		// Unchanged at the global cluster and here since they were last followed.
 		return
 	}
@@ -192,7 +198,7 @@ func (h *Holder) follow() {
 		fail(err)
 		return
 	}
-	h.followed, h.followErr = version, ""
+	h.followed, h.followedSum, h.followErr = version, sum.Sum64(), ""
 	if l := h.cfg.Limits(); l != nil {
 		h.localVersion = l.Version
 	}

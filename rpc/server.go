@@ -360,7 +360,7 @@ func admissionProblem(adm *quotadv1.Admission) string {
 	case len(adm.WorkClass) > maxStringLen:
 		return fieldProblem("work_class", adm.WorkClass)
 	case adm.Cost > MaxCost:
-		return fmt.Sprintf("cost %d is above the maximum %d", adm.Cost, uint64(MaxCost))
+		return fmt.Sprintf("cost %d is above the maximum %d; a cost is counted in the units of the limits' requests_per_unit: split the work into requests of smaller cost, or count it in a coarser unit (and scale requests_per_unit to match)", adm.Cost, uint64(MaxCost))
 	case adm.LeaseTtlMs < 0:
 		return fmt.Sprintf("lease_ttl_ms %d is negative; use 0 for the configured TTL or a positive number", adm.LeaseTtlMs)
 	case adm.MaxWaitMs < 0:
@@ -505,8 +505,9 @@ func (s *Server) Feedback(ctx context.Context, req *quotadv1.FeedbackRequest) (*
 		}
 		return quotadv1.NewQuotaClient(conn).Feedback(forwardCtx(ctx), req)
 	}
-	d := s.fsm.Limits().MaxPauseOf(req.Domain)
-	if req.RetryAfterMs < d.Milliseconds() {
+	maxPause := s.fsm.Limits().MaxPauseOf(req.Domain)
+	d, clamped := maxPause, req.RetryAfterMs > maxPause.Milliseconds()
+	if !clamped {
 		d = time.Duration(req.RetryAfterMs) * time.Millisecond
 	}
 	r, err := s.prop.propose(ctx, &fsmv1.Op{Op: &fsmv1.Op_Feedback{Feedback: &fsmv1.Feedback{Domain: req.Domain, Prefix: req.Descriptors,
@@ -522,8 +523,12 @@ func (s *Server) Feedback(ctx context.Context, req *quotadv1.FeedbackRequest) (*
 	}
 	fb := r.Other.Feedback
 	s.metrics.observeFeedback(req.Domain, req.StatusCode, fb)
-	return &quotadv1.FeedbackResponse{PausedForMs: ceilMs(fb.PausedFor), Scope: fb.Scope,
-		Attributed: fb.Attributed, Decreased: fb.Decreased, Limit: fb.Limit}, nil
+	resp := &quotadv1.FeedbackResponse{PausedForMs: ceilMs(fb.PausedFor), Scope: fb.Scope,
+		Attributed: fb.Attributed, Decreased: fb.Decreased, Limit: fb.Limit}
+	if clamped && fb.PausedFor > 0 {
+		resp.ClampedToMaxPauseMs = maxPause.Milliseconds()
+	}
+	return resp, nil
 }
 
 // Status reads buckets linearizably: leadership is verified with a quorum and the read waits
@@ -650,6 +655,10 @@ func (s *Server) TransferLeadership(ctx context.Context, req *quotadv1.TransferL
 			return nil, err
 		}
 		return quotadv1.NewAdminClient(conn).TransferLeadership(forwardCtx(ctx), req)
+	}
+	if self, _ := s.node.Leader(); req.To != "" && req.To == self && s.node.IsLeader() {
+		// Already the leader: nothing to hand over (an operator making sure of it, a script).
+		return &quotadv1.TransferLeadershipResponse{LeaderId: req.To, AlreadyLeader: true}, nil
 	}
 	if err := s.node.TransferLeadership(req.To); err != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "transferring leadership to %q: %v", req.To, err)

@@ -110,13 +110,28 @@ func (x *snapshotService) Save(req *quotadv1.SnapshotSaveRequest, stream grpc.Se
 // installed carries the cluster's current token table instead of the file's (tokens and
 // revocations are security state); the answer says which and counts the change.
 func (x *snapshotService) Restore(stream grpc.ClientStreamingServer[quotadv1.SnapshotChunk, quotadv1.SnapshotRestoreResponse]) error {
+	return x.restore(stream, false)
+}
+
+// PlanRestore is Restore's dry run: the same checks, and the answer says what Restore would
+// change against the state now; nothing is installed.
+func (x *snapshotService) PlanRestore(stream grpc.ClientStreamingServer[quotadv1.SnapshotChunk, quotadv1.SnapshotRestoreResponse]) error {
+	return x.restore(stream, true)
+}
+
+func (x *snapshotService) restore(stream grpc.ClientStreamingServer[quotadv1.SnapshotChunk, quotadv1.SnapshotRestoreResponse], dryRun bool) error {
 	ctx := stream.Context()
 	conn, err := x.s.route(ctx)
 	if err != nil {
 		return err
 	}
 	if conn != nil {
-		up, err := quotadv1.NewSnapshotClient(conn).Restore(forwardCtx(ctx))
+		c := quotadv1.NewSnapshotClient(conn)
+		open := c.Restore
+		if dryRun {
+			open = c.PlanRestore
+		}
+		up, err := open(forwardCtx(ctx))
 		if err != nil {
 			return err
 		}
@@ -176,7 +191,6 @@ func (x *snapshotService) Restore(stream grpc.ClientStreamingServer[quotadv1.Sna
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
 		return status.Errorf(codes.Internal, "staging the snapshot: %v", err)
 	}
-	var keptFile *os.File // the state with the current tokens, when restore_tokens is not set
 	decoded, err := backup.Decode(h, tmp)
 	if err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
@@ -190,50 +204,77 @@ func (x *snapshotService) Restore(stream grpc.ClientStreamingServer[quotadv1.Sna
 		}
 	}
 	fileTokens := accessorSet(decoded.Tokens())
+	file := decoded.RestoreView()
 	decoded = nil // garbage from here
-	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
-		return status.Errorf(codes.Internal, "staging the snapshot: %v", err)
-	}
-	meta := &raft.SnapshotMeta{Version: raft.SnapshotVersion(h.RaftSnapshotVersion), Index: h.Index, Term: h.Term, Size: h.Size}
-	resp := &quotadv1.SnapshotRestoreResponse{LimitsVersion: info.LimitsVersion, Buckets: uint64(info.Buckets), Leases: uint64(info.Leases),
-		DedupEntries: uint64(info.DedupEntries), FileTokens: uint64(len(fileTokens)), TokensRestored: first.RestoreTokens}
-	// Tokens and revocations are security state: unless asked, the restored state carries the
-	// token table the cluster has at the moment of the restore, not the file's. prepare runs
-	// after every command stamped before the restore has been applied and while new ones wait
-	// (cluster.Node.RestoreSnapshotPrepared): no token op commits between the read and the
-	// restore. Commands wait while it copies, so the copy stops when ctx (the restore's
-	// timeout or the caller leaving) ends.
-	prepare := func(ctx context.Context) (*raft.SnapshotMeta, io.Reader, error) {
+	resp := &quotadv1.SnapshotRestoreResponse{Buckets: uint64(info.Buckets), Leases: uint64(info.Leases), Pauses: uint64(info.Pauses),
+		DedupEntries: uint64(info.DedupEntries), FileTokens: uint64(len(fileTokens)), TokensRestored: first.RestoreTokens,
+		FileLimitsVersion: file.LimitsVersion, DryRun: dryRun}
+	// compare fills in what the restore changes, against the state it replaces, and returns
+	// how the file is rewritten: the limits version and lease counter continue above the
+	// current ones (fsm.FSM.RestoreVersions) — decided here, on the leader, once: every
+	// replica restores the rewritten bytes.
+	compare := func() fsm.RestoreRewrite {
+		cur := x.s.fsm.RestoreView()
+		rw := x.s.fsm.RestoreVersions(file.LimitsVersion, file.LeaseSeq)
+		rw.KeepTokens = !first.RestoreTokens
+		resp.LimitsVersion, resp.LimitsVersionBefore = rw.LimitsVersion, cur.LimitsVersion
+		resp.LeasesBefore, resp.PausesBefore = uint64(len(cur.LeaseIDs)), uint64(len(cur.PauseKeys))
+		resp.BucketsBefore, resp.DedupEntriesBefore = uint64(cur.Buckets), uint64(cur.DedupEntries)
+		resp.LeasesDropped, resp.LeasesAdded = countMissing(setOf(cur.LeaseIDs), setOf(file.LeaseIDs)), countMissing(setOf(file.LeaseIDs), setOf(cur.LeaseIDs))
+		resp.PausesDropped, resp.PausesAdded = countMissing(setOf(cur.PauseKeys), setOf(file.PauseKeys)), countMissing(setOf(file.PauseKeys), setOf(cur.PauseKeys))
 		current := accessorSet(x.s.fsm.Tokens())
 		if first.RestoreTokens {
 			resp.Tokens = uint64(len(fileTokens))
 			resp.TokensAdded, resp.TokensRemoved = countMissing(fileTokens, current), countMissing(current, fileTokens)
-			return meta, tmp, nil
+		} else {
+			resp.Tokens = uint64(len(current))
 		}
-		resp.Tokens = uint64(len(current))
-		kept, err := os.CreateTemp(x.tempDir, "snapshot-restore-tokens-*.tmp")
-		if err != nil {
-			return nil, nil, fmt.Errorf("staging the snapshot with the current tokens: %w", err)
+		return rw
+	}
+	if dryRun {
+		if err := x.node.VerifyRead(ctx); err != nil {
+			return x.s.applyError(err)
 		}
-		keptFile = kept
-		n, err := x.s.fsm.WriteSnapshotWithTokens(kept, ctxReader{ctx, tmp})
+		compare()
+		return stream.SendAndClose(resp)
+	}
+	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+		return status.Errorf(codes.Internal, "staging the snapshot: %v", err)
+	}
+	meta := &raft.SnapshotMeta{Version: raft.SnapshotVersion(h.RaftSnapshotVersion), Index: h.Index, Term: h.Term, Size: h.Size}
+	var staged *os.File // the rewritten state
+	// The token table and the counters are read at the moment of the restore: prepare runs
+	// after every command stamped before the restore has been applied and while new ones wait
+	// (cluster.Node.RestoreSnapshotPrepared), so no token op or SetLimits commits between the
+	// read and the restore. Tokens and revocations are security state: unless asked, the
+	// restored state carries the cluster's current token table, not the file's. Commands wait
+	// while it copies, so the copy stops when ctx (the restore's timeout or the caller
+	// leaving) ends.
+	prepare := func(ctx context.Context) (*raft.SnapshotMeta, io.Reader, error) {
+		rw := compare()
+		out, err := os.CreateTemp(x.tempDir, "snapshot-restore-rewritten-*.tmp")
 		if err != nil {
-			return nil, nil, fmt.Errorf("replacing the snapshot's tokens with the current ones: %w", err)
+			return nil, nil, fmt.Errorf("staging the rewritten snapshot: %w", err)
+		}
+		staged = out
+		n, err := x.s.fsm.WriteRestoreSnapshot(out, ctxReader{ctx, tmp}, rw)
+		if err != nil {
+			return nil, nil, fmt.Errorf("rewriting the snapshot (tokens, limits version): %w", err)
 		}
 		if h := restoreCopiedHook.Load(); h != nil {
 			(*h)()
 		}
-		if _, err := kept.Seek(0, io.SeekStart); err != nil {
-			return nil, nil, fmt.Errorf("staging the snapshot with the current tokens: %w", err)
+		if _, err := out.Seek(0, io.SeekStart); err != nil {
+			return nil, nil, fmt.Errorf("staging the rewritten snapshot: %w", err)
 		}
 		m := *meta
 		m.Size = n
-		return &m, kept, nil
+		return &m, out, nil
 	}
 	defer func() {
-		if keptFile != nil {
-			keptFile.Close()
-			os.Remove(keptFile.Name())
+		if staged != nil {
+			staged.Close()
+			os.Remove(staged.Name())
 		}
 	}()
 	if err := x.node.RestoreSnapshotPrepared(stream.Context(), prepare, time.Minute); err != nil {
@@ -246,8 +287,8 @@ func (x *snapshotService) Restore(stream grpc.ClientStreamingServer[quotadv1.Sna
 	return stream.SendAndClose(resp)
 }
 
-// restoreCopiedHook, if set (tests only), runs in a restore that keeps the current tokens
-// right after the snapshot was copied with them.
+// restoreCopiedHook, if set (tests only), runs in a restore right after the snapshot was
+// rewritten (current tokens, renumbered limits version).
 var restoreCopiedHook atomic.Pointer[func()]
 
 // ctxReader is r that fails with ctx's error once ctx has ended.
@@ -263,6 +304,15 @@ func (c ctxReader) Read(p []byte) (int, error) {
 	return c.r.Read(p)
 }
 
+// setOf returns the set of xs.
+func setOf[T comparable](xs []T) map[T]bool {
+	out := make(map[T]bool, len(xs))
+	for _, x := range xs {
+		out[x] = true
+	}
+	return out
+}
+
 // accessorSet returns the tokens' accessors.
 func accessorSet(ts []fsm.Token) map[string]bool {
 	out := make(map[string]bool, len(ts))
@@ -272,8 +322,8 @@ func accessorSet(ts []fsm.Token) map[string]bool {
 	return out
 }
 
-// countMissing counts the accessors of a that b lacks.
-func countMissing(a, b map[string]bool) uint64 {
+// countMissing counts the members of a that b lacks.
+func countMissing[T comparable](a, b map[T]bool) uint64 {
 	var n uint64
 	for k := range a {
 		if !b[k] {

@@ -64,7 +64,7 @@ rate_limit: {unit: second, requests_per_unit: 100000, burst: 100000}
 	}
 	close(stop)
 	wg.Wait()
-	if resp.LimitsVersion != 1 || resp.Index <= h.Index {
+	if resp.LimitsVersion != 3 || resp.LimitsVersionBefore != 2 || resp.FileLimitsVersion != 1 || resp.Index <= h.Index {
 		t.Fatalf("restore answered %+v (saved at %d)", resp, h.Index)
 	}
 	deadline := time.Now().Add(15 * time.Second)
@@ -75,7 +75,7 @@ rate_limit: {unit: second, requests_per_unit: 100000, burst: 100000}
 		for i := range 3 {
 			s := c.Agent(i).State()
 			hashes, idx = append(hashes, s.Hash), append(idx, s.AppliedIndex)
-			ok = ok && s.LimitsVersion == 1
+			ok = ok && s.LimitsVersion == 3 // the file's limits, numbered above the current 2
 		}
 		if ok && idx[0] == idx[1] && idx[1] == idx[2] {
 			if hashes[0] != hashes[1] || hashes[1] != hashes[2] {

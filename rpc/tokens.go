@@ -26,7 +26,7 @@ func (s *Server) CreateToken(ctx context.Context, req *quotadv1.CreateTokenReque
 	case role == auth.RoleWorker && len(req.Domains) == 0:
 		return nil, status.Error(codes.InvalidArgument, "a worker token needs --domain (repeatable; \"*\" for every domain)")
 	case role != auth.RoleWorker && (len(req.Domains) > 0 || req.Tenant != ""):
-		return nil, status.Errorf(codes.InvalidArgument, "--domain and --tenant scope workers only; a %s token may not have them", role)
+		return nil, status.Errorf(codes.InvalidArgument, "--domain and --tenant scope workers only; a token of role %s may not have them (drop them, or create a worker token)", role)
 	case len(req.Tenant) > maxStringLen || len(req.Description) > maxStringLen:
 		return nil, status.Errorf(codes.InvalidArgument, "--tenant and --description must be at most %d bytes", maxStringLen)
 	}
@@ -113,7 +113,7 @@ func (s *Server) RevokeToken(ctx context.Context, req *quotadv1.RevokeTokenReque
 	}
 	if err := r.Other.Err; err != nil {
 		if errors.Is(err, fsm.ErrTokenNotFound) {
-			return nil, status.Errorf(codes.NotFound, "no token with accessor %q (quotad token list shows them)", req.Accessor)
+			return nil, status.Errorf(codes.NotFound, "token %q is already revoked, or no token ever had that accessor: nothing changed (quotad token list shows the live ones)", req.Accessor)
 		}
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}

@@ -309,7 +309,7 @@ func releaseCmd() *cobra.Command {
 				return err
 			}
 			if !released {
-				return fmt.Errorf("lease %d was not released: no lease of yours by that ID is held — unknown, already released, another caller's, or expired (its TTL passed without a renew); its permits are free either way", leaseID)
+				return fmt.Errorf("lease %d was not released: no lease by that ID is held — unknown, already released, or expired (its TTL passed without a renew), so it holds no permits; check the ID your acquire printed (another caller's lease is refused PermissionDenied instead, and stays held)", leaseID)
 			}
 			fmt.Printf("released=%v\n", released)
 			return nil
@@ -458,6 +458,9 @@ type statusMember struct {
 	AppliedIndex uint64 `json:"applied_index"`
 	// CommandVersion: the newest FSM command version it advertises (0: none seen).
 	CommandVersion int32 `json:"command_version"`
+	// AppliedIndexStale: the node is unreachable or left; applied_index is the last one
+	// gossip reported, not where it is now.
+	AppliedIndexStale bool `json:"applied_index_stale,omitempty"`
 }
 
 // writeMembers writes one line per member, its columns aligned whatever their widths (state
@@ -469,7 +472,11 @@ func writeMembers(w io.Writer, members []statusMember) error {
 		if m.CommandVersion > 0 {
 			cv = fmt.Sprintf("cmd=%d", m.CommandVersion)
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%s\tgrpc=%s\traft=%s\tapplied=%d\t%s\n", m.ID, m.State, m.Suffrage, m.GRPCAddr, m.RaftAddr, m.AppliedIndex, cv)
+		applied := fmt.Sprint(m.AppliedIndex)
+		if m.AppliedIndexStale {
+			applied = "unknown" // what gossip last said is not where it is now
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\tgrpc=%s\traft=%s\tapplied=%s\t%s\n", m.ID, m.State, m.Suffrage, m.GRPCAddr, m.RaftAddr, applied, cv)
 	}
 	return tw.Flush()
 }
@@ -514,7 +521,8 @@ func statusCmd() *cobra.Command {
 				}{l.Id, l.GrpcAddr}
 			}
 			for _, m := range resp.Members {
-				out.Members = append(out.Members, member{m.Id, m.GrpcAddr, m.RaftAddr, m.Suffrage, m.State, m.AppliedIndex, m.CommandVersion})
+				stale := m.State == "unreachable" || m.State == "left"
+				out.Members = append(out.Members, member{m.Id, m.GrpcAddr, m.RaftAddr, m.Suffrage, m.State, m.AppliedIndex, m.CommandVersion, stale})
 			}
 			if asJSON {
 				return printJSON(out)

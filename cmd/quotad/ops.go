@@ -169,6 +169,10 @@ func feedbackCmd() *cobra.Command {
 				switch {
 				case resp.PausedForMs > 0:
 					fmt.Printf("paused scope %s for %dms", resp.Scope, resp.PausedForMs)
+					if resp.ClampedToMaxPauseMs > 0 {
+						fmt.Printf(" (--retry-after %v was clamped to the domain's max_pause %v; raise the domain's max_pause in the limits to pause longer)",
+							retryAfter, time.Duration(resp.ClampedToMaxPauseMs)*time.Millisecond)
+					}
 				case resp.Attributed:
 					fmt.Printf("recorded against scope %s (no pause)", resp.Scope)
 				default:
@@ -204,14 +208,19 @@ func operatorCmd() *cobra.Command {
 			ctx, cancel := context.WithTimeout(cmd.Context(), 15*time.Second)
 			defer cancel()
 			var leader string
+			var already bool
 			if err := call(ctx, addr, func(ctx context.Context, conn *grpc.ClientConn) error {
 				resp, err := quotadv1.NewAdminClient(conn).TransferLeadership(ctx, &quotadv1.TransferLeadershipRequest{To: to})
 				if err == nil {
-					leader = resp.LeaderId
+					leader, already = resp.LeaderId, resp.AlreadyLeader
 				}
 				return err
 			}); err != nil {
 				return err
+			}
+			if already {
+				fmt.Printf("%s already leads; nothing to transfer\n", leader)
+				return nil
 			}
 			// The old leader may not know the new one yet: ask the nodes for a few seconds.
 			for wait := time.Now().Add(5 * time.Second); leader == "" && time.Now().Before(wait); time.Sleep(100 * time.Millisecond) {

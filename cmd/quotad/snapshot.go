@@ -61,7 +61,7 @@ func snapshotCmd() *cobra.Command {
 		},
 	}
 	inspect.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	var restoreTokens bool
+	var restoreTokens, dryRun bool
 	restore := &cobra.Command{
 		Use:   "restore FILE",
 		Short: "Replace the cluster's whole state with a saved snapshot (admin; disaster recovery)",
@@ -71,19 +71,21 @@ forgotten. Tokens are security state, not quota state: the cluster keeps its cur
 revocations (a token revoked since the save stays revoked, one created since stays valid) unless
 --restore-tokens is given, which installs the file's tokens too (revoked tokens come back). The file is checked (size, checksum, decodes) before it is sent; the leader
 installs it through Raft and replicates it to every node. Meant for a fresh cluster after a
-loss of every data dir (docs/operations.md, "Backup and restore").`,
+loss of every data dir (docs/operations.md, "Backup and restore"). The restored limits get a new
+version above both the current and the file's (a version never moves backwards). It prints what
+changed: limits version, leases and pauses dropped and added, buckets, dedup entries, tokens;
+--dry-run prints the same without restoring anything.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var resp *quotadv1.SnapshotRestoreResponse
 			err := onLeader(cmd.Context(), addr, timeout, func(ctx context.Context, conn *grpc.ClientConn) (err error) {
-				resp, err = backup.Restore(ctx, quotadv1.NewSnapshotClient(conn), args[0], restoreTokens)
+				resp, err = backup.RestoreWith(ctx, quotadv1.NewSnapshotClient(conn), args[0], backup.RestoreOptions{RestoreTokens: restoreTokens, DryRun: dryRun})
 				return err
 			})
 			if err != nil {
 				return err
 			}
-			fmt.Printf("restored %s at index %d: limits version %d, %d buckets, %d leases, %d dedup entries\n%s\n",
-				args[0], resp.Index, resp.LimitsVersion, resp.Buckets, resp.Leases, resp.DedupEntries, backup.TokensSummary(resp))
+			fmt.Println(backup.RestoreSummary(args[0], resp))
 			return nil
 		},
 	}
@@ -92,6 +94,7 @@ loss of every data dir (docs/operations.md, "Backup and restore").`,
 		c.Flags().DurationVar(&timeout, "timeout", 5*time.Minute, "give up after this long")
 	}
 	restore.Flags().BoolVar(&restoreTokens, "restore-tokens", false, "also restore the file's tokens (tokens revoked since the save become valid again, tokens created since are dropped); default: keep the cluster's current tokens")
+	restore.Flags().BoolVar(&dryRun, "dry-run", false, "check the file and print what a restore would change (limits version, leases and pauses dropped and added, tokens) without restoring")
 	cmd.AddCommand(save, inspect, restore)
 	return cmd
 }

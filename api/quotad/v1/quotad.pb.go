@@ -1460,9 +1460,12 @@ type FeedbackResponse struct {
 	// decreased: the scope's adaptive rate was multiplied down (confirmed rate limiting).
 	Decreased bool `protobuf:"varint,4,opt,name=decreased,proto3" json:"decreased,omitempty"`
 	// limit is the scope's effective requests_per_unit when it is adaptive, else 0.
-	Limit         uint64 `protobuf:"varint,5,opt,name=limit,proto3" json:"limit,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Limit uint64 `protobuf:"varint,5,opt,name=limit,proto3" json:"limit,omitempty"`
+	// clamped_to_max_pause_ms: retry_after_ms was longer than the domain's max_pause and the
+	// pause was clamped to it (this many ms); 0 when it was not clamped.
+	ClampedToMaxPauseMs int64 `protobuf:"varint,6,opt,name=clamped_to_max_pause_ms,json=clampedToMaxPauseMs,proto3" json:"clamped_to_max_pause_ms,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *FeedbackResponse) Reset() {
@@ -1526,6 +1529,13 @@ func (x *FeedbackResponse) GetDecreased() bool {
 func (x *FeedbackResponse) GetLimit() uint64 {
 	if x != nil {
 		return x.Limit
+	}
+	return 0
+}
+
+func (x *FeedbackResponse) GetClampedToMaxPauseMs() int64 {
+	if x != nil {
+		return x.ClampedToMaxPauseMs
 	}
 	return 0
 }
@@ -2198,8 +2208,10 @@ func (x *TransferLeadershipRequest) GetTo() string {
 }
 
 type TransferLeadershipResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	LeaderId      string                 `protobuf:"bytes,1,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	LeaderId string                 `protobuf:"bytes,1,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	// already_leader: the member named in `to` was already the leader; nothing was done.
+	AlreadyLeader bool `protobuf:"varint,2,opt,name=already_leader,json=alreadyLeader,proto3" json:"already_leader,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2239,6 +2251,13 @@ func (x *TransferLeadershipResponse) GetLeaderId() string {
 		return x.LeaderId
 	}
 	return ""
+}
+
+func (x *TransferLeadershipResponse) GetAlreadyLeader() bool {
+	if x != nil {
+		return x.AlreadyLeader
+	}
+	return false
 }
 
 type RemoveServerRequest struct {
@@ -3889,7 +3908,7 @@ const file_quotad_v1_quotad_proto_rawDesc = "" +
 	"\vstatus_code\x18\x03 \x01(\rR\n" +
 	"statusCode\x12$\n" +
 	"\x0eretry_after_ms\x18\x04 \x01(\x03R\fretryAfterMs\x12\x16\n" +
-	"\x06reason\x18\x05 \x01(\tR\x06reason\"\xa0\x01\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\"\xd6\x01\n" +
 	"\x10FeedbackResponse\x12\"\n" +
 	"\rpaused_for_ms\x18\x01 \x01(\x03R\vpausedForMs\x12\x14\n" +
 	"\x05scope\x18\x02 \x01(\tR\x05scope\x12\x1e\n" +
@@ -3897,7 +3916,8 @@ const file_quotad_v1_quotad_proto_rawDesc = "" +
 	"attributed\x18\x03 \x01(\bR\n" +
 	"attributed\x12\x1c\n" +
 	"\tdecreased\x18\x04 \x01(\bR\tdecreased\x12\x14\n" +
-	"\x05limit\x18\x05 \x01(\x04R\x05limit\"\xa6\x01\n" +
+	"\x05limit\x18\x05 \x01(\x04R\x05limit\x124\n" +
+	"\x17clamped_to_max_pause_ms\x18\x06 \x01(\x03R\x13clampedToMaxPauseMs\"\xa6\x01\n" +
 	"\x12ApplyLimitsRequest\x12\x12\n" +
 	"\x04yaml\x18\x01 \x01(\tR\x04yaml\x12\x1b\n" +
 	"\tfile_name\x18\x02 \x01(\tR\bfileName\x12\x1f\n" +
@@ -3947,9 +3967,10 @@ const file_quotad_v1_quotad_proto_rawDesc = "" +
 	"\arefused\x18\v \x01(\x04R\arefused\x12\x16\n" +
 	"\x06undone\x18\f \x01(\x04R\x06undone\"+\n" +
 	"\x19TransferLeadershipRequest\x12\x0e\n" +
-	"\x02to\x18\x01 \x01(\tR\x02to\"9\n" +
+	"\x02to\x18\x01 \x01(\tR\x02to\"`\n" +
 	"\x1aTransferLeadershipResponse\x12\x1b\n" +
-	"\tleader_id\x18\x01 \x01(\tR\bleaderId\";\n" +
+	"\tleader_id\x18\x01 \x01(\tR\bleaderId\x12%\n" +
+	"\x0ealready_leader\x18\x02 \x01(\bR\ralreadyLeader\";\n" +
 	"\x13RemoveServerRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05force\x18\x02 \x01(\bR\x05force\"0\n" +

@@ -142,9 +142,31 @@ type SnapshotRestoreResponse struct {
 	TokensAdded   uint64 `protobuf:"varint,8,opt,name=tokens_added,json=tokensAdded,proto3" json:"tokens_added,omitempty"`
 	TokensRemoved uint64 `protobuf:"varint,9,opt,name=tokens_removed,json=tokensRemoved,proto3" json:"tokens_removed,omitempty"`
 	// file_tokens is the number of tokens in the file.
-	FileTokens    uint64 `protobuf:"varint,10,opt,name=file_tokens,json=fileTokens,proto3" json:"file_tokens,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	FileTokens uint64 `protobuf:"varint,10,opt,name=file_tokens,json=fileTokens,proto3" json:"file_tokens,omitempty"`
+	// dry_run: the answer of PlanRestore: nothing was restored; the other fields say what a
+	// restore would do.
+	DryRun bool `protobuf:"varint,11,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	// limits_version_before is the limits version in force before the restore, file_limits_version
+	// the file's. The restored limits get limits_version = max(before, file) + 1, so a version
+	// never moves backwards nor names two different sets of limits.
+	LimitsVersionBefore uint64 `protobuf:"varint,12,opt,name=limits_version_before,json=limitsVersionBefore,proto3" json:"limits_version_before,omitempty"`
+	FileLimitsVersion   uint64 `protobuf:"varint,13,opt,name=file_limits_version,json=fileLimitsVersion,proto3" json:"file_limits_version,omitempty"`
+	// leases_dropped: leases held before the restore that the file lacks (their holders lose
+	// their permits: a release or renewal answers not found); leases_added: leases of the file the
+	// cluster no longer had (held again until their TTL, whether or not their holders still run);
+	// leases_before is how many were held before.
+	LeasesBefore  uint64 `protobuf:"varint,14,opt,name=leases_before,json=leasesBefore,proto3" json:"leases_before,omitempty"`
+	LeasesDropped uint64 `protobuf:"varint,15,opt,name=leases_dropped,json=leasesDropped,proto3" json:"leases_dropped,omitempty"`
+	LeasesAdded   uint64 `protobuf:"varint,16,opt,name=leases_added,json=leasesAdded,proto3" json:"leases_added,omitempty"`
+	// pauses_*: the same for pauses (by domain or descriptor prefix).
+	Pauses             uint64 `protobuf:"varint,17,opt,name=pauses,proto3" json:"pauses,omitempty"`
+	PausesBefore       uint64 `protobuf:"varint,18,opt,name=pauses_before,json=pausesBefore,proto3" json:"pauses_before,omitempty"`
+	PausesDropped      uint64 `protobuf:"varint,19,opt,name=pauses_dropped,json=pausesDropped,proto3" json:"pauses_dropped,omitempty"`
+	PausesAdded        uint64 `protobuf:"varint,20,opt,name=pauses_added,json=pausesAdded,proto3" json:"pauses_added,omitempty"`
+	BucketsBefore      uint64 `protobuf:"varint,21,opt,name=buckets_before,json=bucketsBefore,proto3" json:"buckets_before,omitempty"`
+	DedupEntriesBefore uint64 `protobuf:"varint,22,opt,name=dedup_entries_before,json=dedupEntriesBefore,proto3" json:"dedup_entries_before,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *SnapshotRestoreResponse) Reset() {
@@ -247,6 +269,90 @@ func (x *SnapshotRestoreResponse) GetFileTokens() uint64 {
 	return 0
 }
 
+func (x *SnapshotRestoreResponse) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+func (x *SnapshotRestoreResponse) GetLimitsVersionBefore() uint64 {
+	if x != nil {
+		return x.LimitsVersionBefore
+	}
+	return 0
+}
+
+func (x *SnapshotRestoreResponse) GetFileLimitsVersion() uint64 {
+	if x != nil {
+		return x.FileLimitsVersion
+	}
+	return 0
+}
+
+func (x *SnapshotRestoreResponse) GetLeasesBefore() uint64 {
+	if x != nil {
+		return x.LeasesBefore
+	}
+	return 0
+}
+
+func (x *SnapshotRestoreResponse) GetLeasesDropped() uint64 {
+	if x != nil {
+		return x.LeasesDropped
+	}
+	return 0
+}
+
+func (x *SnapshotRestoreResponse) GetLeasesAdded() uint64 {
+	if x != nil {
+		return x.LeasesAdded
+	}
+	return 0
+}
+
+func (x *SnapshotRestoreResponse) GetPauses() uint64 {
+	if x != nil {
+		return x.Pauses
+	}
+	return 0
+}
+
+func (x *SnapshotRestoreResponse) GetPausesBefore() uint64 {
+	if x != nil {
+		return x.PausesBefore
+	}
+	return 0
+}
+
+func (x *SnapshotRestoreResponse) GetPausesDropped() uint64 {
+	if x != nil {
+		return x.PausesDropped
+	}
+	return 0
+}
+
+func (x *SnapshotRestoreResponse) GetPausesAdded() uint64 {
+	if x != nil {
+		return x.PausesAdded
+	}
+	return 0
+}
+
+func (x *SnapshotRestoreResponse) GetBucketsBefore() uint64 {
+	if x != nil {
+		return x.BucketsBefore
+	}
+	return 0
+}
+
+func (x *SnapshotRestoreResponse) GetDedupEntriesBefore() uint64 {
+	if x != nil {
+		return x.DedupEntriesBefore
+	}
+	return 0
+}
+
 var File_quotad_v1_snapshot_proto protoreflect.FileDescriptor
 
 const file_quotad_v1_snapshot_proto_rawDesc = "" +
@@ -256,7 +362,7 @@ const file_quotad_v1_snapshot_proto_rawDesc = "" +
 	"\rSnapshotChunk\x12\x16\n" +
 	"\x06header\x18\x01 \x01(\fR\x06header\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\x12%\n" +
-	"\x0erestore_tokens\x18\x03 \x01(\bR\rrestoreTokens\"\xd9\x02\n" +
+	"\x0erestore_tokens\x18\x03 \x01(\bR\rrestoreTokens\"\xa5\x06\n" +
 	"\x17SnapshotRestoreResponse\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12%\n" +
 	"\x0elimits_version\x18\x02 \x01(\x04R\rlimitsVersion\x12\x18\n" +
@@ -269,10 +375,23 @@ const file_quotad_v1_snapshot_proto_rawDesc = "" +
 	"\x0etokens_removed\x18\t \x01(\x04R\rtokensRemoved\x12\x1f\n" +
 	"\vfile_tokens\x18\n" +
 	" \x01(\x04R\n" +
-	"fileTokens2\x99\x01\n" +
+	"fileTokens\x12\x17\n" +
+	"\adry_run\x18\v \x01(\bR\x06dryRun\x122\n" +
+	"\x15limits_version_before\x18\f \x01(\x04R\x13limitsVersionBefore\x12.\n" +
+	"\x13file_limits_version\x18\r \x01(\x04R\x11fileLimitsVersion\x12#\n" +
+	"\rleases_before\x18\x0e \x01(\x04R\fleasesBefore\x12%\n" +
+	"\x0eleases_dropped\x18\x0f \x01(\x04R\rleasesDropped\x12!\n" +
+	"\fleases_added\x18\x10 \x01(\x04R\vleasesAdded\x12\x16\n" +
+	"\x06pauses\x18\x11 \x01(\x04R\x06pauses\x12#\n" +
+	"\rpauses_before\x18\x12 \x01(\x04R\fpausesBefore\x12%\n" +
+	"\x0epauses_dropped\x18\x13 \x01(\x04R\rpausesDropped\x12!\n" +
+	"\fpauses_added\x18\x14 \x01(\x04R\vpausesAdded\x12%\n" +
+	"\x0ebuckets_before\x18\x15 \x01(\x04R\rbucketsBefore\x120\n" +
+	"\x14dedup_entries_before\x18\x16 \x01(\x04R\x12dedupEntriesBefore2\xe8\x01\n" +
 	"\bSnapshot\x12B\n" +
 	"\x04Save\x12\x1e.quotad.v1.SnapshotSaveRequest\x1a\x18.quotad.v1.SnapshotChunk0\x01\x12I\n" +
-	"\aRestore\x12\x18.quotad.v1.SnapshotChunk\x1a\".quotad.v1.SnapshotRestoreResponse(\x01B1Z/github.com/quotad/quotad/api/quotad/v1;quotadv1b\x06proto3"
+	"\aRestore\x12\x18.quotad.v1.SnapshotChunk\x1a\".quotad.v1.SnapshotRestoreResponse(\x01\x12M\n" +
+	"\vPlanRestore\x12\x18.quotad.v1.SnapshotChunk\x1a\".quotad.v1.SnapshotRestoreResponse(\x01B1Z/github.com/quotad/quotad/api/quotad/v1;quotadv1b\x06proto3"
 
 var (
 	file_quotad_v1_snapshot_proto_rawDescOnce sync.Once
@@ -295,10 +414,12 @@ var file_quotad_v1_snapshot_proto_goTypes = []any{
 var file_quotad_v1_snapshot_proto_depIdxs = []int32{
 	0, // 0: quotad.v1.Snapshot.Save:input_type -> quotad.v1.SnapshotSaveRequest
 	1, // 1: quotad.v1.Snapshot.Restore:input_type -> quotad.v1.SnapshotChunk
-	1, // 2: quotad.v1.Snapshot.Save:output_type -> quotad.v1.SnapshotChunk
-	2, // 3: quotad.v1.Snapshot.Restore:output_type -> quotad.v1.SnapshotRestoreResponse
-	2, // [2:4] is the sub-list for method output_type
-	0, // [0:2] is the sub-list for method input_type
+	1, // 2: quotad.v1.Snapshot.PlanRestore:input_type -> quotad.v1.SnapshotChunk
+	1, // 3: quotad.v1.Snapshot.Save:output_type -> quotad.v1.SnapshotChunk
+	2, // 4: quotad.v1.Snapshot.Restore:output_type -> quotad.v1.SnapshotRestoreResponse
+	2, // 5: quotad.v1.Snapshot.PlanRestore:output_type -> quotad.v1.SnapshotRestoreResponse
+	3, // [3:6] is the sub-list for method output_type
+	0, // [0:3] is the sub-list for method input_type
 	0, // [0:0] is the sub-list for extension type_name
 	0, // [0:0] is the sub-list for extension extendee
 	0, // [0:0] is the sub-list for field type_name

@@ -21,8 +21,9 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Snapshot_Save_FullMethodName    = "/quotad.v1.Snapshot/Save"
-	Snapshot_Restore_FullMethodName = "/quotad.v1.Snapshot/Restore"
+	Snapshot_Save_FullMethodName        = "/quotad.v1.Snapshot/Save"
+	Snapshot_Restore_FullMethodName     = "/quotad.v1.Snapshot/Restore"
+	Snapshot_PlanRestore_FullMethodName = "/quotad.v1.Snapshot/PlanRestore"
 )
 
 // SnapshotClient is the client API for Snapshot service.
@@ -43,6 +44,11 @@ type SnapshotClient interface {
 	// snapshot is forgotten. The cluster keeps its current tokens and revocations unless the first
 	// message sets restore_tokens.
 	Restore(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[SnapshotChunk, SnapshotRestoreResponse], error)
+	// PlanRestore is Restore's dry run (`quotad snapshot restore --dry-run`): the same messages
+	// and checks, and an answer saying what Restore would change against the cluster's state
+	// now (dry_run set, index 0); nothing is installed. A method of its own rather than a flag,
+	// so that a build without it answers UNIMPLEMENTED instead of restoring.
+	PlanRestore(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[SnapshotChunk, SnapshotRestoreResponse], error)
 }
 
 type snapshotClient struct {
@@ -85,6 +91,19 @@ func (c *snapshotClient) Restore(ctx context.Context, opts ...grpc.CallOption) (
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Snapshot_RestoreClient = grpc.ClientStreamingClient[SnapshotChunk, SnapshotRestoreResponse]
 
+func (c *snapshotClient) PlanRestore(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[SnapshotChunk, SnapshotRestoreResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Snapshot_ServiceDesc.Streams[2], Snapshot_PlanRestore_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[SnapshotChunk, SnapshotRestoreResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Snapshot_PlanRestoreClient = grpc.ClientStreamingClient[SnapshotChunk, SnapshotRestoreResponse]
+
 // SnapshotServer is the server API for Snapshot service.
 // All implementations must embed UnimplementedSnapshotServer
 // for forward compatibility.
@@ -103,6 +122,11 @@ type SnapshotServer interface {
 	// snapshot is forgotten. The cluster keeps its current tokens and revocations unless the first
 	// message sets restore_tokens.
 	Restore(grpc.ClientStreamingServer[SnapshotChunk, SnapshotRestoreResponse]) error
+	// PlanRestore is Restore's dry run (`quotad snapshot restore --dry-run`): the same messages
+	// and checks, and an answer saying what Restore would change against the cluster's state
+	// now (dry_run set, index 0); nothing is installed. A method of its own rather than a flag,
+	// so that a build without it answers UNIMPLEMENTED instead of restoring.
+	PlanRestore(grpc.ClientStreamingServer[SnapshotChunk, SnapshotRestoreResponse]) error
 	mustEmbedUnimplementedSnapshotServer()
 }
 
@@ -118,6 +142,9 @@ func (UnimplementedSnapshotServer) Save(*SnapshotSaveRequest, grpc.ServerStreami
 }
 func (UnimplementedSnapshotServer) Restore(grpc.ClientStreamingServer[SnapshotChunk, SnapshotRestoreResponse]) error {
 	return status.Errorf(codes.Unimplemented, "method Restore not implemented")
+}
+func (UnimplementedSnapshotServer) PlanRestore(grpc.ClientStreamingServer[SnapshotChunk, SnapshotRestoreResponse]) error {
+	return status.Errorf(codes.Unimplemented, "method PlanRestore not implemented")
 }
 func (UnimplementedSnapshotServer) mustEmbedUnimplementedSnapshotServer() {}
 func (UnimplementedSnapshotServer) testEmbeddedByValue()                  {}
@@ -158,6 +185,13 @@ func _Snapshot_Restore_Handler(srv interface{}, stream grpc.ServerStream) error 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Snapshot_RestoreServer = grpc.ClientStreamingServer[SnapshotChunk, SnapshotRestoreResponse]
 
+func _Snapshot_PlanRestore_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(SnapshotServer).PlanRestore(&grpc.GenericServerStream[SnapshotChunk, SnapshotRestoreResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Snapshot_PlanRestoreServer = grpc.ClientStreamingServer[SnapshotChunk, SnapshotRestoreResponse]
+
 // Snapshot_ServiceDesc is the grpc.ServiceDesc for Snapshot service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -174,6 +208,11 @@ var Snapshot_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Restore",
 			Handler:       _Snapshot_Restore_Handler,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "PlanRestore",
+			Handler:       _Snapshot_PlanRestore_Handler,
 			ClientStreams: true,
 		},
 	},
