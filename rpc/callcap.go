@@ -14,20 +14,21 @@ import (
 	"github.com/quotad/quotad/auth"
 )
 
-// DefaultMaxCallsPerIdentity is the default cap on the gRPC calls one identity may have in
-// flight on one node (--max-calls-per-identity). A call in flight costs the node a goroutine
-// and 12-17 KB until it ends — also one that sent its headers and never its message (30,000
-// such calls with a valid token took a dev node from 30 to 362 MB) — so the cap bounds what
-// one credential can make a node hold: ~70 MB at the default. Honest callers stay far below
-// it: calls that do not wait are in flight for about a commit, so rate × latency of them
-// (the cluster's whole 100,000 decisions/s at 20 ms is 2,000); waiting ones are capped at
-// 2,500 per identity and domain (--max-waiters-per-identity), and a Go client sends them on
-// one AcquireStream (one call) unless streams are off. A fleet of Envoys sharing one
-// credential sends one unary call per request, at most its rate × its timeout (20 ms).
+// DefaultMaxCallsPerIdentity is the default cap on the gRPC calls one identity may have open
+// on one node without their request (--max-calls-per-identity): a unary call counts from its
+// headers until its message has arrived, a stream from its headers to its end. Such a call
+// costs the node a goroutine and 12-17 KB — 30,000 calls that sent their headers and never
+// their message, with a valid token, took a dev node from 30 to 362 MB — so the cap bounds
+// what one credential can make a node hold that way: ~70 MB at the default. A unary call
+// whose request has arrived is bounded by its method instead (a waiting Acquire by the waiter
+// caps), so waits sent unary (regional nodes, streams off, forwarded by followers) do not
+// count. Honest callers stay far below it: a request follows its headers within a round
+// trip; streams are few (a Go client holds one AcquireStream, --max-streams-per-identity).
 const DefaultMaxCallsPerIdentity = 4096
 
-// callCounter counts the gRPC calls each identity has in flight on this node, from the tap
-// (the call's headers) to the call's end, and refuses one beyond the cap. Cluster nodes
+// callCounter counts the gRPC calls each identity has open on this node, from the tap (the
+// call's headers) until a unary call's request has arrived or a stream's end, and refuses
+// one beyond the cap. Cluster nodes
 // (server certificates: a follower forwards every caller's calls over one connection) and
 // the --insecure identity (everyone) are not counted. Safe for concurrent use; its map holds
 // only identities with calls in flight.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/binary"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
@@ -358,4 +360,62 @@ func TestOpenCallsCappedPerAddress(t *testing.T) {
 		}
 	}
 	waitFor(t, "answered health checks to give their slots back", func() bool { return rpc.CallsInFlight(agent) == 0 })
+}
+
+// TestWaitingUnaryCallsNotCapped: a unary call leaves its identity's in-flight count once its
+// request has arrived, so an identity may have more waiting unary Acquires than
+// --max-calls-per-identity (they are bounded by the waiter caps); headers-only calls are
+// still refused beyond it (TestCallsPerIdentityCapped).
+func TestWaitingUnaryCallsNotCapped(t *testing.T) {
+	const capCalls = 5
+	bootstrap, file := bootstrapTokenFile(t)
+	c, p := authCluster(t, tokenLimits, func(_ int, cfg *rpc.AgentConfig) {
+		cfg.BootstrapTokenFile = file
+		cfg.MaxCallsPerIdentity = capCalls
+	})
+	addr := c.Addrs()[c.Leader()]
+	as := func(ctx context.Context, tok string) context.Context {
+		return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tok)
+	}
+	conn := p.dialAs(addr, "")
+	created, err := quotadv1.NewAdminClient(conn).CreateToken(as(context.Background(), bootstrap), &quotadv1.CreateTokenRequest{Role: "worker", Domains: []string{"provider"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := quotadv1.NewQuotaClient(conn)
+	ctx, cancel := context.WithTimeout(as(context.Background(), created.Token), 20*time.Second)
+	defer cancel()
+	// Tenant w's two permits held: every waiter below waits for one.
+	for i := range 2 {
+		if d, err := acquireOne(ctx, q, "holder", admission(uint64(1+i), 1, "tenant=w")); err != nil || !d.Admitted {
+			t.Fatalf("permit %d: %v %v", i, d, err)
+		}
+	}
+	wctx, wcancel := context.WithCancel(ctx)
+	errs := make(chan error, 4*capCalls)
+	// One after another (a burst of headers can still meet the cap before the messages
+	// follow): each queued before the next is sent.
+	for i := range 4 * capCalls {
+		go func() {
+			a := admission(uint64(100+i), 1, "tenant=w")
+			a.MaxWaitMs = 15000
+			d, err := acquireOne(wctx, q, fmt.Sprint("waiter", i), a)
+			if err == nil {
+				err = fmt.Errorf("decided before the cancel: %v", d)
+			}
+			errs <- err
+		}()
+		waitFor(t, "the waiter queued on the leader", func() bool {
+			if len(errs) > 0 {
+				t.Fatalf("waiter %d returned before the cancel: %v", i, <-errs)
+			}
+			return c.Agent(c.Leader()).FairView().Waiting == i+1
+		})
+	}
+	wcancel()
+	for range 4 * capCalls {
+		if err := <-errs; status.Code(err) == codes.ResourceExhausted {
+			t.Fatalf("a waiting unary Acquire was refused at the call cap %d: %v", capCalls, err)
+		}
+	}
 }

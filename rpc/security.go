@@ -296,8 +296,13 @@ func (a *authenticator) tap(ctx context.Context, info *tap.Info) (context.Contex
 
 func (a *authenticator) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	t, _ := ctx.Value(tappedKey{}).(*tapped)
-	defer t.end()
 	ctx, err := a.authorize(ctx, t, info.FullMethod)
+	// Its request has arrived: a unary call leaves its identity's in-flight count here. The
+	// count bounds calls that hold a node without a message (headers only); what a call
+	// holds from here is its method's to bound (a waiting Acquire by the waiter caps). Counted
+	// to its end, one identity's legitimate unary waits — on a regional node, with streams
+	// off, or forwarded by followers — were refused at the cap beside the waiter caps.
+	t.end()
 	if err != nil {
 		return nil, err
 	}
