@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"sync"
@@ -41,6 +42,7 @@ type Client struct {
 	metrics struct {
 		admissions, batches, held, rpcs, retries                              atomic.Uint64
 		streams, streamSends, streamAdmissions, streamFallbacks, streamStalls atomic.Uint64
+		leasesLost                                                            atomic.Uint64
 	}
 }
 
@@ -162,6 +164,11 @@ type Stats struct {
 	// sent nothing for several of them while admissions were undecided (a stopped or
 	// partitioned node); their admissions went to another node.
 	StreamStalls uint64
+	// LeasesLost counts Leases (TryAcquire, Acquire) that ended without their holder's
+	// Release: a renewal found the lease gone on the cluster (expired, released by an admin,
+	// dropped by a restore) or could not reach the cluster within its TTL, or Release found it
+	// already gone. Each is counted once; Lease.Err says why.
+	LeasesLost uint64
 }
 
 // Stats returns the client's counters.
@@ -178,7 +185,17 @@ func (c *Client) Stats() Stats {
 		StreamAdmissions: c.metrics.streamAdmissions.Load(),
 		StreamFallbacks:  c.metrics.streamFallbacks.Load(),
 		StreamStalls:     c.metrics.streamStalls.Load(),
+
+		LeasesLost: c.metrics.leasesLost.Load(),
 	}
+}
+
+func (c *Client) logger() *slog.Logger { return c.cfg.Logger }
+
+// leaseLost counts and logs a lost lease (once per lease: the callers see to that).
+func (c *Client) leaseLost(err error) {
+	c.metrics.leasesLost.Add(1)
+	c.logger().Warn("quotad: concurrency lease lost; its holder is no longer within the limit", "err", err)
 }
 
 // Allow decides req now, without waiting for quota. It returns the Decision and a nil error

@@ -325,8 +325,14 @@ func TestClusterLeaseRenewedUntilReleased(t *testing.T) {
 	if !errors.Is(l2.Err(), ErrLeaseLost) {
 		t.Errorf("Err = %v, want ErrLeaseLost", l2.Err())
 	}
+	if got := c.Stats().LeasesLost; got != 1 {
+		t.Errorf("Stats.LeasesLost = %d, want 1", got)
+	}
 	if err := l2.Release(ctx); err != nil {
 		t.Errorf("Release of a lost lease: %v", err)
+	}
+	if !errors.Is(l2.Err(), ErrLeaseLost) || c.Stats().LeasesLost != 1 {
+		t.Errorf("after Release of a lost lease: Err = %v, LeasesLost = %d; want ErrLeaseLost, 1 (counted once)", l2.Err(), c.Stats().LeasesLost)
 	}
 }
 

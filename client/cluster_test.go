@@ -30,6 +30,9 @@ rate_limit: {unit: second, requests_per_unit: 100000000, burst: 100000000}
 ---
 domain: slots
 concurrency: {max_in_flight: 1, lease_ttl: 1s}
+---
+domain: longslots
+concurrency: {max_in_flight: 1, lease_ttl: 3s}
 `
 
 type testCluster struct {

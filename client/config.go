@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"google.golang.org/grpc"
@@ -86,6 +87,10 @@ type Config struct {
 	// stop clocks. Nil: the system clocks.
 	LimiterClock LimiterClock
 
+	// Logger receives the client's rare warnings: a concurrency lease lost while held
+	// (Lease.Err says why; Stats.LeasesLost counts them). Nil: slog.Default().
+	Logger *slog.Logger
+
 	// Backoff configures the delay between retries of a failed RPC.
 	Backoff BackoffConfig
 
@@ -162,6 +167,9 @@ func DefaultConfig(addrs ...string) Config {
 
 // withDefaults returns c with zero fields replaced by defaults.
 func (c Config) withDefaults() Config {
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
 	if c.Batch.Window == 0 {
 		c.Batch.Window = DefaultBatchWindow
 	}

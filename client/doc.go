@@ -25,6 +25,10 @@
 //	                                outcome may be unknown (see ErrUnavailable)
 //	errors.Is(err, ErrInvalid)      the request itself is wrong; retrying will not help
 //
+// A Lease can be lost while held (its TTL ran out during a pause or partition, an admin
+// released it, a restore dropped it): Lease.Done closes and errors.Is(l.Err(), ErrLeaseLost);
+// stop the work it was for. A failover is not a loss (see Lease).
+//
 // Concurrent calls from many goroutines are coalesced into one Acquire RPC per short window
 // (see BatchConfig); each caller still gets its own decision. Waiting admissions (Wait,
 // Acquire, MaxWait) share one AcquireStream to the leader instead, each answered as soon as

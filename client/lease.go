@@ -18,9 +18,19 @@ var ErrLeaseReleased = errors.New("quotad: lease released")
 
 // Lease holds the concurrency permits of an admitted request (when its path has a
 // concurrency limit) and renews them in the background every third of their TTL until
-// Release. A renewal that the cluster refuses (the lease expired) or that cannot reach the
-// cluster within the TTL ends the lease: Done is closed and Err returns ErrLeaseLost. A
-// Lease is safe for concurrent use; its zero value is not usable.
+// Release.
+//
+// The cluster can drop a lease while its holder still works: its TTL ran out while the
+// process was paused or partitioned, an admin released it, or a snapshot restore dropped it.
+// A renewal answered NotFound then ends the lease at once: renewals stop, Done is closed and
+// Err returns an error matching ErrLeaseLost that says why; Stats.LeasesLost counts it and
+// Config.Logger logs it, once. The holder is no longer within the concurrency limit and
+// should stop the work the permit was for. A renewal that fails for another reason (no
+// leader during an election, a node unreachable) is retried until the lease's TTL, counted
+// locally from the last renewal that succeeded, would have run out; only then is the lease
+// reported lost (the cluster may have expired it). A Release that finds the lease already
+// gone says so the same way (Err matches ErrLeaseLost) but is not an error. A Lease is safe
+// for concurrent use; its zero value is not usable.
 type Lease struct {
 	c   *Client
 	d   Decision
@@ -58,7 +68,8 @@ func (l *Lease) ID() uint64 { return l.d.LeaseID }
 func (l *Lease) Done() <-chan struct{} { return l.done }
 
 // Err is nil while the lease is held, ErrLeaseReleased after Release, and an error matching
-// ErrLeaseLost if the lease ended on its own.
+// ErrLeaseLost if the lease ended on its own — also when Release found it already gone on
+// the cluster, and it stays so after Release.
 func (l *Lease) Err() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -80,9 +91,32 @@ func (l *Lease) end(err error) bool {
 	return true
 }
 
+// lost ends the lease with err (matching ErrLeaseLost), stops renewals, and counts and logs
+// the loss once.
+func (l *Lease) lost(err error) {
+	if l.stopRenew != nil {
+		l.stopRenew()
+	}
+	if l.end(err) {
+		l.c.leaseLost(err)
+	}
+}
+
+// lostAtRelease records that Release found the lease already gone on the cluster: Err
+// reports the loss instead of ErrLeaseReleased, counted and logged once.
+func (l *Lease) lostAtRelease() {
+	err := fmt.Errorf("%w: lease %d was already gone on the cluster when released (expired, released by an admin, or dropped by a restore)", ErrLeaseLost, l.d.LeaseID)
+	l.mu.Lock()
+	l.err = err
+	l.mu.Unlock()
+	l.c.leaseLost(err)
+}
+
 // Release returns the permits and stops renewals. Only the first call does anything; later
-// calls return its result. Releasing a lease the cluster already dropped is not an error. If
-// Release fails (ErrUnavailable), the permits come back by themselves after their TTL.
+// calls return its result. Releasing a lease the cluster already dropped is not an error: it
+// returns nil, sends nothing if a renewal had already found the lease gone, and Err then
+// says the lease was lost (errors.Is(l.Err(), ErrLeaseLost)). If Release fails
+// (ErrUnavailable), the permits come back by themselves after their TTL.
 func (l *Lease) Release(ctx context.Context) error {
 	l.release.Do(func() {
 		if l.stopRenew != nil {
@@ -92,7 +126,23 @@ func (l *Lease) Release(ctx context.Context) error {
 		if l.d.LeaseID == 0 || lost {
 			return
 		}
-		_, l.relErr = l.c.ReleaseLease(ctx, l.d.LeaseID)
+		req := &quotadv1.ReleaseRequest{LeaseId: l.d.LeaseID}
+		var (
+			resp     *quotadv1.ReleaseResponse
+			attempts int
+		)
+		l.relErr = l.c.invoke(ctx, "Release", 0, func(ctx context.Context, qc quotadv1.QuotaClient, opts ...grpc.CallOption) error {
+			attempts++
+			var err error
+			resp, err = qc.Release(ctx, req, opts...)
+			return err
+		})
+		// Releases carry no request ID: after a retried attempt, "not held" may be the
+		// answer to our own first attempt that committed, so only a first answer says the
+		// lease was gone before.
+		if l.relErr == nil && !resp.GetReleased() && attempts == 1 {
+			l.lostAtRelease()
+		}
 	})
 	return l.relErr
 }
@@ -140,12 +190,13 @@ func (l *Lease) renew() {
 			if got := millis(resp.GetLeaseTtlMs()); got > 0 {
 				ttl = got
 			}
-			expires = sent.Add(ttl)
+			// As for the admission: from the first send, less 2 % for a fast leader clock.
+			expires = sent.Add(ttl - ttl/50)
 		case status.Code(err) == codes.NotFound:
-			l.end(fmt.Errorf("%w: lease %d expired on the cluster: %w", ErrLeaseLost, l.d.LeaseID, err))
+			l.lost(fmt.Errorf("%w: lease %d is gone on the cluster (expired, released by an admin, or dropped by a restore): %w", ErrLeaseLost, l.d.LeaseID, err))
 			return
 		case !time.Now().Before(expires):
-			l.end(fmt.Errorf("%w: lease %d could not be renewed within its TTL %v: %w", ErrLeaseLost, l.d.LeaseID, ttl, err))
+			l.lost(fmt.Errorf("%w: lease %d could not be renewed within its TTL %v (the cluster may have expired it): %w", ErrLeaseLost, l.d.LeaseID, ttl, err))
 			return
 		default:
 			// Some other refusal; keep trying until the TTL runs out.
