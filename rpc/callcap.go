@@ -59,8 +59,8 @@ func counted(id auth.Identity) bool {
 // ends — is done. An error is a ResourceExhausted status naming the cap and its flag.
 func (c *callCounter) take(ctx context.Context, name, method string) (*callSlot, error) {
 	return c.takeUpTo(ctx, name, c.max, func(n int) error {
-		return status.Errorf(codes.ResourceExhausted, "%s: identity %.64q already has %d calls in flight on this node, its limit (--max-calls-per-identity %d); "+
-			"wait for some to finish (a client that opens calls and never completes them holds them), or give separate callers separate credentials", method, name, n, c.max)
+		return status.Errorf(codes.ResourceExhausted, "%s: identity %.64q already has %d calls open on this node without their request (unary calls whose message has not arrived, and open streams), its limit (--max-calls-per-identity %d); "+
+			"send each call's request with its headers, close streams you no longer read, or give separate callers separate credentials", method, name, n, c.max)
 	})
 }
 
