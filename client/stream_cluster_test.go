@@ -73,18 +73,23 @@ func (o *outcomes) add(d Decision, err error) {
 	}
 }
 
-// waitAll runs n concurrent Waits on pace=value and returns their outcomes; started is closed
-// once all have been called.
+// waitAll runs n concurrent Waits on pace=value and returns their outcomes. The Waits start
+// together, once all goroutines exist: started one by one, on a loaded machine (CI: 150
+// messages for 313 admissions once) the stream's sender kept up with them and they did not
+// share messages, which is a property of the load, not of the client.
 func waitAll(c *Client, n int, value string, budget time.Duration) (*outcomes, *sync.WaitGroup) {
 	o := &outcomes{ids: make(map[uint64]bool)}
 	var wg sync.WaitGroup
+	start := make(chan struct{})
 	for range n {
 		wg.Go(func() {
+			<-start
 			ctx, cancel := context.WithTimeout(context.Background(), budget)
 			defer cancel()
 			o.add(c.Wait(ctx, Request{Domain: "counted", Descriptors: Descriptors("pace", value)}))
 		})
 	}
+	close(start)
 	return o, &wg
 }
 
