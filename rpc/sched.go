@@ -135,6 +135,7 @@ type fair struct {
 	horizon    time.Duration           // release horizon (see fairHorizonMin)
 	stampDelay delayEstimate           // release-to-stamp delays
 	timerLate  delayEstimate           // the pump timer's lateness
+	holds      holdSet                 // scheduled grants held until their moments (exchanges)
 
 	// subMu serializes flush (held from taking the outbox until its batches are submitted),
 	// so batches reach the waiting lane in the order they were released. Order: subMu, then
@@ -177,10 +178,16 @@ type waiter struct {
 	// classLabel is class if the domain configures it, else "": the metrics label.
 	classLabel string
 	rateKeys   []string // rate-limited bucket keys on its path
-	concKeys   []string // concurrency-limited keys on its path
-	arrived    time.Time
-	ready      chan struct{} // released by the pump (buffered)
-	failed     chan struct{} // closed when leadership is lost, or its token revoked
+	// rateMax is the deepest rate-limited level on its path (-1: none); relKey and relLevel
+	// are the contended bucket key and level of the queue it was last released from. Its
+	// grant may take part in moment exchanges if rateMax ≤ relLevel (sched_exchange.go).
+	rateMax  int
+	relKey   string
+	relLevel int
+	concKeys []string // concurrency-limited keys on its path
+	arrived  time.Time
+	ready    chan struct{} // released by the pump (buffered)
+	failed   chan struct{} // closed when leadership is lost, or its token revoked
 	// revoked: failed was closed because the caller's token was revoked (set before, f.mu).
 	revoked bool
 	// Set by the pump before ready: the proposer call carrying its admission (op idx), or
@@ -214,6 +221,9 @@ type fairTrace struct {
 	StampFSM, MomentFSM int64
 	// Predicted is when the scheduler expected the grant to take effect as it released it.
 	Predicted time.Time
+	// HeldFSM is when its answer was due in FSM time: MomentFSM, or the moment it got in an
+	// exchange (sched_exchange.go); Moment is its wall time.
+	HeldFSM int64
 }
 
 // fairTraceHook, if set (diagnostic tests only), is called for every admission the scheduler
@@ -915,13 +925,14 @@ func (f *fair) wait(ctx context.Context, owner string, slot waiterSlot, adm *quo
 // setKeys notes the limited buckets on w's path v (what its release reserves). The slices
 // are fresh: a released batch's completion still reads the old ones (unreserve).
 func (w *waiter) setKeys(v *pathView) {
-	w.rateKeys, w.concKeys = nil, nil
+	w.rateKeys, w.concKeys, w.rateMax = nil, nil, -1
 	for i, b := range v.levels {
 		if n := v.nodes[i]; n != nil && (n.ShadowMode || n.Unlimited) {
 			continue
 		}
 		if b.Limit > 0 {
 			w.rateKeys = append(w.rateKeys, b.Key)
+			w.rateMax = i
 		}
 		if b.MaxInFlight > 0 {
 			w.concKeys = append(w.concKeys, b.Key)
@@ -944,14 +955,21 @@ func (f *fair) released(ctx context.Context, w *waiter) (*quotadv1.Decision, boo
 	if r.err != nil {
 		return nil, true, f.s.applyError(r.err)
 	}
-	if err := f.hold(ctx, r); err != nil {
+	moment := r.ts + int64(r.res.Decision.RetryAfter)
+	var err error
+	if w.exchangeable(r) {
+		moment, err = f.holdExchangeable(ctx, w, r)
+	} else {
+		err = f.hold(ctx, r)
+	}
+	if err != nil {
 		return nil, true, err
 	}
 	if hook := fairTraceHook.Load(); hook != nil && r.res.Decision.Admitted {
 		toWall := func(t int64) time.Time { return w.releasedWall.Add(time.Duration(t - w.releasedAt)) }
 		(*hook)(fairTrace{Adm: w.adm, Newcomer: w.newcomer, SelfPass: w.selfPass, Release: w.relSeq, Arrived: w.arrived, Released: w.releasedWall,
-			Stamp: toWall(r.ts), Moment: toWall(r.ts + int64(r.res.Decision.RetryAfter)), Applied: applied, Answered: time.Now(),
-			StampFSM: r.ts, MomentFSM: r.ts + int64(r.res.Decision.RetryAfter), Predicted: w.predicted})
+			Stamp: toWall(r.ts), Moment: toWall(moment), Applied: applied, Answered: time.Now(),
+			StampFSM: r.ts, MomentFSM: r.ts + int64(r.res.Decision.RetryAfter), HeldFSM: moment, Predicted: w.predicted})
 	}
 	return f.outcome(w, answer(r.res.Decision), r.res.Duplicate)
 }
@@ -966,6 +984,11 @@ func (f *fair) hold(ctx context.Context, r proposalResult) error {
 	wait := d.RetryAfter
 	if now, err := f.s.node.Now(); err == nil && r.ts > 0 {
 		wait = time.Duration(r.ts + int64(d.RetryAfter) - now)
+	}
+	if r.res.Duplicate {
+		// The original may have been answered later than its FSM moment: a newcomer took
+		// that moment in an exchange (fairExchangeMax).
+		wait += fairExchangeMax
 	}
 	if wait <= 0 {
 		return nil
@@ -1504,6 +1527,7 @@ func (f *fair) takeLocked(q *fairQueue, w *waiter, now int64, wall time.Time, se
 	q.cost -= min(q.cost, w.cost)
 	f.reserve(w)
 	w.releasedAt, w.releasedWall, w.selfPass = now, wall, self
+	w.relKey, w.relLevel = q.key, q.level
 	f.relSeq++
 	w.relSeq = f.relSeq
 	f.relFlows[flowKey(q, w.item.Flow)]++
