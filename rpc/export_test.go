@@ -52,9 +52,6 @@ type FairTrace = fairTrace
 // FairExchangeMax is how far a held grant may be moved later by moment exchanges.
 const FairExchangeMax = fairExchangeMax
 
-// FairExchanges is how many moment exchanges a's scheduler has made.
-func (a *Agent) FairExchanges() uint64 { return a.server.fair.holds.count() }
-
 // SetFairTrace makes the scheduler report every admission of the waiting path to fn (nil:
 // stop). Set it before the cluster starts and clear it after the test.
 func SetFairTrace(fn func(FairTrace)) {

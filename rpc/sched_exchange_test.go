@@ -107,9 +107,9 @@ func TestNewcomerTakesHeldMoment(t *testing.T) {
 		return got
 	}
 
-	before := c.Agent(leader).FairExchanges()
+	before := c.Agent(leader).FairView().MomentExchanges
 	open := run("open")
-	exchanged := c.Agent(leader).FairExchanges() - before
+	exchanged := c.Agent(leader).FairView().MomentExchanges - before
 	if exchanged == 0 {
 		t.Fatalf("no moment exchange in 2 s of small tenants arriving beside 200 heavy waiters on a 1000/s bucket")
 	}
@@ -141,9 +141,9 @@ func TestNewcomerTakesHeldMoment(t *testing.T) {
 		t.Fatalf("no small tenant's grant was answered before its FSM moment (%d small grants, %d exchanges)", smallN, exchanged)
 	}
 
-	before = c.Agent(leader).FairExchanges()
+	before = c.Agent(leader).FairView().MomentExchanges
 	own := run("own")
-	if n := c.Agent(leader).FairExchanges() - before; n != 0 {
+	if n := c.Agent(leader).FairView().MomentExchanges - before; n != 0 {
 		t.Fatalf("%d exchanges on a domain whose tenants have limits of their own (want 0)", n)
 	}
 	for _, g := range own {

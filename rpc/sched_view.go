@@ -16,8 +16,11 @@ type FairView struct {
 	Waiting  int    `json:"waiting"`
 	// ReleaseHorizonMs is how far ahead of a bucket's next unit grants are released (the
 	// leader's estimate of how long a released grant takes to reach a log entry).
-	ReleaseHorizonMs float64          `json:"release_horizon_ms"`
-	Buckets          []FairBucketView `json:"buckets"`
+	ReleaseHorizonMs float64 `json:"release_horizon_ms"`
+	// MomentExchanges counts the held moments newcomers took from grants released ahead of
+	// them since this node started (rpc/sched_exchange.go).
+	MomentExchanges uint64           `json:"moment_exchanges"`
+	Buckets         []FairBucketView `json:"buckets"`
 }
 
 // FairBucketView is one contended bucket: its waiters and who got its capacity lately.
@@ -59,6 +62,7 @@ func (s *Server) FairView(nodeID string) FairView {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	v.ReleaseHorizonMs = ms(f.horizon)
+	v.MomentExchanges = f.holds.count()
 	keys := make([]string, 0, len(f.usage))
 	for k := range f.usage {
 		keys = append(keys, k)

@@ -87,6 +87,9 @@ type SweepPoint struct {
 	// tenant) had no admission waiting: its waiters were all in flight, so it asked for less
 	// than its max-min share and A:B above 1 is max-min's answer, not unfairness. -1: none read.
 	BBacklogEmptyShare float64 `json:"b_backlog_empty_share"`
+	// MomentExchanges is how many held moments newcomers took from grants released ahead
+	// of them on the leader over the measured time (/debug/fair; -1: none read).
+	MomentExchanges float64 `json:"moment_exchanges"`
 	// LoadAvg is the machine's 1-minute load average at the end of this rate's run.
 	LoadAvg float64 `json:"load_avg"`
 	// BacklogEmptyShare is the share of the leader's quotad_fair_waiting readings (5 a second
@@ -106,8 +109,8 @@ func rateSweep(c *proccluster.Cluster) []SweepPoint {
 	for _, r := range sweepRatesList() {
 		p := sweepOne(c, r)
 		out = append(out, p)
-		logf("rate_sweep %d/s: utilization %.3f, A:B %.3f, small p99 %.1f ms (%.2f intervals, %d requests), commit p99 %.1f ms, decision p99 %.1f ms, target %.1f ms (%s dominates; with decision p99 %.1f ms), release horizon %.1f ms, load %.1f, backlog empty in %.3f of readings (B's: %.3f), %.0f refused too_many_waiters",
-			r, p.Utilization, p.HeavyShareRatio, p.SmallWaitP99Ms, p.SmallWaitP99Intervals, p.SmallRequests, p.CommitP99Ms, p.DecisionP99Ms, p.TargetMs, p.Dominant, p.TargetDecisionMs, p.ReleaseHorizonMs, p.LoadAvg, p.BacklogEmptyShare, p.BBacklogEmptyShare, p.TooManyWaiters)
+		logf("rate_sweep %d/s: utilization %.3f, A:B %.3f, small p99 %.1f ms (%.2f intervals, %d requests), commit p99 %.1f ms, decision p99 %.1f ms, target %.1f ms (%s dominates; with decision p99 %.1f ms), release horizon %.1f ms, %.0f moment exchanges, load %.1f, backlog empty in %.3f of readings (B's: %.3f), %.0f refused too_many_waiters",
+			r, p.Utilization, p.HeavyShareRatio, p.SmallWaitP99Ms, p.SmallWaitP99Intervals, p.SmallRequests, p.CommitP99Ms, p.DecisionP99Ms, p.TargetMs, p.Dominant, p.TargetDecisionMs, p.ReleaseHorizonMs, p.MomentExchanges, p.LoadAvg, p.BacklogEmptyShare, p.BBacklogEmptyShare, p.TooManyWaiters)
 	}
 	return out
 }
@@ -237,6 +240,7 @@ func sweepOne(c *proccluster.Cluster, rate int) SweepPoint {
 		p.HeavyShareRatio = round3(float64(a.Load()) / float64(b.Load()))
 	}
 	p.ReleaseHorizonMs, p.BBacklogEmptyShare = views.result()
+	p.MomentExchanges = views.exchanges()
 	iv := float64(interval) / float64(time.Millisecond)
 	p.SmallWaitP99Intervals = round3(p.SmallWaitP99Ms / iv)
 	p.TargetMs = round3(2*iv + p.CommitP99Ms)
@@ -414,6 +418,7 @@ type fairSamples struct {
 	mu            sync.Mutex
 	n, bEmpty, nB int
 	horizon       float64
+	exLo, exHi    uint64 // the leader's moment_exchanges, first and last read
 }
 
 // sample reads node i's /debug/fair once: the release horizon, and whether tenant B had an
@@ -445,12 +450,27 @@ func (s *fairSamples) sample(c *proccluster.Cluster, i int, domain string) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.n == 0 || v.MomentExchanges < s.exLo {
+		s.exLo = v.MomentExchanges
+	}
+	s.exHi = max(s.exHi, v.MomentExchanges)
 	s.n++
 	s.horizon += v.ReleaseHorizonMs
 	s.nB++
 	if waitingB == 0 {
 		s.bEmpty++
 	}
+}
+
+// exchanges is how many moment exchanges the leader made between the first and the last
+// reading (-1: no reading).
+func (s *fairSamples) exchanges() float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.n == 0 {
+		return -1
+	}
+	return float64(s.exHi - s.exLo)
 }
 
 // result is the mean horizon (ms) and the share of readings with B's backlog empty (-1, -1:
