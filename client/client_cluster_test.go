@@ -63,11 +63,25 @@ func TestClusterAllowFollowsLeader(t *testing.T) {
 	if _, err := c.Allow(ctx, Request{Domain: "no-such-domain"}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("unknown domain: %v, want ErrInvalid", err)
 	}
-	if got, err := c.Refund(ctx, Decision{Admitted: true, RequestID: de.Decision.RequestID - 1}); err != nil || got != 3 {
-		t.Errorf("Refund of the first admission = %d, %v; want 3", got, err)
+	first := Decision{Admitted: true, RequestID: de.Decision.RequestID - 1}
+	if got, err := c.Refund(ctx, first); err != nil || got != (RefundResult{Outcome: RefundRefunded, Refunded: 3}) {
+		t.Errorf("Refund of the first admission = %+v, %v; want refunded 3", got, err)
 	}
 	if got := consumed(t, c, "small"); got != 0 {
 		t.Errorf("consumed after refund = %d, want 0", got)
+	}
+	for _, tc := range []struct {
+		d    Decision
+		want RefundOutcome
+	}{
+		{first, RefundAlreadyRefunded},
+		{Decision{Admitted: true, RequestID: de.Decision.RequestID}, RefundNotAdmitted}, // the cluster knows better
+		{de.Decision, RefundNotAdmitted},                                                // answered without a call
+		{Decision{Admitted: true, RequestID: 1 << 60}, RefundNotFound},
+	} {
+		if got, err := c.Refund(ctx, tc.d); err != nil || got != (RefundResult{Outcome: tc.want}) {
+			t.Errorf("Refund(%+v) = %+v, %v; want %s", tc.d, got, err, tc.want)
+		}
 	}
 }
 

@@ -14,7 +14,8 @@
 //	Wait        decide, sleeping per retry-after        (rate.Limiter.Wait)
 //	TryAcquire  decide now, hold the concurrency lease  (semaphore.Weighted.TryAcquire)
 //	Acquire     wait, then hold the concurrency lease   (semaphore.Weighted.Acquire)
-//	Refund      give back tokens of an admission that was never used
+//	Refund      give back tokens of an admission that was never used; RefundResult says
+//	            whether it was found and refunded now (RefundOutcome)
 //
 // Outcomes are told apart with errors.Is and errors.As:
 //
