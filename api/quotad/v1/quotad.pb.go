@@ -1664,7 +1664,11 @@ type ApplyLimitsResponse struct {
 	// "~ changed"); empty when the limits in force already say the same.
 	Changes []string `protobuf:"bytes,3,rep,name=changes,proto3" json:"changes,omitempty"`
 	// applied is false for a dry run.
-	Applied       bool `protobuf:"varint,4,opt,name=applied,proto3" json:"applied,omitempty"`
+	Applied bool `protobuf:"varint,4,opt,name=applied,proto3" json:"applied,omitempty"`
+	// warnings are consequences an operator must see, one sentence each: a removed domain's
+	// Envoy requests are answered OK, unlimited, by a leader running --rls-unknown-domain allow
+	// (the default), or OVER_LIMIT with deny. Set for a dry run too.
+	Warnings      []string `protobuf:"bytes,5,rep,name=warnings,proto3" json:"warnings,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1725,6 +1729,13 @@ func (x *ApplyLimitsResponse) GetApplied() bool {
 		return x.Applied
 	}
 	return false
+}
+
+func (x *ApplyLimitsResponse) GetWarnings() []string {
+	if x != nil {
+		return x.Warnings
+	}
+	return nil
 }
 
 type GetLimitsRequest struct {
@@ -3954,12 +3965,13 @@ const file_quotad_v1_quotad_proto_rawDesc = "" +
 	"\vreplace_all\x18\x03 \x01(\bR\n" +
 	"replaceAll\x12\x17\n" +
 	"\adry_run\x18\x04 \x01(\bR\x06dryRun\x12%\n" +
-	"\x0edelete_domains\x18\x05 \x03(\tR\rdeleteDomains\"}\n" +
+	"\x0edelete_domains\x18\x05 \x03(\tR\rdeleteDomains\"\x99\x01\n" +
 	"\x13ApplyLimitsResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x18\n" +
 	"\adomains\x18\x02 \x03(\tR\adomains\x12\x18\n" +
 	"\achanges\x18\x03 \x03(\tR\achanges\x12\x18\n" +
-	"\aapplied\x18\x04 \x01(\bR\aapplied\"\x12\n" +
+	"\aapplied\x18\x04 \x01(\bR\aapplied\x12\x1a\n" +
+	"\bwarnings\x18\x05 \x03(\tR\bwarnings\"\x12\n" +
 	"\x10GetLimitsRequest\"A\n" +
 	"\x11GetLimitsResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x12\n" +
