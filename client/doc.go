@@ -30,6 +30,10 @@
 // released it, a restore dropped it): Lease.Done closes and errors.Is(l.Err(), ErrLeaseLost);
 // stop the work it was for. A failover is not a loss (see Lease).
 //
+// The client logs nothing unless Config.Logger is set (slog.Default() for the program's own
+// logger), as a library should: what it would log (a lease lost while held) is also in
+// Lease.Err and Stats, where the caller decides what to do with it.
+//
 // Concurrent calls from many goroutines are coalesced into one Acquire RPC per short window
 // (see BatchConfig); each caller still gets its own decision. Waiting admissions (Wait,
 // Acquire, MaxWait) share one AcquireStream to the leader instead, each answered as soon as
