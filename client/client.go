@@ -39,6 +39,8 @@ type Client struct {
 	sharesOnce sync.Once
 	shares     *shareHolder // Limiters' share holder, started by the first Limiter
 
+	tlsProbes tlsProbes // nodes found speaking TLS to this plaintext client (tlsprobe.go)
+
 	metrics struct {
 		admissions, batches, held, rpcs, retries                              atomic.Uint64
 		streams, streamSends, streamAdmissions, streamFallbacks, streamStalls atomic.Uint64
