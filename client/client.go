@@ -39,6 +39,8 @@ type Client struct {
 	sharesOnce sync.Once
 	shares     *shareHolder // Limiters' share holder, started by the first Limiter
 
+	tlsProbes tlsProbes // nodes found speaking TLS to this plaintext client (tlsprobe.go)
+
 	metrics struct {
 		admissions, batches, held, rpcs, retries                              atomic.Uint64
 		streams, streamSends, streamAdmissions, streamFallbacks, streamStalls atomic.Uint64
@@ -351,16 +353,14 @@ func (c *Client) Acquire(ctx context.Context, req Request) (*Lease, error) {
 
 // Refund gives back the rate tokens of an admitted request that was never used (cancelled
 // after admission). Each bucket d charged takes its units back only while d is still the last
-// admission that debited it, and only up to its capacity. It returns the least any of those
-// buckets took back: 0 if d was not admitted, was already refunded or is too old for the
-// cluster to remember — but also when one bucket needed nothing back (a domain ceiling that
-// refilled within a millisecond, or was dropped as full) or a later admission debited it, even
-// though the other buckets (a slow tenant's, say) did take their units back. So cost means
-// every level got it back; 0 does not mean none did (Status shows the balances). Refunding
-// twice is harmless. Concurrency permits are not affected; release those with the Lease.
-func (c *Client) Refund(ctx context.Context, d Decision) (uint64, error) {
+// admission that debited it, and only up to its capacity (see RefundOutcome); the answer says
+// whether the cluster found d and refunded it now (Outcome RefundRefunded, Refunded = its
+// cost), and how many buckets kept the units. Refunding twice is harmless (the second answer
+// is RefundAlreadyRefunded). Concurrency permits are not affected; release those with the
+// Lease.
+func (c *Client) Refund(ctx context.Context, d Decision) (RefundResult, error) {
 	if !d.Admitted || d.RequestID == 0 {
-		return 0, nil
+		return RefundResult{Outcome: RefundNotAdmitted}, nil
 	}
 	req := &quotadv1.RefundRequest{ClientId: c.id, RequestId: d.RequestID}
 	var resp *quotadv1.RefundResponse
@@ -369,7 +369,10 @@ func (c *Client) Refund(ctx context.Context, d Decision) (uint64, error) {
 		resp, err = qc.Refund(ctx, req, opts...)
 		return err
 	})
-	return resp.GetRefunded(), err
+	if err != nil {
+		return RefundResult{}, err
+	}
+	return RefundResult{Outcome: RefundOutcome(resp.GetOutcome()), Refunded: resp.GetRefunded(), BucketsKept: int(resp.GetBucketsKept())}, nil
 }
 
 // ReleaseLease returns the permits of a lease taken by Allow or Wait. It reports whether the

@@ -1,9 +1,11 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net"
 	"slices"
@@ -63,11 +65,25 @@ func TestClusterAllowFollowsLeader(t *testing.T) {
 	if _, err := c.Allow(ctx, Request{Domain: "no-such-domain"}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("unknown domain: %v, want ErrInvalid", err)
 	}
-	if got, err := c.Refund(ctx, Decision{Admitted: true, RequestID: de.Decision.RequestID - 1}); err != nil || got != 3 {
-		t.Errorf("Refund of the first admission = %d, %v; want 3", got, err)
+	first := Decision{Admitted: true, RequestID: de.Decision.RequestID - 1}
+	if got, err := c.Refund(ctx, first); err != nil || got != (RefundResult{Outcome: RefundRefunded, Refunded: 3}) {
+		t.Errorf("Refund of the first admission = %+v, %v; want refunded 3", got, err)
 	}
 	if got := consumed(t, c, "small"); got != 0 {
 		t.Errorf("consumed after refund = %d, want 0", got)
+	}
+	for _, tc := range []struct {
+		d    Decision
+		want RefundOutcome
+	}{
+		{first, RefundAlreadyRefunded},
+		{Decision{Admitted: true, RequestID: de.Decision.RequestID}, RefundNotAdmitted}, // the cluster knows better
+		{de.Decision, RefundNotAdmitted},                                                // answered without a call
+		{Decision{Admitted: true, RequestID: 1 << 60}, RefundNotFound},
+	} {
+		if got, err := c.Refund(ctx, tc.d); err != nil || got != (RefundResult{Outcome: tc.want}) {
+			t.Errorf("Refund(%+v) = %+v, %v; want %s", tc.d, got, err, tc.want)
+		}
 	}
 }
 
@@ -334,6 +350,65 @@ func TestClusterLeaseRenewedUntilReleased(t *testing.T) {
 	if !errors.Is(l2.Err(), ErrLeaseLost) || c.Stats().LeasesLost != 1 {
 		t.Errorf("after Release of a lost lease: Err = %v, LeasesLost = %d; want ErrLeaseLost, 1 (counted once)", l2.Err(), c.Stats().LeasesLost)
 	}
+}
+
+// TestClusterLeaseLostLogsOnlyWhenAsked: a library must not write into its host's default
+// logger unasked. A lost lease is logged to Config.Logger when one is set, and to nothing
+// (not slog.Default) when none is; Err and Stats say it either way. Not parallel: it swaps
+// slog.Default.
+func TestClusterLeaseLostLogsOnlyWhenAsked(t *testing.T) {
+	tc := startCluster(t)
+	var host, asked syncBuffer
+	prev := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&host, nil)))
+	t.Cleanup(func() { slog.SetDefault(prev) })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	loseLease := func(c *Client) {
+		t.Helper()
+		l, err := c.TryAcquire(ctx, Request{Domain: "slots"})
+		if err != nil {
+			t.Fatalf("TryAcquire: %v", err)
+		}
+		if ok, err := c.ReleaseLease(ctx, l.ID()); !ok || err != nil {
+			t.Fatalf("ReleaseLease = %v, %v", ok, err)
+		}
+		select {
+		case <-l.Done():
+		case <-ctx.Done():
+			t.Fatal("lease not reported lost")
+		}
+		if !errors.Is(l.Err(), ErrLeaseLost) || c.Stats().LeasesLost != 1 {
+			t.Fatalf("Err = %v, LeasesLost = %d; want ErrLeaseLost, 1", l.Err(), c.Stats().LeasesLost)
+		}
+	}
+	const msg = "concurrency lease lost"
+	loseLease(newTestClient(t, tc.addrs(), nil))
+	if strings.Contains(host.String(), msg) {
+		t.Errorf("a client without Config.Logger logged into slog.Default:\n%s", host.String())
+	}
+	loseLease(newTestClient(t, tc.addrs(), func(c *Config) { c.Logger = slog.New(slog.NewTextHandler(&asked, nil)) }))
+	if !strings.Contains(asked.String(), msg) {
+		t.Errorf("Config.Logger did not get the lost lease: %q", asked.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger's goroutines and the test's reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 // TestClusterSerialCallerPaysNoWindow: a caller that waits for each decision before the next

@@ -88,7 +88,9 @@ type Config struct {
 	LimiterClock LimiterClock
 
 	// Logger receives the client's rare warnings: a concurrency lease lost while held
-	// (Lease.Err says why; Stats.LeasesLost counts them). Nil: slog.Default().
+	// (Lease.Err says why; Stats.LeasesLost counts them). Nil: nothing is logged — a library
+	// does not write into its host program's logs unasked; everything it would log is also in
+	// an error or Stats. Set it (slog.Default() for the program's default logger) to see them.
 	Logger *slog.Logger
 
 	// Backoff configures the delay between retries of a failed RPC.
@@ -168,7 +170,7 @@ func DefaultConfig(addrs ...string) Config {
 // withDefaults returns c with zero fields replaced by defaults.
 func (c Config) withDefaults() Config {
 	if c.Logger == nil {
-		c.Logger = slog.Default()
+		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	if c.Batch.Window == 0 {
 		c.Batch.Window = DefaultBatchWindow

@@ -231,6 +231,9 @@ func (c *Client) attempt(ctx context.Context, n *node, extra time.Duration, call
 	actx = context.WithValue(actx, nodeAddrKey{}, n.addr)
 	var hdr, trl metadata.MD
 	err := call(actx, n.qc, grpc.Header(&hdr), grpc.Trailer(&trl))
+	if err != nil && c.plaintext() && strings.Contains(err.Error(), prefaceError) {
+		c.tlsProbes.probe(ctx, n.addr) // evidence for transportHint
+	}
 	leader := firstValue(hdr, trl)
 	switch {
 	case leader != "" && leader != n.addr && c.nodes.follow(leader):
@@ -332,18 +335,27 @@ func (c *Client) unavailable(op string, attempts int, last, ctxErr error) error 
 
 // transportHint explains an error that says the client and the nodes disagree on TLS ("" for
 // any other error): gRPC retries them as Unavailable, so without it a caller sees only its
-// deadline pass.
+// deadline pass. A plaintext client's prefaceError is explained only when a node it came from
+// answered a TLS handshake (tlsProbes): the same words mean a node that dropped the
+// connection (killed or restarting), and "set TLSFiles" would mislead there.
 func (c *Client) transportHint(err error) string {
 	msg := err.Error()
-	plaintext := c.cfg.TLS == nil && c.cfg.TLSFiles.IsZero()
 	switch {
-	case plaintext && strings.Contains(msg, "error reading server preface"):
-		return fmt.Sprintf("; the server speaks TLS? set Config.TLSFiles or TLS — Config.LoadEnv reads $%s, $%s, $%s, which `quotad dev` writes to DATA_DIR/dev.env", EnvCACert, EnvClientCert, EnvClientKey)
-	case !plaintext && strings.Contains(msg, "first record does not look like a TLS handshake"):
+	case c.plaintext() && strings.Contains(msg, prefaceError):
+		addrs := c.tlsProbes.answered()
+		if len(addrs) == 0 {
+			return ""
+		}
+		slices.Sort(addrs)
+		return fmt.Sprintf("; %s answered a TLS handshake: the cluster speaks TLS, set Config.TLSFiles or TLS — Config.LoadEnv reads $%s, $%s, $%s, which `quotad dev` writes to DATA_DIR/dev.env", strings.Join(addrs, ", "), EnvCACert, EnvClientCert, EnvClientKey)
+	case !c.plaintext() && strings.Contains(msg, "first record does not look like a TLS handshake"):
 		return "; the server does not speak TLS (a cluster run with --insecure?): leave TLS and TLSFiles unset"
 	}
 	return ""
 }
+
+// plaintext reports whether the client dials without TLS.
+func (c *Client) plaintext() bool { return c.cfg.TLS == nil && c.cfg.TLSFiles.IsZero() }
 
 func permanentError(op string, st *status.Status, err error) error {
 	switch st.Code() {

@@ -5,6 +5,8 @@ import (
 	"crypto/tls"
 	"errors"
 	"flag"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -139,10 +141,50 @@ func TestClientAgainstSecureCluster(t *testing.T) {
 		if !errors.Is(err, ErrUnavailable) {
 			t.Fatalf("batching disabled=%v: plaintext client against a secure cluster: %v", disabled, err)
 		}
-		for _, want := range []string{"server preface", "speaks TLS", EnvCACert} {
+		for _, want := range []string{"server preface", "answered a TLS handshake", "speaks TLS", EnvCACert} {
 			if !strings.Contains(err.Error(), want) {
 				t.Errorf("batching disabled=%v: %q does not say %q", disabled, err, want)
 			}
+		}
+	}
+}
+
+// TestPrefaceErrorWithoutTLSNoHint: a plaintext node that drops connections before its HTTP/2
+// preface (killed or restarting after accepting) gives the same "error reading server
+// preface" a TLS node gives a plaintext client; the error must not then say "set TLSFiles"
+// (it did: user report). The listener is a real socket that accepts and closes, which is all
+// the client sees of such a node.
+func TestPrefaceErrorWithoutTLSNoHint(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			// Take what the client sends (its preface and settings), then close without a
+			// word, as a process dying after the accept would.
+			go func() {
+				conn.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+				io.Copy(io.Discard, conn)
+				conn.Close()
+			}()
+		}
+	}()
+	for _, disabled := range []bool{false, true} {
+		c := newTestClient(t, []string{ln.Addr().String()}, func(cfg *Config) { cfg.Batch.Disabled = disabled })
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := c.Allow(ctx, Request{Domain: "fixed"})
+		cancel()
+		if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "server preface") {
+			t.Fatalf("batching disabled=%v: %v, want ErrUnavailable from a connection closed before the preface", disabled, err)
+		}
+		if strings.Contains(err.Error(), "TLS") {
+			t.Errorf("batching disabled=%v: a dropped plaintext connection is explained as TLS: %v", disabled, err)
 		}
 	}
 }

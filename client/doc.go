@@ -14,7 +14,8 @@
 //	Wait        decide, sleeping per retry-after        (rate.Limiter.Wait)
 //	TryAcquire  decide now, hold the concurrency lease  (semaphore.Weighted.TryAcquire)
 //	Acquire     wait, then hold the concurrency lease   (semaphore.Weighted.Acquire)
-//	Refund      give back tokens of an admission that was never used
+//	Refund      give back tokens of an admission that was never used; RefundResult says
+//	            whether it was found and refunded now (RefundOutcome)
 //
 // Outcomes are told apart with errors.Is and errors.As:
 //
@@ -28,6 +29,10 @@
 // A Lease can be lost while held (its TTL ran out during a pause or partition, an admin
 // released it, a restore dropped it): Lease.Done closes and errors.Is(l.Err(), ErrLeaseLost);
 // stop the work it was for. A failover is not a loss (see Lease).
+//
+// The client logs nothing unless Config.Logger is set (slog.Default() for the program's own
+// logger), as a library should: what it would log (a lease lost while held) is also in
+// Lease.Err and Stats, where the caller decides what to do with it.
 //
 // Concurrent calls from many goroutines are coalesced into one Acquire RPC per short window
 // (see BatchConfig); each caller still gets its own decision. Waiting admissions (Wait,

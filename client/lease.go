@@ -24,7 +24,7 @@ var ErrLeaseReleased = errors.New("quotad: lease released")
 // process was paused or partitioned, an admin released it, or a snapshot restore dropped it.
 // A renewal answered NotFound then ends the lease at once: renewals stop, Done is closed and
 // Err returns an error matching ErrLeaseLost that says why; Stats.LeasesLost counts it and
-// Config.Logger logs it, once. The holder is no longer within the concurrency limit and
+// Config.Logger (if set) logs it, once. The holder is no longer within the concurrency limit and
 // should stop the work the permit was for. A renewal that fails for another reason (no
 // leader during an election, a node unreachable) is retried until the lease's TTL, counted
 // locally from the last renewal that succeeded, would have run out; only then is the lease

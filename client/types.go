@@ -248,6 +248,39 @@ type FeedbackResult struct {
 	Limit uint64
 }
 
+// RefundOutcome says what became of a Refund. The values are the cluster's API strings.
+type RefundOutcome string
+
+// The outcomes a cluster gives. A cluster from before session 11 gives none (""): its
+// Refunded was the least any charged bucket took back.
+const (
+	// RefundRefunded: the admission was found and not refunded before. Every bucket it charged
+	// that no later admission has debited took the units back, as many as its capacity holds
+	// (none when it had refilled meanwhile, like a fast domain ceiling): as if the admission
+	// had not been made there. RefundResult.BucketsKept counts the others.
+	RefundRefunded RefundOutcome = "refunded"
+	// RefundNotFound: the cluster has no admission under that request ID for this client and
+	// credential: never made, or too old for it to remember.
+	RefundNotFound RefundOutcome = "not_found"
+	// RefundNotAdmitted: the request was denied, so nothing was taken. Refund answers it
+	// without a call for a Decision that says so.
+	RefundNotAdmitted RefundOutcome = "not_admitted"
+	// RefundAlreadyRefunded: an earlier Refund of the admission did the work (perhaps an
+	// earlier try of this one whose answer was lost: Refund retries a failover).
+	RefundAlreadyRefunded RefundOutcome = "already_refunded"
+)
+
+// RefundResult is the cluster's answer to Refund.
+type RefundResult struct {
+	Outcome RefundOutcome
+	// Refunded is the admission's cost when Outcome is RefundRefunded, else 0.
+	Refunded uint64
+	// BucketsKept counts, for RefundRefunded, the charged buckets that keep the units because
+	// a later admission debited them since (giving them back could admit more than the
+	// limit). A busy shared level (a domain ceiling many tenants use) usually keeps them.
+	BucketsKept int
+}
+
 func entriesToProto(es []Entry) []*quotadv1.Entry {
 	if len(es) == 0 {
 		return nil

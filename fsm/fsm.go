@@ -165,7 +165,9 @@ type OtherResult struct {
 	Released      bool                 // Release
 	Lifted        bool                 // LiftPause
 	LeaseTTL      time.Duration        // Renew
-	Refunded      uint64               // Refund
+	Refunded      uint64               // Refund: the admission's cost when RefundOutcome is RefundRefunded
+	RefundOutcome RefundOutcome        // Refund
+	BucketsKept   int                  // Refund: charged buckets a later admission debited, which keep the units
 	Scope         string               // Pause, Feedback, LiftPause
 	PausedFor     time.Duration        // Pause, Feedback
 	Feedback      quota.FeedbackResult // Feedback
@@ -176,6 +178,26 @@ type OtherResult struct {
 	Returned      uint64               // ReleaseShare: micro-units put back
 	Err           error                // Release, Renew, Pause, Feedback, SetLimits, CreateToken, RevokeToken, LiftPause, Share, ReleaseShare
 }
+
+// RefundOutcome is what became of a Refund (quotad.v1.RefundResponse.outcome).
+//
+// Only the answer is computed from it: a Refund changes the state exactly as it did before
+// RefundOutcome existed, so replicas of either build apply the same entries alike, and the
+// command version is unchanged.
+type RefundOutcome string
+
+const (
+	// RefundRefunded: the admission was found and not refunded before; its charged buckets
+	// took the units back (OtherResult.BucketsKept of them keep them: debited since).
+	RefundRefunded RefundOutcome = "refunded"
+	// RefundNotFound: no admission under that request ID for that caller (never made, or
+	// older than the dedup table remembers).
+	RefundNotFound RefundOutcome = "not_found"
+	// RefundNotAdmitted: the request was denied; nothing to give back.
+	RefundNotAdmitted RefundOutcome = "not_admitted"
+	// RefundAlreadyRefunded: an earlier Refund of the admission did the work.
+	RefundAlreadyRefunded RefundOutcome = "already_refunded"
+)
 
 // Decision is the answer to an Acquire: a quota.Decision without Charges, Cost and DebitSeq
 // (which only the FSM needs, for refunds; the dedup table keeps them) and ShadowDenials
@@ -311,16 +333,19 @@ func (f *FSM) applyOp(now quota.Time, op *fsmv1.Op) OpResult {
 		return other(OtherResult{LeaseTTL: ttl, Err: err})
 	case *fsmv1.Op_Refund:
 		seq, ok := f.dedup.lookup(ownedClient(o.Refund.Owner, o.Refund.ClientId), o.Refund.RequestId)
-		if !ok || f.dedup.refunded(seq) {
-			return other(OtherResult{})
+		if !ok {
+			return other(OtherResult{RefundOutcome: RefundNotFound})
+		}
+		if f.dedup.refunded(seq) {
+			return other(OtherResult{RefundOutcome: RefundAlreadyRefunded})
 		}
 		d := f.dedup.decision(seq)
 		if !d.Admitted {
-			return other(OtherResult{})
+			return other(OtherResult{RefundOutcome: RefundNotAdmitted})
 		}
-		n := f.engine.Refund(now, d.Charges, d.Cost, d.DebitSeq)
+		r := f.engine.Refund(now, d.Charges, d.Cost, d.DebitSeq)
 		f.dedup.setRefunded(seq)
-		return other(OtherResult{Refunded: n})
+		return other(OtherResult{Refunded: d.Cost, RefundOutcome: RefundRefunded, BucketsKept: r.Kept})
 	case *fsmv1.Op_SetLimits:
 		var l quota.Limits
 		if err := json.Unmarshal(o.SetLimits.LimitsJson, &l); err != nil {

@@ -124,19 +124,65 @@ func TestTimeNeverGoesBackwards(t *testing.T) {
 	}
 }
 
+// refundAnswer is the part of an OtherResult a Refund sets.
+type refundAnswer struct {
+	refunded uint64
+	outcome  RefundOutcome
+	kept     int
+}
+
+func answerOf(r *OtherResult) refundAnswer {
+	return refundAnswer{r.Refunded, r.RefundOutcome, r.BucketsKept}
+}
+
 func TestRefundOnceViaDedupRecord(t *testing.T) {
 	l := newLog(t)
 	l.apply(time.Millisecond, acquire("c1", 1, "acme", 3))
-	refund := &fsmv1.Op{Op: &fsmv1.Op_Refund{Refund: &fsmv1.Refund{ClientId: "c1", RequestId: 1}}}
-	if n := l.apply(time.Millisecond, refund).Ops[0].Other.Refunded; n != 3 { // same instant: no refill to clamp
-		t.Fatalf("refunded %d, want 3", n)
+	refund := func(id uint64) *fsmv1.Op {
+		return &fsmv1.Op{Op: &fsmv1.Op_Refund{Refund: &fsmv1.Refund{ClientId: "c1", RequestId: id}}}
 	}
-	if n := l.apply(3*time.Millisecond, refund).Ops[0].Other.Refunded; n != 0 {
-		t.Fatalf("second refund returned %d units, want 0", n)
+	want := func(ts time.Duration, op *fsmv1.Op, w refundAnswer) {
+		t.Helper()
+		if r := answerOf(l.apply(ts, op).Ops[0].Other); r != w {
+			t.Fatalf("refund: %+v, want %+v", r, w)
+		}
 	}
-	unknown := &fsmv1.Op{Op: &fsmv1.Op_Refund{Refund: &fsmv1.Refund{ClientId: "c1", RequestId: 99}}}
-	if n := l.apply(4*time.Millisecond, unknown).Ops[0].Other.Refunded; n != 0 {
-		t.Fatalf("refund of an unknown request returned %d", n)
+	want(time.Millisecond, refund(1), refundAnswer{3, RefundRefunded, 0})
+	want(3*time.Millisecond, refund(1), refundAnswer{0, RefundAlreadyRefunded, 0})
+	want(4*time.Millisecond, refund(99), refundAnswer{0, RefundNotFound, 0})
+	l.apply(5*time.Millisecond, acquire("c1", 2, "acme", 3))
+	if d := l.apply(5*time.Millisecond, acquire("c1", 3, "acme", 1)).Ops[0].Decision; d.Admitted || d.Reason == quota.ReasonInvalid {
+		t.Fatalf("a third lease of a tenant with max_in_flight 2: %+v, want a denial", d)
+	}
+	want(5*time.Millisecond, refund(3), refundAnswer{0, RefundNotAdmitted, 0})
+}
+
+// The user trial: the domain ceiling (10/s, burst 5) refills between the spend and the refund
+// and takes nothing back; the tenant's bucket (2/s, burst 3) gets its unit. The answer is the
+// cost (the old one, the least any bucket took back, was 0). A bucket another admission
+// debited since keeps the units, and the answer counts it.
+func TestRefundAnswersCostWhenCeilingRefilled(t *testing.T) {
+	l := newLog(t)
+	status := func() []quota.BucketStatus { // as of the last entry
+		st, err := l.f.Status("provider", []quota.Entry{{Key: "tenant", Value: "acme"}})
+		if err != nil || len(st) != 2 {
+			t.Fatalf("status: %+v %v", st, err)
+		}
+		return st
+	}
+	l.apply(time.Millisecond, acquire("c1", 1, "acme", 1))
+	// By 200 ms the ceiling is full again (4 + 10/s × 199 ms) and the tenant holds 2.4.
+	r := l.apply(200*time.Millisecond, &fsmv1.Op{Op: &fsmv1.Op_Refund{Refund: &fsmv1.Refund{ClientId: "c1", RequestId: 1}}}).Ops[0].Other
+	if got := answerOf(r); got != (refundAnswer{1, RefundRefunded, 0}) {
+		t.Fatalf("refund: %+v, want refunded 1, no bucket kept", got)
+	}
+	if st := status(); st[0].Remaining != 5 || st[1].Remaining != 3 {
+		t.Fatalf("after the refund: %+v; want the ceiling at 5, the tenant at 3", st)
+	}
+	l.apply(300*time.Millisecond, acquire("c1", 2, "acme", 1), acquire("c1", 3, "globex", 1))
+	r = l.apply(300*time.Millisecond, &fsmv1.Op{Op: &fsmv1.Op_Refund{Refund: &fsmv1.Refund{ClientId: "c1", RequestId: 2}}}).Ops[0].Other
+	if got := answerOf(r); got != (refundAnswer{1, RefundRefunded, 1}) {
+		t.Fatalf("refund after globex debited the ceiling: %+v, want refunded 1 with 1 bucket kept", got)
 	}
 }
 

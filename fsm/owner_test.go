@@ -43,7 +43,7 @@ func TestOwnersNamespaceRequestsAndLeases(t *testing.T) {
 	}
 	before := l.f.Hash().Hash
 	// Bob's request is the last debit, so it can be refunded — by bob only.
-	if r := l.apply(3*time.Millisecond, refund("token:mallory", "c", 1)).Ops[0].Other; r.Refunded != 0 {
+	if r := l.apply(3*time.Millisecond, refund("token:mallory", "c", 1)).Ops[0].Other; r.Refunded != 0 || r.RefundOutcome != RefundNotFound {
 		t.Fatalf("mallory refunded bob's request: %+v", r)
 	}
 	r := l.apply(3*time.Millisecond, release("token:mallory", a.Decision.LeaseID)).Ops[0].Other
@@ -53,7 +53,7 @@ func TestOwnersNamespaceRequestsAndLeases(t *testing.T) {
 	if l.f.Hash().Hash != before {
 		t.Fatal("refused refund and release changed state")
 	}
-	if r := l.apply(4*time.Millisecond, refund("token:bob", "c", 1)).Ops[0].Other; r.Refunded != 1 {
+	if r := l.apply(4*time.Millisecond, refund("token:bob", "c", 1)).Ops[0].Other; r.Refunded != 1 || r.RefundOutcome != RefundRefunded {
 		t.Fatalf("bob's own refund: %+v", r)
 	}
 	if r := l.apply(4*time.Millisecond, release("token:alice", a.Decision.LeaseID)).Ops[0].Other; !r.Released || r.Err != nil {

@@ -203,7 +203,8 @@ func (s *scriptState) run(t *testing.T, b scriptBlock) string {
 		if v, ok := a.named["keys"]; ok {
 			keys = strings.Split(v, ",")
 		}
-		return fmt.Sprintf("refunded=%d", e.Refund(a.t, keys, mustUint(t, a.named["cost"]), s.lastSeq))
+		r := e.Refund(a.t, keys, mustUint(t, a.named["cost"]), s.lastSeq)
+		return fmt.Sprintf("restored=%d kept=%d", r.Restored, r.Kept)
 	case "release":
 		return fmt.Sprint(e.Release(a.t, mustUint(t, a.named["lease"])))
 	case "renew":

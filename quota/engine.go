@@ -726,27 +726,34 @@ func (e *Engine) stored(key string, r *rateParams, now Time) (uint64, Time) {
 }
 
 // Refund returns cost units to the buckets an admission charged (its Decision.Charges), clamped
-// to capacity, and reports the units returned (the least over the buckets; 0 if any got none).
+// to capacity, and reports, bucket by bucket, whether the admission's debit was undone.
 //
 // A bucket takes the units back only if that admission (debitSeq, its Decision.DebitSeq) is
 // still the last one that debited it. Then the refund restores exactly the state the bucket
-// would have without the admission, so the bounded-admission invariant holds. Once another
-// admission debited the bucket, or it refilled and was dropped, the units cannot be told apart
-// from capacity already handed out again, and that bucket keeps them. The caller (the FSM)
-// refunds an admission at most once.
-func (e *Engine) Refund(now Time, charges []string, cost uint64, debitSeq uint64) (refunded uint64) {
+// would have without the admission (it takes back as much as its capacity holds: nothing if it
+// had refilled), so the bounded-admission invariant holds; a bucket that is gone was full and
+// dropped, and is restored too. Once another admission debited the bucket the units cannot be
+// told apart from capacity already handed out again, and that bucket keeps them. The caller
+// (the FSM) refunds an admission at most once: a second refund finds every bucket's debit
+// cleared and reports them kept.
+func (e *Engine) Refund(now Time, charges []string, cost uint64, debitSeq uint64) RefundResult {
 	now = e.advance(now)
+	var res RefundResult
 	if len(charges) == 0 || cost == 0 || debitSeq == 0 {
-		return 0
+		return res
 	}
-	refunded = math.MaxUint64
 	st := &e.buckets
 	for _, k := range charges {
 		s, _ := find(st, k, st.hashString(k))
-		if s == noSlot || st.peek(s).debit.get() != debitSeq {
-			refunded = 0
+		if s == noSlot {
+			res.Restored++
 			continue
 		}
+		if st.peek(s).debit.get() != debitSeq {
+			res.Kept++
+			continue
+		}
+		res.Restored++
 		b := st.rec(s)
 		r := e.slotRate(s)
 		tokens, last := r.refill(b.tokens.get(), Time(b.last.get()), now)
@@ -759,9 +766,8 @@ func (e *Engine) Refund(now Time, charges []string, cost uint64, debitSeq uint64
 		if due := st.due(e.slotFullAt(s)); due < st.hAt(int(b.pos)).due {
 			st.setDue(s, due)
 		}
-		refunded = min(refunded, add/microPerUnit)
 	}
-	return refunded
+	return res
 }
 
 // Release ends a lease and returns its permits. It reports false if the lease is unknown or has

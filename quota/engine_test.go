@@ -371,22 +371,62 @@ func TestRefund(t *testing.T) {
 		Rate:        &Rate{Unit: time.Second, RequestsPerUnit: 100},
 		Descriptors: []Node{{Key: "t", Rate: &Rate{Unit: time.Second, RequestsPerUnit: 10}}},
 	}}})
+	remaining := func(now Time, tenant string) uint64 {
+		t.Helper()
+		st, err := e.Status(now, "d", []Entry{{"t", tenant}})
+		if err != nil || len(st) != 2 {
+			t.Fatalf("status: %+v %v", st, err)
+		}
+		return st[1].Remaining
+	}
 	d := e.Acquire(0, Request{Domain: "d", Descriptors: []Entry{{"t", "a"}}, Cost: 10})
-	if got := e.Refund(0, d.Charges, 4, d.DebitSeq); got != 4 {
-		t.Fatalf("refund 4: %d", got)
+	if got := e.Refund(0, d.Charges, 4, d.DebitSeq); got != (RefundResult{Restored: 2}) {
+		t.Fatalf("refund 4: %+v", got)
 	}
-	if got := e.Refund(0, d.Charges, 10, d.DebitSeq); got != 0 {
-		t.Fatalf("a second refund of one admission returned %d units", got)
+	if got := remaining(0, "a"); got != 4 {
+		t.Fatalf("tenant a after refunding 4 of 10: %d remaining, want 4", got)
 	}
-	if got := e.Refund(0, []string{"d/t=nobody"}, 1, d.DebitSeq); got != 0 {
-		t.Fatalf("refund to absent bucket: %d", got)
+	if got := e.Refund(0, d.Charges, 10, d.DebitSeq); got != (RefundResult{Kept: 2}) || remaining(0, "a") != 4 {
+		t.Fatalf("a second refund of one admission: %+v, %d remaining", got, remaining(0, "a"))
 	}
-	if got := e.Refund(0, nil, 1, d.DebitSeq); got != 0 {
-		t.Fatalf("refund nothing: %d", got)
+	if got := e.Refund(0, []string{"d/t=nobody"}, 1, d.DebitSeq); got != (RefundResult{Restored: 1}) {
+		t.Fatalf("refund to an absent (full) bucket: %+v", got)
+	}
+	if got := e.Refund(0, nil, 1, d.DebitSeq); got != (RefundResult{}) {
+		t.Fatalf("refund nothing: %+v", got)
 	}
 	d2 := e.Acquire(0, Request{Domain: "d", Descriptors: []Entry{{"t", "b"}}, Cost: 10})
-	if got := e.Refund(0, d2.Charges, 10, d2.DebitSeq); got != 10 { // clamped by nothing: both buckets had room
-		t.Fatalf("refund 10 right after the debit: %d", got)
+	if got := e.Refund(0, d2.Charges, 10, d2.DebitSeq); got != (RefundResult{Restored: 2}) || remaining(0, "b") != 10 {
+		t.Fatalf("refund 10 right after the debit: %+v, %d remaining", got, remaining(0, "b"))
+	}
+}
+
+// The user trial behind RefundResult: a fast domain ceiling refills between the spend and the
+// refund and takes nothing back, while the slow tenant's bucket goes 4 -> 5. Both are restored
+// (the old answer, the least any bucket took back, was 0). A later admission on the tenant
+// makes it keep the units.
+func TestRefundFastCeilingRestoresBoth(t *testing.T) {
+	e := mustEngine(t, &Limits{Domains: []Domain{{
+		Name:        "d",
+		Rate:        &Rate{Unit: time.Millisecond, RequestsPerUnit: 100},
+		Descriptors: []Node{{Key: "t", Rate: &Rate{Unit: time.Hour, RequestsPerUnit: 5}}},
+	}}})
+	req := Request{Domain: "d", Descriptors: []Entry{{"t", "a"}}, Cost: 1}
+	d := e.Acquire(0, req)
+	later := Time(time.Millisecond)
+	if st, _ := e.Status(later, "d", req.Descriptors); st[0].Remaining != st[0].Burst || st[1].Remaining != 4 {
+		t.Fatalf("setup: %+v; want the ceiling full again and the tenant at 4", st)
+	}
+	if got := e.Refund(later, d.Charges, 1, d.DebitSeq); got != (RefundResult{Restored: 2}) {
+		t.Fatalf("refund: %+v, want both buckets restored", got)
+	}
+	if st, _ := e.Status(later, "d", req.Descriptors); st[1].Remaining != 5 {
+		t.Fatalf("tenant after the refund: %d remaining, want 5", st[1].Remaining)
+	}
+	a := e.Acquire(later, req)
+	e.Acquire(later, Request{Domain: "d", Descriptors: []Entry{{"t", "b"}}, Cost: 1}) // debits the ceiling only
+	if got := e.Refund(later, a.Charges, 1, a.DebitSeq); got != (RefundResult{Restored: 1, Kept: 1}) {
+		t.Fatalf("refund after another tenant's admission: %+v, want the tenant restored and the ceiling kept", got)
 	}
 }
 
@@ -400,8 +440,8 @@ func TestRefundAfterRefillAndOtherDebitsReturnsNothing(t *testing.T) {
 	if !a.Admitted || !b.Admitted {
 		t.Fatalf("setup: %+v %+v", a, b)
 	}
-	if got := e.Refund(Time(99500*time.Millisecond), a.Charges, 10, a.DebitSeq); got != 0 {
-		t.Fatalf("refund of A after B's debit returned %d units", got)
+	if got := e.Refund(Time(99500*time.Millisecond), a.Charges, 10, a.DebitSeq); got != (RefundResult{Kept: 1}) {
+		t.Fatalf("refund of A after B's debit: %+v, want the bucket to keep the units", got)
 	}
 	if c := e.Acquire(Time(99500*time.Millisecond), Request{Domain: "d", Cost: 10}); c.Admitted {
 		t.Fatalf("C admitted: 20 units in 0.5 s on a 1/s bucket of burst 10")

@@ -160,7 +160,7 @@ func runGolden(t testing.TB) ([]goldenCheckpoint, *Engine) {
 		case k < 63:
 			if len(admitted) > 0 {
 				d := admitted[rnd.intn(len(admitted))]
-				res = fmt.Sprint(e.Refund(now, d.Charges, uint64(rnd.intn(3)), d.DebitSeq))
+				res = fmt.Sprintf("%+v", e.Refund(now, d.Charges, uint64(rnd.intn(3)), d.DebitSeq))
 			}
 		case k < 68:
 			if len(leases) > 0 {
@@ -357,7 +357,7 @@ func runGoldenBulk(t testing.TB) ([]goldenCheckpoint, *Engine) {
 		}
 		for i := 0; i < 200 && len(admitted) > 0; i++ {
 			d := admitted[rnd.intn(len(admitted))]
-			fmt.Fprintf(results, "%d %d\n", op, e.Refund(now, d.Charges, uint64(rnd.intn(2)+1), d.DebitSeq))
+			fmt.Fprintf(results, "%d %+v\n", op, e.Refund(now, d.Charges, uint64(rnd.intn(2)+1), d.DebitSeq))
 			op++
 		}
 		// Partly idle: some second-rate buckets refill and go.

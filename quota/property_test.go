@@ -193,7 +193,7 @@ func (r *runner) apply(t *rapid.T, op histOp) string {
 			// A refund before a scheduled grant's moment gives back what it had not yet spent.
 			r.refunds[k] = append(r.refunds[k], event{max(r.now, e.Clock(), r.effective[i]), c})
 		}
-		return fmt.Sprint(e.Refund(r.now, d.Charges, c, d.DebitSeq))
+		return fmt.Sprintf("%+v", e.Refund(r.now, d.Charges, c, d.DebitSeq))
 	case opRelease:
 		if len(r.leases) == 0 {
 			return "-"

@@ -363,6 +363,19 @@ type Feedback struct {
 	Reason string
 }
 
+// RefundResult says what Engine.Refund did at the buckets an admission charged: Restored +
+// Kept is the number of charged buckets (0 and 0 when there was nothing to give back: no
+// charges, cost 0 or no debit).
+type RefundResult struct {
+	// Restored counts the buckets that are back where they would be without the admission:
+	// it was still their last debit and they took back what their capacity holds (nothing
+	// if they had refilled), or they were gone (dropped full).
+	Restored int
+	// Kept counts the buckets that keep the units: another admission debited them since
+	// (or the admission was already refunded).
+	Kept int
+}
+
 // FeedbackResult says what a Feedback did.
 type FeedbackResult struct {
 	// Scope is the named level: "domain" or the prefix's last key.

@@ -58,6 +58,7 @@ func (s *Server) ApplyLimits(ctx context.Context, req *quotadv1.ApplyLimitsReque
 	for _, d := range next.Domains {
 		resp.Domains = append(resp.Domains, d.Name)
 	}
+	resp.Warnings = removedDomainWarnings(cur, next, s.rls.opts.DenyUnknownDomain, req.DryRun)
 	if req.DryRun {
 		return resp, nil
 	}
@@ -66,6 +67,33 @@ func (s *Server) ApplyLimits(ctx context.Context, req *quotadv1.ApplyLimitsReque
 	}
 	resp.Applied = true
 	return resp, nil
+}
+
+// removedDomainWarnings says, for each domain cur has and next does not, what Envoy's
+// requests for it get once it is gone: with --rls-unknown-domain allow (the default) they are
+// answered OK, unlimited, and nothing else would tell the operator (a user removed a live
+// domain and its traffic went through unlimited). The leader answers RLS requests with its own
+// flag, so the warning names this leader's; other nodes (and regional clusters, which follow
+// these limits) answer with theirs.
+func removedDomainWarnings(cur, next *quota.Limits, deny, dryRun bool) []string {
+	var out []string
+	now := "are now"
+	if dryRun {
+		now = "would be"
+	}
+	for _, d := range cur.Domains {
+		if slices.ContainsFunc(next.Domains, func(x quota.Domain) bool { return x.Name == d.Name }) {
+			continue
+		}
+		if deny {
+			out = append(out, fmt.Sprintf("domain %q removed: Envoy rate limit requests for it %s refused OVER_LIMIT by this leader (it runs --rls-unknown-domain deny; each leader, a regional cluster's too, answers per its own flag) and Acquire answers unknown_domain; if Envoy still sends domain %q, keep the domain with a permissive limit instead of deleting it",
+				d.Name, now, d.Name))
+			continue
+		}
+		out = append(out, fmt.Sprintf("domain %q removed: Envoy rate limit requests for it %s answered OK, NOT rate limited, by this leader (it runs --rls-unknown-domain allow, the default; each leader, a regional cluster's too, answers per its own flag) and Acquire answers unknown_domain; to keep Envoy's traffic for %q limited, keep the domain with a permissive limit instead of deleting it, or run every node with --rls-unknown-domain deny (requests for a domain the limits do not define are then refused OVER_LIMIT)",
+			d.Name, now, d.Name))
+	}
+	return out
 }
 
 // applyProblem refuses requests that can never be applied, before they reach the leader.

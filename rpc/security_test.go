@@ -321,10 +321,10 @@ func TestTokens(t *testing.T) {
 	wantCode(t, err, codes.PermissionDenied, "belongs to another caller")
 	_, err = q.Renew(as(other), &quotadv1.RenewRequest{LeaseId: d.LeaseId})
 	wantCode(t, err, codes.PermissionDenied, "belongs to another caller")
-	if r, err := q.Refund(as(other), &quotadv1.RefundRequest{ClientId: "c", RequestId: 2}); err != nil || r.Refunded != 0 {
+	if r, err := q.Refund(as(other), &quotadv1.RefundRequest{ClientId: "c", RequestId: 2}); err != nil || r.Refunded != 0 || r.Outcome != "not_found" {
 		t.Fatalf("another token refunded the worker's request: %v %v", r, err)
 	}
-	if r, err := q.Refund(as(worker), &quotadv1.RefundRequest{ClientId: "c", RequestId: 2}); err != nil || r.Refunded != 1 {
+	if r, err := q.Refund(as(worker), &quotadv1.RefundRequest{ClientId: "c", RequestId: 2}); err != nil || r.Refunded != 1 || r.Outcome != "refunded" {
 		t.Fatalf("the worker refunds its own request: %v %v", r, err)
 	}
 	if r, err := q.Release(as(worker), &quotadv1.ReleaseRequest{LeaseId: d.LeaseId}); err != nil || !r.Released {

@@ -465,13 +465,14 @@ func (s *Server) Refund(ctx context.Context, req *quotadv1.RefundRequest) (*quot
 		return quotadv1.NewQuotaClient(conn).Refund(forwardCtx(ctx), req)
 	}
 	// The refund looks the request up in the caller's own namespace: another identity's
-	// request with the same IDs is not found (refunded 0).
+	// request with the same IDs is not found (outcome not_found).
 	owner := IdentityFrom(ctx).Name
 	r, err := s.prop.propose(ctx, &fsmv1.Op{Op: &fsmv1.Op_Refund{Refund: &fsmv1.Refund{ClientId: req.ClientId, RequestId: req.RequestId, Owner: owner}}})
 	if err != nil {
 		return nil, s.applyError(err)
 	}
-	return &quotadv1.RefundResponse{Refunded: r.Other.Refunded}, nil
+	o := r.Other
+	return &quotadv1.RefundResponse{Refunded: o.Refunded, Outcome: string(o.RefundOutcome), BucketsKept: uint32(o.BucketsKept)}, nil
 }
 
 // Feedback records a provider's 429/503 for the scope it names. The FSM decides (on every

@@ -373,8 +373,13 @@ they do not name are removed). The change takes effect on the next acquire, on e
 	apply.Flags().BoolVar(&replaceAll, "replace-all", false, "make the files the whole limit set: domains they do not name are removed")
 	apply.Flags().BoolVar(&dryRun, "dry-run", false, "print the changes and apply nothing")
 	del := &cobra.Command{
-		Use:     "delete DOMAIN...",
-		Short:   "Remove domains from the limits (acquires in them become unknown_domain)",
+		Use:   "delete DOMAIN...",
+		Short: "Remove domains from the limits (acquires in them become unknown_domain)",
+		Long: `Remove domains from the limits: acquires in them become unknown_domain, and Envoy's rate
+limit requests for them are answered per the leader's --rls-unknown-domain: with allow (the
+default) OK, NOT rate limited; with deny OVER_LIMIT. The command warns naming each domain. To
+stop limiting a domain Envoy still sends without letting its traffic through unlimited, keep it
+with a permissive limit instead, or run every node with --rls-unknown-domain deny.`,
 		Example: "  quotad limits delete platform --dry-run",
 		Args:    cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -419,6 +424,7 @@ but they will not follow a default changed by a later build.`,
 func changeLimits(cmd *cobra.Command, addr string, req *quotadv1.ApplyLimitsRequest) error {
 	ctx, cancel := context.WithTimeout(cmd.Context(), 15*time.Second)
 	defer cancel()
+	out := cmd.OutOrStdout()
 	return call(ctx, addr, func(ctx context.Context, conn *grpc.ClientConn) error {
 		resp, err := quotadv1.NewAdminClient(conn).ApplyLimits(ctx, req)
 		if err != nil {
@@ -431,18 +437,21 @@ func changeLimits(cmd *cobra.Command, addr string, req *quotadv1.ApplyLimitsRequ
 			return err
 		}
 		for _, c := range resp.Changes {
-			fmt.Println(c)
+			fmt.Fprintln(out, c)
+		}
+		for _, w := range resp.Warnings {
+			fmt.Fprintln(cmd.ErrOrStderr(), "warning:", w)
 		}
 		domains := strings.Join(resp.Domains, ", ")
 		switch {
 		case !resp.Applied && len(resp.Changes) == 0:
-			fmt.Printf("dry run: no changes to limits version %d (domains: %s)\n", resp.Version, domains)
+			fmt.Fprintf(out, "dry run: no changes to limits version %d (domains: %s)\n", resp.Version, domains)
 		case !resp.Applied:
-			fmt.Printf("dry run: %d changes to limits version %d; nothing applied (domains would be: %s)\n", len(resp.Changes), resp.Version, domains)
+			fmt.Fprintf(out, "dry run: %d changes to limits version %d; nothing applied (domains would be: %s)\n", len(resp.Changes), resp.Version, domains)
 		case len(resp.Changes) == 0:
-			fmt.Printf("applied limits version %d: no changes (domains: %s)\n", resp.Version, domains)
+			fmt.Fprintf(out, "applied limits version %d: no changes (domains: %s)\n", resp.Version, domains)
 		default:
-			fmt.Printf("applied limits version %d (domains: %s)\n", resp.Version, domains)
+			fmt.Fprintf(out, "applied limits version %d (domains: %s)\n", resp.Version, domains)
 		}
 		return nil
 	})

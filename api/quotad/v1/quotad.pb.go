@@ -1092,12 +1092,26 @@ func (x *RefundRequest) GetRequestId() uint64 {
 
 type RefundResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// refunded is the least number of units any bucket the admission charged took back (each
-	// only while that admission is still its last debit, up to its capacity): 0 if the
-	// request was not admitted, already refunded or is too old to be found, and also when a
-	// bucket needed none back (it had refilled, e.g. a fast domain ceiling) or was debited
-	// since, while the other buckets may have taken theirs back.
-	Refunded      uint64 `protobuf:"varint,1,opt,name=refunded,proto3" json:"refunded,omitempty"`
+	// refunded is the admission's cost when outcome is "refunded", else 0.
+	Refunded uint64 `protobuf:"varint,1,opt,name=refunded,proto3" json:"refunded,omitempty"`
+	// outcome says what became of the refund:
+	//
+	//	refunded          the admission was found and had not been refunded: each bucket it
+	//	                  charged that no later admission has debited took the units back, as
+	//	                  many as its capacity holds (none if it had refilled, e.g. a fast
+	//	                  domain ceiling) — it is as if the admission had not been made there
+	//	not_found         no admission under this client_id and request_id for this caller:
+	//	                  never made, or too old for the cluster to remember
+	//	not_admitted      the request was denied: nothing to give back
+	//	already_refunded  an earlier Refund of it (perhaps an earlier try of this call whose
+	//	                  answer was lost) did the work
+	//
+	// Empty from servers before session 11 (refunded was then the least any bucket took back).
+	Outcome string `protobuf:"bytes,2,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	// buckets_kept counts, for "refunded", the buckets the admission charged that keep the
+	// units because a later admission debited them since (returning them could admit more than
+	// the limit); the other charged buckets are restored. A busy shared level usually keeps them.
+	BucketsKept   uint32 `protobuf:"varint,3,opt,name=buckets_kept,json=bucketsKept,proto3" json:"buckets_kept,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1135,6 +1149,20 @@ func (*RefundResponse) Descriptor() ([]byte, []int) {
 func (x *RefundResponse) GetRefunded() uint64 {
 	if x != nil {
 		return x.Refunded
+	}
+	return 0
+}
+
+func (x *RefundResponse) GetOutcome() string {
+	if x != nil {
+		return x.Outcome
+	}
+	return ""
+}
+
+func (x *RefundResponse) GetBucketsKept() uint32 {
+	if x != nil {
+		return x.BucketsKept
 	}
 	return 0
 }
@@ -1636,7 +1664,11 @@ type ApplyLimitsResponse struct {
 	// "~ changed"); empty when the limits in force already say the same.
 	Changes []string `protobuf:"bytes,3,rep,name=changes,proto3" json:"changes,omitempty"`
 	// applied is false for a dry run.
-	Applied       bool `protobuf:"varint,4,opt,name=applied,proto3" json:"applied,omitempty"`
+	Applied bool `protobuf:"varint,4,opt,name=applied,proto3" json:"applied,omitempty"`
+	// warnings are consequences an operator must see, one sentence each: a removed domain's
+	// Envoy requests are answered OK, unlimited, by a leader running --rls-unknown-domain allow
+	// (the default), or OVER_LIMIT with deny. Set for a dry run too.
+	Warnings      []string `protobuf:"bytes,5,rep,name=warnings,proto3" json:"warnings,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1697,6 +1729,13 @@ func (x *ApplyLimitsResponse) GetApplied() bool {
 		return x.Applied
 	}
 	return false
+}
+
+func (x *ApplyLimitsResponse) GetWarnings() []string {
+	if x != nil {
+		return x.Warnings
+	}
+	return nil
 }
 
 type GetLimitsRequest struct {
@@ -3880,9 +3919,11 @@ const file_quotad_v1_quotad_proto_rawDesc = "" +
 	"\rRefundRequest\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x02 \x01(\x04R\trequestId\",\n" +
+	"request_id\x18\x02 \x01(\x04R\trequestId\"i\n" +
 	"\x0eRefundResponse\x12\x1a\n" +
-	"\brefunded\x18\x01 \x01(\x04R\brefunded\"[\n" +
+	"\brefunded\x18\x01 \x01(\x04R\brefunded\x12\x18\n" +
+	"\aoutcome\x18\x02 \x01(\tR\aoutcome\x12!\n" +
+	"\fbuckets_kept\x18\x03 \x01(\rR\vbucketsKept\"[\n" +
 	"\rStatusRequest\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x122\n" +
 	"\vdescriptors\x18\x02 \x03(\v2\x10.quotad.v1.EntryR\vdescriptors\"\xa8\x02\n" +
@@ -3924,12 +3965,13 @@ const file_quotad_v1_quotad_proto_rawDesc = "" +
 	"\vreplace_all\x18\x03 \x01(\bR\n" +
 	"replaceAll\x12\x17\n" +
 	"\adry_run\x18\x04 \x01(\bR\x06dryRun\x12%\n" +
-	"\x0edelete_domains\x18\x05 \x03(\tR\rdeleteDomains\"}\n" +
+	"\x0edelete_domains\x18\x05 \x03(\tR\rdeleteDomains\"\x99\x01\n" +
 	"\x13ApplyLimitsResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x18\n" +
 	"\adomains\x18\x02 \x03(\tR\adomains\x12\x18\n" +
 	"\achanges\x18\x03 \x03(\tR\achanges\x12\x18\n" +
-	"\aapplied\x18\x04 \x01(\bR\aapplied\"\x12\n" +
+	"\aapplied\x18\x04 \x01(\bR\aapplied\x12\x1a\n" +
+	"\bwarnings\x18\x05 \x03(\tR\bwarnings\"\x12\n" +
 	"\x10GetLimitsRequest\"A\n" +
 	"\x11GetLimitsResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x12\n" +
