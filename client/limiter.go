@@ -10,6 +10,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Limiter decides admissions of one request (domain and descriptor path) locally, at memory
@@ -259,9 +262,12 @@ func (l *Limiter) Share() ShareInfo {
 		if !info.Local {
 			// Say why nothing (or only the fallback) is admitted: Status stays the last answer.
 			ago := time.Duration(fast - st.endFast).Round(time.Millisecond)
-			if st.fallback != nil {
+			switch {
+			case st.refused != "":
+				info.Message = fmt.Sprintf("the share ended %s ago and the cluster refused its renewal (%s): failing closed", ago, st.refused)
+			case st.fallback != nil:
 				info.Message = fmt.Sprintf("the share ended %s ago without a renewal (no answer from the cluster): admitting at this holder's slice of fallback_rate, %.3f/s", ago, st.fallbackPS)
-			} else {
+			default:
 				info.Message = fmt.Sprintf("the share ended %s ago without a renewal (no answer from the cluster): failing closed until one lands (a path admits at a fallback only if every lending level on it sets shares.fallback_rate)", ago)
 			}
 		}
@@ -296,6 +302,7 @@ type pathState struct {
 	pausedUntil int64    // slow ns
 	fallback    *gcra    // after endFast; nil: fail closed
 	fallbackPS  float64  // fallback's rate, units per second (Share)
+	refused     string   // the cluster refused the last renewal (credential): no fallback
 	keys        []string // the levels' bucket keys (re-lending, lender.go)
 	info        ShareInfo
 	changed     chan struct{} // closed when the next state replaces this one
@@ -521,6 +528,13 @@ func (h *shareHolder) renew() time.Duration {
 	h.renewals.Add(1)
 	resp, err := h.c.sendShare(ctx, req)
 	if err != nil {
+		if c := status.Code(err); c == codes.Unauthenticated || c == codes.PermissionDenied {
+			// The cluster answered: this credential may no longer hold shares (a revoked
+			// token). The grant in hand ends at its term; no fallback after it — fallback_rate
+			// is for a cluster that cannot be reached, not for one that refuses.
+			h.refused(paths, err)
+			return 5 * time.Second
+		}
 		return 250 * time.Millisecond // a new seq soon; the grant in hand stays valid meanwhile
 	}
 	decreased, starved := h.apply(resp, paths, sentFast)
@@ -539,6 +553,32 @@ func (h *shareHolder) renew() time.Duration {
 		next = min(next, 200*time.Millisecond)
 	}
 	return next
+}
+
+// refused takes the fallback slice away from paths whose renewal the cluster refused
+// (Unauthenticated, PermissionDenied): they decide on the grant in hand until its end, then
+// fail closed until a renewal is answered again. Logged once per refusal streak.
+func (h *shareHolder) refused(paths []*sharePath, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	first := false
+	for _, p := range paths {
+		if _, ok := h.paths[p.key]; !ok && p.refs <= 0 {
+			continue
+		}
+		st := p.state.Load()
+		if st.refused != "" {
+			continue
+		}
+		next := *st
+		next.refused = err.Error()
+		next.fallback, next.fallbackPS, next.info.FallbackRate = nil, 0, 0
+		p.setState(&next)
+		first = true
+	}
+	if first {
+		h.c.logger().Warn("quotad: the cluster refused this client's share renewal; its Limiters decide on the grant in hand until it ends, then admit nothing (no fallback_rate)", "err", err)
+	}
 }
 
 // demandTau is the time constant of the demand EWMA: an interval of length Δt weighs

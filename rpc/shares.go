@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	fsmv1 "github.com/quotad/quotad/api/quotad/fsm/v1"
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
@@ -16,18 +17,36 @@ import (
 
 // Share obtains or renews the caller's shares (issue 12; quota.Engine.Share). The holder is
 // (the caller's identity, holder_id, incarnation): shares belong to the identity, and the
-// caller needs the worker role for every path's domain (and, scoped to a tenant, must name it).
+// caller needs the worker role for a path's domain (and, scoped to a tenant, must name it):
+// a path it may not spend is answered invalid with the reason, a request with no such path
+// is refused PermissionDenied.
 func (s *Server) Share(ctx context.Context, req *quotadv1.ShareRequest) (*quotadv1.ShareResponse, error) {
 	if err := invalidArg(shareRequestProblem(req)); err != nil {
 		return nil, err
 	}
 	id := IdentityFrom(ctx)
+	// A path the caller may not spend is answered invalid on its own, naming why; the others
+	// are shared as usual. Refusing the whole request (as before) took every share of a
+	// client away — renewals refused, its other Limiters never lent — for one Limiter on a
+	// domain its credential does not cover. Only a request with no allowed path is refused.
+	denied := make([]string, len(req.Paths))
+	allowed := 0
 	for i, p := range req.Paths {
-		if msg := scopeProblem(id, p.GetDomain(), p.GetDescriptors(), true); msg != "" {
-			return nil, permissionDenied("paths[%d]: %s", i, msg)
+		msg := scopeProblem(id, p.GetDomain(), p.GetDescriptors(), true)
+		if msg == "" {
+			msg = s.tenantPathProblem(id, p.GetDomain(), p.GetDescriptors())
 		}
-		if msg := s.tenantPathProblem(id, p.GetDomain(), p.GetDescriptors()); msg != "" {
-			return nil, permissionDenied("paths[%d]: %s", i, msg)
+		if msg == "" {
+			allowed++
+			continue
+		}
+		denied[i] = fmt.Sprintf("paths[%d]: %s", i, msg)
+	}
+	if allowed == 0 {
+		for _, msg := range denied {
+			if msg != "" {
+				return nil, permissionDenied("%s", msg)
+			}
 		}
 	}
 	conn, err := s.route(ctx)
@@ -37,11 +56,49 @@ func (s *Server) Share(ctx context.Context, req *quotadv1.ShareRequest) (*quotad
 		}
 		return quotadv1.NewQuotaClient(conn).Share(forwardCtx(ctx), req)
 	}
+	if allowed < len(req.Paths) {
+		return s.shareAllowed(ctx, id.Name, req, denied)
+	}
+	return s.share(ctx, id.Name, req)
+}
+
+// shareAllowed shares the paths of req that denied leaves empty and answers the others
+// invalid with their reason, in the request's order.
+func (s *Server) shareAllowed(ctx context.Context, owner string, req *quotadv1.ShareRequest, denied []string) (*quotadv1.ShareResponse, error) {
+	sub := proto.Clone(req).(*quotadv1.ShareRequest)
+	sub.Paths = sub.Paths[:0]
+	for i, p := range req.Paths {
+		if denied[i] == "" {
+			sub.Paths = append(sub.Paths, p)
+		}
+	}
+	resp, err := s.share(ctx, owner, sub)
+	if err != nil {
+		return nil, err
+	}
+	paths := make([]*quotadv1.PathShare, 0, len(req.Paths))
+	j := 0
+	for i := range req.Paths {
+		if denied[i] != "" {
+			paths = append(paths, &quotadv1.PathShare{Status: string(quota.ShareInvalid), Message: "permission denied: " + denied[i]})
+			continue
+		}
+		if j < len(resp.Paths) {
+			paths = append(paths, resp.Paths[j])
+		}
+		j++
+	}
+	resp.Paths = paths
+	return resp, nil
+}
+
+// share proposes a share request on the leader.
+func (s *Server) share(ctx context.Context, owner string, req *quotadv1.ShareRequest) (*quotadv1.ShareResponse, error) {
 	fsmReq := req
 	if h := s.Region(); h != nil {
 		fsmReq = h.CapDemand(req) // region.go
 	}
-	r, err := s.prop.propose(ctx, &fsmv1.Op{Op: &fsmv1.Op_Share{Share: &fsmv1.Share{Owner: id.Name, Request: fsmReq}}})
+	r, err := s.prop.propose(ctx, &fsmv1.Op{Op: &fsmv1.Op_Share{Share: &fsmv1.Share{Owner: owner, Request: fsmReq}}})
 	if err != nil {
 		return nil, s.applyError(err)
 	}
@@ -49,7 +106,7 @@ func (s *Server) Share(ctx context.Context, req *quotadv1.ShareRequest) (*quotad
 		return nil, err
 	}
 	s.metrics.observeShare(r.Other.Share)
-	return s.regionRelend(id.Name, req, fsm.ShareResponse(r.Other.Share)), nil // region.go
+	return s.regionRelend(owner, req, fsm.ShareResponse(r.Other.Share)), nil // region.go
 }
 
 // ReleaseShare ends the caller's holder's shares and returns its unused tokens.

@@ -14,6 +14,7 @@ import (
 	"github.com/quotad/quotad/auth"
 	"github.com/quotad/quotad/config"
 	"github.com/quotad/quotad/internal/pkifiles"
+	"github.com/quotad/quotad/quota"
 	"github.com/quotad/quotad/rpc"
 )
 
@@ -49,10 +50,13 @@ dir; a --data-dir you give is kept).`,
 			if regions > 0 && !cmd.Flags().Changed("limits") {
 				limits = "examples/regions.yaml" // a scope: global level to hold shares of
 			}
+			example := ""
 			if limits != "" {
-				if _, err := config.LoadFile(limits); err != nil {
+				l, err := config.LoadFile(limits)
+				if err != nil {
 					return err
 				}
+				example = devAcquireExample(l)
 			}
 			// Every port before anything starts: a node that finds its port busy exits after
 			// dev printed that the cluster is up.
@@ -204,8 +208,11 @@ dir; a --data-dir you give is kept).`,
 				fmt.Printf("\ninsecure cluster of %d (plaintext, no credentials needed): try\n  export QUOTAD_ADDR=%s\n  quotad status\n",
 					nodes, strings.Join(grpcs, ","))
 			} else {
-				fmt.Printf("\ncluster of %d (TLS; credentials in %s): in another shell\n  source %s\n  quotad status\n  quotad acquire --domain provider --descriptor endpoint=charges\n",
+				fmt.Printf("\ncluster of %d (TLS; credentials in %s): in another shell\n  source %s\n  quotad status\n",
 					nodes, creds.Dir, envFile)
+				if example != "" {
+					fmt.Printf("  %s\n", example)
+				}
 			}
 			fmt.Printf("Each node's pid is in %s/NODE.pid ($QUOTAD_DEV_DIR after sourcing dev.env): kill -9 $(cat $QUOTAD_DEV_DIR/node1.pid) crashes node1.\n", dataDir)
 			fmt.Printf("Press Enter here (or kill -HUP %d) to restart the nodes that exited; Ctrl-C stops all nodes", os.Getpid())
@@ -254,4 +261,29 @@ func argOf(args []string, flag string) string {
 		}
 	}
 	return ""
+}
+
+// devAcquireExample is the acquire line dev prints: the README tour's when the limits define
+// its provider domain, else one in the file's first domain (the tour's line answered
+// unknown_domain under quotad dev --regions, whose examples/regions.yaml has only platform).
+func devAcquireExample(l *quota.Limits) string {
+	for _, d := range l.Domains {
+		if d.Name == "provider" {
+			return "quotad acquire --domain provider --descriptor endpoint=charges"
+		}
+	}
+	if len(l.Domains) == 0 {
+		return ""
+	}
+	d := l.Domains[0]
+	line := "quotad acquire --domain " + d.Name
+	if len(d.Descriptors) > 0 {
+		n := d.Descriptors[0]
+		v := n.Value
+		if v == "" {
+			v = "example"
+		}
+		line += " --descriptor " + n.Key + "=" + v
+	}
+	return line
 }

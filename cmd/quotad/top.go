@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"math"
 	"net/http"
 	"os"
 	"os/signal"
@@ -28,8 +30,13 @@ func topCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 			defer stop()
-			if once {
+			switch {
+			case math.IsNaN(ratio) || math.IsInf(ratio, 0) || ratio <= 0:
+				return fmt.Errorf("--max-oversubscription %v: use a ratio above 0 (default 1.5: warn when a parent's children's limits sum to more than 1.5 × its rate)", ratio)
+			case once:
 				interval = 0
+			case interval <= 0:
+				return fmt.Errorf("--interval %v: use a positive refresh interval such as 1s (or --once for one frame)", interval)
 			}
 			// Find a node that answers, then keep its connection for the view.
 			var src top.Source

@@ -181,6 +181,10 @@ func Parse(fs *pflag.FlagSet, name string, data []byte) (map[string]fileValue, e
 			errs = append(errs, fmt.Errorf("%s:%d: key %q repeated (first on line %d)", name, k.Line, key, prev.line))
 			continue
 		}
+		if list := resolve(v); list.Kind == yaml.SequenceNode && !takesList(f) {
+			errs = append(errs, fmt.Errorf("%s:%d: key %q: a list, but --%s takes one value; write it as %s: VALUE", name, v.Line, key, key, key))
+			continue
+		}
 		val, err := scalar(v)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s:%d: key %q: %v", name, v.Line, key, err))
@@ -189,6 +193,22 @@ func Parse(fs *pflag.FlagSet, name string, data []byte) (map[string]fileValue, e
 		out[key] = fileValue{value: val, line: k.Line}
 	}
 	return out, errors.Join(errs...)
+}
+
+// resolve follows aliases to the node they name.
+func resolve(v *yaml.Node) *yaml.Node {
+	for v.Kind == yaml.AliasNode && v.Alias != nil {
+		v = v.Alias
+	}
+	return v
+}
+
+// takesList reports whether a flag takes several values: a slice or array flag, or a string
+// flag whose usage says it is comma-separated (--join, --global-addrs). A list for any other
+// flag was joined with commas into one value (data-dir: [a, b] made a data dir "a,b").
+func takesList(f *pflag.Flag) bool {
+	t := f.Value.Type()
+	return strings.HasSuffix(t, "Slice") || strings.HasSuffix(t, "Array") || strings.Contains(f.Usage, "comma-separated")
 }
 
 // scalar turns a YAML value into the string the flag would get on the command line: a scalar

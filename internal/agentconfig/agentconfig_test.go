@@ -26,7 +26,7 @@ func newFlags(t *testing.T, args ...string) *testFlags {
 	f := &testFlags{fs: pflag.NewFlagSet("agent", pflag.ContinueOnError)}
 	f.fs.StringVar(&f.config, FileFlag, "", "")
 	f.fs.StringVar(&f.id, "id", "default-id", "")
-	f.fs.StringVar(&f.join, "join", "", "")
+	f.fs.StringVar(&f.join, "join", "", "comma-separated gossip addresses of other nodes")
 	f.fs.DurationVar(&f.hb, "raft-heartbeat-timeout", time.Second, "")
 	f.fs.BoolVar(&f.debug, "enable-debug", false, "")
 	f.fs.IntVar(&f.voters, "min-voters", 3, "")
@@ -91,6 +91,9 @@ func TestFileErrorsNameFileLineAndKey(t *testing.T) {
 		{"id: {a: b}\n", []string{":1:", `key "id"`, "mapping"}},
 		{"config: other.yaml\n", []string{":1:", `unknown key "config"`}},
 		{"- id\n", []string{":1:", "want a mapping"}},
+		// A list for a one-value flag was joined into one value (data-dir: [a, b] → "a,b").
+		{"id: [a, b]\n", []string{":1:", `key "id"`, "a list", "--id takes one value"}},
+		{"x: &l [a, b]\nid: *l\n", []string{":2:", `key "id"`, "a list"}},
 		{"id: x\n---\nid: y\n", []string{":2:", "second YAML document"}},
 	} {
 		file := writeFile(t, tc.body)

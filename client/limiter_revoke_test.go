@@ -1,0 +1,87 @@
+package client
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"github.com/quotad/quotad/internal/pkifiles"
+	"github.com/quotad/quotad/rpc/rpctest"
+)
+
+const revokeShareLimits = `
+domain: api
+rate_limit: {unit: second, requests_per_unit: 1000, burst: 1000}
+shares: {lease: 2s, fallback_rate: 500}
+`
+
+// TestLimiterRevokedTokenFailsClosed: a Limiter whose token is revoked decides on the grant in
+// hand until it ends, then admits nothing — fallback_rate is for a cluster that cannot be
+// reached, not for one that refuses the credential. It admitted at its fallback slice forever,
+// saying "no answer from the cluster", while quotad shares listed no holder (user trial,
+// session 11: 10/s for as long as it ran after the revoke).
+func TestLimiterRevokedTokenFailsClosed(t *testing.T) {
+	creds, err := pkifiles.EnsureLocal(filepath.Join(t.TempDir(), "creds"), "quotad")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := rpctest.Start(t, 3, revokeShareLimits, rpctest.Secure(t, creds))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	adminCfg := Config{Addrs: c.Addrs(), TLSFiles: TLSFiles{CAFile: creds.CAFile}, TokenFile: creds.TokenFile}
+	opts, err := adminCfg.DialCredentials()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := grpc.NewClient(c.Addrs()[0], opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	admin := quotadv1.NewAdminClient(cc)
+	tok, err := admin.CreateToken(ctx, &quotadv1.CreateTokenRequest{Role: "worker", Domains: []string{"api"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	qc := newTestClient(t, c.Addrs(), func(cfg *Config) {
+		cfg.TLSFiles = TLSFiles{CAFile: creds.CAFile}
+		cfg.Token = tok.Token
+	})
+	lim := qc.Limiter(Request{Domain: "api"}, LimiterOptions{})
+	defer lim.Close()
+	// Spend while waiting: an idle path's observed demand is 0, which is not lent.
+	for deadline := time.Now().Add(10 * time.Second); !lim.Share().Local; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no local share: %+v", lim.Share())
+		}
+		lim.Allow()
+	}
+	if fb := lim.Share().FallbackRate; fb <= 0 {
+		t.Fatalf("fallback slice %v; the test needs one", fb)
+	}
+	if _, err := admin.RevokeToken(ctx, &quotadv1.RevokeTokenRequest{Accessor: tok.Accessor}); err != nil {
+		t.Fatal(err)
+	}
+	// The grant in hand (2 s lease) ends; a renewal at term/3 is refused meanwhile.
+	deadline := time.Now().Add(6 * time.Second)
+	for lim.Share().Local && time.Now().Before(deadline) {
+		lim.Allow()
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond)
+	admitted := 0
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		if lim.Allow() {
+			admitted++
+		}
+	}
+	if s := lim.Share(); admitted > 0 || s.Local || !strings.Contains(s.Message, "refused its renewal") {
+		t.Fatalf("after the revoke and the grant's end: admitted %d in 1 s, share %+v; want 0 and a message saying the renewal was refused", admitted, s)
+	}
+}

@@ -1,0 +1,57 @@
+package rpc_test
+
+import (
+	"context"
+	"math"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"github.com/quotad/quotad/auth"
+)
+
+// TestSharePathOutsideTheCredentialIsInvalidAlone: a worker's share request naming one path
+// its credential may not spend (another domain; for a tenant-bound worker, a path without its
+// tenant) gets that path answered invalid with the reason and its other paths lent, through a
+// follower too. Refusing the whole request (as before) left every Limiter of such a client
+// unlent ("pending", one RPC per Allow) or, once the path was added, its renewals refused —
+// user trial, session 11. A request with no path the caller may spend is still refused.
+func TestSharePathOutsideTheCredentialIsInvalidAlone(t *testing.T) {
+	c, p := authCluster(t, shareLimits+"---\ndomain: billing\nrate_limit: {unit: second, requests_per_unit: 10}\nshares: {}\n")
+	p.client(auth.Identity{Name: "w", Role: auth.RoleWorker, Domains: []string{"api"}})
+	p.client(auth.Identity{Name: "acme", Role: auth.RoleWorker, Domains: []string{"api"}, Tenant: "acme"})
+	leader := c.Leader()
+	ctx := context.Background()
+	acme := []*quotadv1.Entry{{Key: "tenant", Value: "acme"}}
+	// One holder renewing, through a follower, then the leader.
+	for i, addr := range []string{c.Addrs()[(leader+1)%3], c.Addrs()[leader]} {
+		q := quotadv1.NewQuotaClient(p.dialAs(addr, "w"))
+		resp, err := q.Share(ctx, &quotadv1.ShareRequest{HolderId: "h", Incarnation: 1, Seq: uint64(i + 1), AckSeq: uint64(i), Paths: []*quotadv1.SharePath{
+			{Domain: "billing", Demand: math.MaxUint64},
+			{Domain: "api", Descriptors: acme, Demand: math.MaxUint64, MaxCost: 1},
+		}})
+		if err != nil {
+			t.Fatalf("via %s: %v; want path 0 invalid and path 1 lent", addr, err)
+		}
+		if len(resp.Paths) != 2 || resp.Paths[0].Status != "invalid" || !strings.Contains(resp.Paths[0].Message, `may not use domain "billing"`) ||
+			resp.Paths[1].Status != "lent" || len(resp.Paths[1].Levels) != 2 {
+			t.Fatalf("via %s: %+v", addr, resp.Paths)
+		}
+		// Only paths it may not spend: refused, as before.
+		_, err = q.Share(ctx, &quotadv1.ShareRequest{HolderId: "h2-" + addr, Incarnation: 1, Seq: 1, Paths: []*quotadv1.SharePath{{Domain: "billing"}}})
+		wantCode(t, err, codes.PermissionDenied, `may not use domain "billing"`)
+	}
+
+	// A tenant-bound worker: the domain ceiling alone names no tenant. (Its tenant's path is
+	// too_small while holder h keeps the whole bucket: a newcomer; not invalid in any case.)
+	q := quotadv1.NewQuotaClient(p.dialAs(c.Addrs()[leader], "acme"))
+	resp, err := q.Share(ctx, &quotadv1.ShareRequest{HolderId: "a", Incarnation: 1, Seq: 1, Paths: []*quotadv1.SharePath{
+		{Domain: "api", Descriptors: acme, Demand: math.MaxUint64, MaxCost: 1},
+		{Domain: "api", Demand: math.MaxUint64},
+	}})
+	if err != nil || resp.Paths[0].Status == "invalid" || resp.Paths[1].Status != "invalid" || !strings.Contains(resp.Paths[1].Message, "paths[1]") {
+		t.Fatalf("tenant-bound worker: %+v %v", resp.GetPaths(), err)
+	}
+}
