@@ -158,8 +158,13 @@ func (f *fair) holdExchangeable(ctx context.Context, w *waiter, r proposalResult
 
 // exchangeable reports whether w's grant r may take part in moment exchanges: a scheduled
 // grant (held) decided afresh, of a waiter whose path has no rate limit below its queue's
-// contended level.
-func (w *waiter) exchangeable(r proposalResult) bool {
+// contended level — as of the limits the FSM decided it under: limitsVersion, read after r
+// was applied, is the one w's path was read under (versions only grow, so no change came
+// between). A waiter noted its path when it last queued, maybe seconds before its release;
+// a limit of its tenant's own applied meanwhile (the FSM enforces it) made it move grants
+// against that limit (TestExchangeSkipsWaitersQueuedBeforeALimitChange).
+func (w *waiter) exchangeable(r proposalResult, limitsVersion uint64) bool {
 	d := r.res.Decision
-	return d.Admitted && d.RetryAfter > 0 && !r.res.Duplicate && r.ts > 0 && w.relKey != "" && w.rateMax <= w.relLevel
+	return d.Admitted && d.RetryAfter > 0 && !r.res.Duplicate && r.ts > 0 && w.relKey != "" && w.rateMax <= w.relLevel &&
+		w.limitsVersion == limitsVersion
 }
