@@ -184,10 +184,14 @@ type waiter struct {
 	rateMax  int
 	relKey   string
 	relLevel int
-	concKeys []string // concurrency-limited keys on its path
-	arrived  time.Time
-	ready    chan struct{} // released by the pump (buffered)
-	failed   chan struct{} // closed when leadership is lost, or its token revoked
+	// limitsVersion is the FSM's limits version rateMax was read under: a waiter queued
+	// before a limits change (a tenant given a limit of its own) must not be exchanged on
+	// what its path was then.
+	limitsVersion uint64
+	concKeys      []string // concurrency-limited keys on its path
+	arrived       time.Time
+	ready         chan struct{} // released by the pump (buffered)
+	failed        chan struct{} // closed when leadership is lost, or its token revoked
 	// revoked: failed was closed because the caller's token was revoked (set before, f.mu).
 	revoked bool
 	// Set by the pump before ready: the proposer call carrying its admission (op idx), or
@@ -765,6 +769,7 @@ func (f *fair) wait(ctx context.Context, owner string, slot waiterSlot, adm *quo
 		if h := waitReadHook.Load(); h != nil {
 			(*h)(adm)
 		}
+		limitsVersion := f.s.fsm.LimitsVersion() // before the read: a change during it shows
 		v, err := f.readPath(adm.Domain, es)
 		if err != nil {
 			f.mu.Unlock()
@@ -778,6 +783,7 @@ func (f *fair) wait(ctx context.Context, owner string, slot waiterSlot, adm *quo
 			return answer(r.res.Decision), nil
 		}
 		w.setKeys(v)
+		w.limitsVersion = limitsVersion
 		q := f.queueOn(v)
 		at, blocking := f.admitAt(v, w.cost, false)
 		direct := q == nil && !requeue && at <= now
@@ -957,7 +963,7 @@ func (f *fair) released(ctx context.Context, w *waiter) (*quotadv1.Decision, boo
 	}
 	moment := r.ts + int64(r.res.Decision.RetryAfter)
 	var err error
-	if w.exchangeable(r) {
+	if w.exchangeable(r, f.s.fsm.LimitsVersion()) {
 		moment, err = f.holdExchangeable(ctx, w, r)
 	} else {
 		err = f.hold(ctx, r)

@@ -35,12 +35,16 @@ const fairExchangeMax = 25 * time.Millisecond
 
 // heldGrant is one scheduled grant whose answer this leader holds until moment.
 type heldGrant struct {
-	key       string // the contended bucket's key (its queue's)
-	cost      uint64
-	newcomer  bool
-	fsmMoment int64 // the FSM's moment (leader time, ns)
-	moment    int64 // when it is answered: fsmMoment, or another held grant's after an exchange
-	answered  bool  // its holder has answered (or gave up): no longer exchangeable
+	key      string // the contended bucket's key (its queue's)
+	cost     uint64
+	newcomer bool
+	// fsmAt is the FSM's moment as a local (monotonic) time, mapped from leader time when
+	// the grant was registered; at is when it is answered: fsmAt, or another held grant's
+	// after an exchange. Local times, not leader times: a node that lost and regained
+	// leadership counts leader time from a new base (the election gap is not credited), so
+	// moments of two terms are not comparable, while their local instants are.
+	fsmAt, at time.Time
+	answered  bool // its holder has answered (or gave up): no longer exchangeable
 	changed   chan struct{}
 }
 
@@ -50,13 +54,38 @@ type holdSet struct {
 	byKey map[string]map[*heldGrant]struct{}
 	// exchanges counts exchanges made (tests, diagnostics).
 	exchanges uint64
+	// anchorNs and anchorAt are one reading of leader time and the local clock at the same
+	// moment: grants map their moments to local instants through it, so that within one
+	// anchor the mapping is exact and exchanged moments stay exactly the FSM's. It is taken
+	// anew when leader time and the local clock disagree by more than a millisecond (a new
+	// term counts leader time from a new base).
+	anchorNs int64
+	anchorAt time.Time
+}
+
+// localLocked maps leader time moment to a local instant, given a reading of leader time
+// now0 taken at local time at. h.mu held.
+func (h *holdSet) localLocked(now0 int64, at time.Time, moment int64) time.Time {
+	if h.anchorAt.IsZero() || absNs(now0-(h.anchorNs+int64(at.Sub(h.anchorAt)))) > int64(time.Millisecond) {
+		h.anchorNs, h.anchorAt = now0, at
+	}
+	return h.anchorAt.Add(time.Duration(moment - h.anchorNs))
+}
+
+func absNs(d int64) int64 {
+	if d < 0 {
+		return -d
+	}
+	return d
 }
 
 // add registers a held grant; newcomers take the earliest eligible moment before theirs.
-func (h *holdSet) add(key string, cost uint64, moment int64, newcomer bool) *heldGrant {
-	g := &heldGrant{key: key, cost: cost, newcomer: newcomer, fsmMoment: moment, moment: moment, changed: make(chan struct{}, 1)}
+// now0 is a reading of leader time taken at local time at; moment is the grant's, in leader time.
+func (h *holdSet) add(key string, cost uint64, now0 int64, at time.Time, moment int64, newcomer bool) *heldGrant {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	fsmAt := h.localLocked(now0, at, moment)
+	g := &heldGrant{key: key, cost: cost, newcomer: newcomer, fsmAt: fsmAt, at: fsmAt, changed: make(chan struct{}, 1)}
 	if h.byKey == nil {
 		h.byKey = make(map[string]map[*heldGrant]struct{})
 	}
@@ -68,16 +97,16 @@ func (h *holdSet) add(key string, cost uint64, moment int64, newcomer bool) *hel
 	if newcomer {
 		var best *heldGrant
 		for o := range set {
-			if o.newcomer || o.answered || o.cost != cost || o.moment >= g.moment ||
-				g.moment-o.fsmMoment > int64(fairExchangeMax) {
+			if o.newcomer || o.answered || o.cost != cost || !o.at.Before(g.at) ||
+				g.at.Sub(o.fsmAt) > fairExchangeMax {
 				continue
 			}
-			if best == nil || o.moment < best.moment {
+			if best == nil || o.at.Before(best.at) {
 				best = o
 			}
 		}
 		if best != nil {
-			g.moment, best.moment = best.moment, g.moment
+			g.at, best.at = best.at, g.at
 			h.exchanges++
 			select {
 			case best.changed <- struct{}{}:
@@ -89,13 +118,13 @@ func (h *holdSet) add(key string, cost uint64, moment int64, newcomer bool) *hel
 	return g
 }
 
-// claim reports whether g may be answered at leader time now (its moment has come), and if
-// so takes it out of the set; otherwise it returns how long to wait.
-func (h *holdSet) claim(g *heldGrant, now int64) (bool, time.Duration) {
+// claim reports whether g may be answered now (its moment has come), and if so takes it out
+// of the set; otherwise it returns how long to wait.
+func (h *holdSet) claim(g *heldGrant, now time.Time) (bool, time.Duration) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if now < g.moment {
-		return false, time.Duration(g.moment - now)
+	if now.Before(g.at) {
+		return false, g.at.Sub(now)
 	}
 	h.dropLocked(g)
 	return true, 0
@@ -134,14 +163,14 @@ func (f *fair) holdExchangeable(ctx context.Context, w *waiter, r proposalResult
 	if err != nil {
 		return moment, f.hold(ctx, r) // no longer the leader: nothing to exchange with
 	}
-	wall0 := time.Now()
-	g := f.holds.add(w.relKey, w.cost, moment, w.newcomer)
+	// The moment as a local instant (the monotonic clock runs on if this node stops
+	// leading meanwhile: the answer is still due then).
+	g := f.holds.add(w.relKey, w.cost, now0, time.Now(), moment, w.newcomer)
+	held := func() int64 { return moment + int64(g.at.Sub(g.fsmAt)) } // in leader time, for traces
 	for {
-		// Leader time from one reading and the monotonic clock: it keeps counting if this
-		// node stops leading meanwhile (the answer is still due at its moment).
-		ok, wait := f.holds.claim(g, now0+int64(time.Since(wall0)))
+		ok, wait := f.holds.claim(g, time.Now())
 		if ok {
-			return g.moment, nil
+			return held(), nil
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -151,15 +180,20 @@ func (f *fair) holdExchangeable(ctx context.Context, w *waiter, r proposalResult
 		case <-ctx.Done():
 			t.Stop()
 			f.holds.drop(g)
-			return g.moment, f.s.applyError(ctx.Err())
+			return held(), f.s.applyError(ctx.Err())
 		}
 	}
 }
 
 // exchangeable reports whether w's grant r may take part in moment exchanges: a scheduled
 // grant (held) decided afresh, of a waiter whose path has no rate limit below its queue's
-// contended level.
-func (w *waiter) exchangeable(r proposalResult) bool {
+// contended level — as of the limits the FSM decided it under: limitsVersion, read after r
+// was applied, is the one w's path was read under (versions only grow, so no change came
+// between). A waiter noted its path when it last queued, maybe seconds before its release;
+// a limit of its tenant's own applied meanwhile (the FSM enforces it) made it move grants
+// against that limit (TestExchangeSkipsWaitersQueuedBeforeALimitChange).
+func (w *waiter) exchangeable(r proposalResult, limitsVersion uint64) bool {
 	d := r.res.Decision
-	return d.Admitted && d.RetryAfter > 0 && !r.res.Duplicate && r.ts > 0 && w.relKey != "" && w.rateMax <= w.relLevel
+	return d.Admitted && d.RetryAfter > 0 && !r.res.Duplicate && r.ts > 0 && w.relKey != "" && w.rateMax <= w.relLevel &&
+		w.limitsVersion == limitsVersion
 }

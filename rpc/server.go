@@ -303,6 +303,17 @@ func (s *Server) decideLeader(ctx context.Context, req *quotadv1.AcquireRequest,
 			i := idx[j]
 			setDecision(&slab[i], &r.res.Decision)
 			resp.Decisions[i] = &slab[i]
+			if r.res.Decision.Admitted && r.res.Decision.RetryAfter > 0 {
+				// A scheduled grant: here only a retry answered from the dedup table (a fresh
+				// admission is scheduled only if it waits, and those go through the scheduler),
+				// sent without max_wait_ms (the request's fingerprint leaves it out) while
+				// nothing waits. Held as the scheduler holds one (never before the original,
+				// which an exchange may have moved), not handed over with its retry_after_ms.
+				if err := s.fair.hold(ctx, r); err != nil {
+					return nil, err
+				}
+				slab[i].RetryAfterMs = 0
+			}
 		}
 		if err := errors.Join(errs...); err != nil {
 			return nil, s.applyError(err)
