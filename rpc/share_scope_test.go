@@ -55,3 +55,41 @@ func TestSharePathOutsideTheCredentialIsInvalidAlone(t *testing.T) {
 		t.Fatalf("tenant-bound worker: %+v %v", resp.GetPaths(), err)
 	}
 }
+
+// TestShareRetryAfterPermissionChangeIsAborted: a tenant-bound worker's retry of a share
+// request (same seq) after a limits change made one of its paths valid gets Aborted, not the
+// stored answer of the first try — which covered one path fewer and, matched by position,
+// would give a path the share of another.
+func TestShareRetryAfterPermissionChangeIsAborted(t *testing.T) {
+	c, p := authCluster(t, shareLimits)
+	p.client(auth.Identity{Name: "acme", Role: auth.RoleWorker, Domains: []string{"api"}, Tenant: "acme"})
+	p.client(auth.Identity{Name: "op", Role: auth.RoleAdmin})
+	leader := c.Leader()
+	ctx := context.Background()
+	q := quotadv1.NewQuotaClient(p.dialAs(c.Addrs()[leader], "acme"))
+	req := &quotadv1.ShareRequest{HolderId: "a", Incarnation: 1, Seq: 1, Paths: []*quotadv1.SharePath{
+		{Domain: "api", Descriptors: []*quotadv1.Entry{{Key: "tenant", Value: "acme"}, {Key: "consumer", Value: "x"}}, Demand: math.MaxUint64, MaxCost: 1},
+		{Domain: "api", Descriptors: []*quotadv1.Entry{{Key: "tenant", Value: "acme"}}, Demand: math.MaxUint64, MaxCost: 1},
+	}}
+	resp, err := q.Share(ctx, req)
+	if err != nil || resp.Paths[0].Status != "invalid" || resp.Paths[1].Status == "invalid" {
+		t.Fatalf("first try: %+v %v; want path 0 (consumer undefined) invalid, path 1 not", resp.GetPaths(), err)
+	}
+	// The consumer level is defined now: path 0 becomes one the worker may spend.
+	withConsumer := strings.Replace(shareLimits, "    shares: {}\n", "    shares: {}\n    descriptors:\n      - key: consumer\n", 1)
+	if withConsumer == shareLimits {
+		t.Fatal("test setup: shareLimits changed shape")
+	}
+	admin := quotadv1.NewAdminClient(p.dialAs(c.Addrs()[leader], "op"))
+	if _, err := admin.ApplyLimits(ctx, &quotadv1.ApplyLimitsRequest{Yaml: withConsumer}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = q.Share(ctx, req)
+	wantCode(t, err, codes.Aborted, "newer seq")
+	// A newer seq is answered for both paths.
+	req.Seq, req.AckSeq = 2, 1
+	resp, err = q.Share(ctx, req)
+	if err != nil || len(resp.Paths) != 2 || resp.Paths[0].Status == "invalid" {
+		t.Fatalf("newer seq: %+v %v", resp.GetPaths(), err)
+	}
+}

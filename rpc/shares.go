@@ -106,7 +106,16 @@ func (s *Server) share(ctx context.Context, owner string, req *quotadv1.ShareReq
 		return nil, err
 	}
 	s.metrics.observeShare(r.Other.Share)
-	return s.regionRelend(owner, req, fsm.ShareResponse(r.Other.Share)), nil // region.go
+	resp := fsm.ShareResponse(r.Other.Share)
+	if resp.Duplicate && len(resp.Paths) != len(req.Paths) {
+		// The stored answer of this seq is for another set of paths: a path's permission
+		// changed between the tries (shareAllowed proposes only the allowed ones; a limits
+		// change can turn a tenant-bound worker's path valid or invalid). Matched by position
+		// it would hand one path's share to another.
+		return nil, status.Errorf(codes.Aborted, "share request seq %d of holder %q was answered before for %d path(s) the caller could spend, and now %d: a path's permission changed between the tries (limits changed?), so that answer cannot be matched to these paths; send the request again with a newer seq",
+			req.Seq, req.HolderId, len(resp.Paths), len(req.Paths))
+	}
+	return s.regionRelend(owner, req, resp), nil // region.go
 }
 
 // ReleaseShare ends the caller's holder's shares and returns its unused tokens.
