@@ -235,6 +235,12 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 			cfg.Cluster.PeerTLS = peerTLS
 		}
 	}
+	// The node's settings are checked before any port is bound: a bad value is refused for
+	// what it is, not as "address already in use" when another process holds a default port
+	// (cluster.NewNode checks them again).
+	if err := cfg.Cluster.Validate(); err != nil {
+		return nil, err
+	}
 	if a.grpcLn, err = net.Listen("tcp", cfg.Cluster.GRPCAddr); err != nil {
 		return nil, fmt.Errorf("grpc address %q: %w", cfg.Cluster.GRPCAddr, err)
 	}
