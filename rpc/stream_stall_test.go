@@ -16,6 +16,7 @@ import (
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 	"github.com/quotad/quotad/auth"
+	"github.com/quotad/quotad/cluster"
 	"github.com/quotad/quotad/cluster/clustertest"
 	"github.com/quotad/quotad/rpc"
 	"github.com/quotad/quotad/rpc/rpctest"
@@ -185,7 +186,11 @@ func TestStreamUnreadStillRechecked(t *testing.T) {
 					t.Fatal(err)
 				}
 			case "transfer":
-				if err := c.Agent(leader).Node().TransferLeadership(""); err != nil {
+				// Under -race on a loaded machine the leader can lose leadership on its own
+				// during the flood; the stream must end the same way, so go on.
+				if err := c.Agent(leader).Node().TransferLeadership(""); errors.Is(err, cluster.ErrNotLeader) {
+					t.Logf("node%d lost leadership before the transfer: %v", leader, err)
+				} else if err != nil {
 					t.Fatal(err)
 				}
 			}
