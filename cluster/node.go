@@ -219,6 +219,7 @@ func (n *Node) openRaft() error {
 	}
 	hl := newHCLog(n.log, "raft", cfg.LibraryLogLevel)
 	hl.(*hclogAdapter).leaving = &n.leaving
+	hl.(*hclogAdapter).peerLeft = n.peerLeftRecently
 	snaps, err := openSnapshotStore(cfg.DataDir, cfg.SnapshotRetain, hl.Named("snapshots"))
 	if err != nil {
 		return fmt.Errorf("cluster: snapshot store in %q: %w", cfg.DataDir, err)
@@ -654,6 +655,13 @@ func (n *Node) stop(graceful bool) error {
 		}
 		n.cancel()
 		if graceful {
+			// Peers learn it leaves on purpose before its Raft goes (their logs then say
+			// so at INFO instead of erroring about it: peerLeftNoise).
+			n.tellLeaving(500 * time.Millisecond)
+			n.setMeta(func(m *nodeMeta) { m.Leaving = true })
+			if err := n.ml.UpdateNode(500 * time.Millisecond); err != nil {
+				n.log.Info("gossip: telling peers this node leaves", "err", err)
+			}
 			if err := n.ml.Leave(time.Second); err != nil {
 				n.log.Warn("gossip leave failed", "err", err)
 			}
