@@ -359,11 +359,13 @@ func (n *Node) onGossip(m *memberlist.Node, alive bool) {
 	p.meta = meta
 	p.gossipAddr = net.JoinHostPort(m.Addr.String(), strconv.Itoa(int(m.Port)))
 	p.alive = alive
-	p.left = !alive && (m.State == memberlist.StateLeft || meta.Leaving)
-	switch {
-	case alive && !meta.Leaving && (!ok || p.since == now):
+	if alive && !meta.Leaving && (!ok || p.since == now) {
 		p.leftAt = time.Time{} // (back) in gossip: a start, not a stale update after leavingMsg
-	case (meta.Leaving || p.left) && p.leftAt.IsZero():
+	}
+	// Left: it said so directly (leavingMsg, leftAt), in its metadata, or memberlist knows
+	// (it does not tell NotifyLeave today, and the metadata update may arrive after the leave).
+	p.left = !alive && (m.State == memberlist.StateLeft || meta.Leaving || !p.leftAt.IsZero())
+	if (meta.Leaving || p.left) && p.leftAt.IsZero() {
 		p.leftAt = now
 	}
 	n.gossip.mu.Unlock()
