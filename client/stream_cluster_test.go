@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quotad/quotad/cluster"
 	"github.com/quotad/quotad/cluster/clustertest"
 	"github.com/quotad/quotad/internal/pkifiles"
 	"github.com/quotad/quotad/rpc"
@@ -148,7 +149,11 @@ func TestClusterStreamLeaderChange(t *testing.T) {
 			case "kill":
 				tc.Kill(old)
 			case "transfer":
-				if err := tc.Agent(old).Node().TransferLeadership(""); err != nil {
+				// Under -race on a loaded machine the leader can lose leadership on its own
+				// while the waiters pile up; that is the change this test wants, so go on.
+				if err := tc.Agent(old).Node().TransferLeadership(""); errors.Is(err, cluster.ErrNotLeader) {
+					t.Logf("node%d lost leadership before the transfer: %v", old, err)
+				} else if err != nil {
 					t.Fatal(err)
 				}
 			}

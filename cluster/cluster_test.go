@@ -541,3 +541,27 @@ func TestDataDirBelongsToOneID(t *testing.T) {
 		t.Fatalf("NewNode with another node's data dir: %v", err)
 	}
 }
+
+// TestGracefulStopShowsLeft: a node stopped gracefully says so in gossip before it leaves, so
+// the others list it as left, not unreachable (memberlist hands NotifyLeave the node without
+// its left state, so before nodeMeta.Leaving every graceful stop read as a failure), and
+// their raft logs treat it as gone on purpose (e2e TestGracefulStopLogsNoError). A crashed node
+// stays unreachable.
+func TestGracefulStopShowsLeft(t *testing.T) {
+	c := clustertest.Start(t, 3, newCounterFSM)
+	li := c.WaitLeader(leaderTimeout)
+	stopped, killed := (li+1)%3, (li+2)%3
+	sid, kid := c.Node(stopped).ID(), c.Node(killed).ID()
+	c.Stop(stopped)
+	c.Kill(killed)
+	clustertest.Eventually(t, 10*time.Second, func() error {
+		states := map[string]string{}
+		for _, m := range c.Node(li).Members() {
+			states[m.ID] = m.State
+		}
+		if states[sid] != cluster.StateLeft || states[kid] != cluster.StateUnreachable {
+			return fmt.Errorf("members: %v; want %s %s (stopped gracefully) and %s %s (killed)", states, sid, cluster.StateLeft, kid, cluster.StateUnreachable)
+		}
+		return nil
+	})
+}

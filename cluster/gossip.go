@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -32,6 +33,10 @@ type nodeMeta struct {
 	// from before fsm command version 6). A leader asks it before replicating limits that
 	// older nodes would decide differently.
 	Cmd int `json:"cv,omitempty"`
+	// Leaving: the node is stopping gracefully (Node.Shutdown): it says so before it leaves
+	// gossip, because memberlist hands NotifyLeave the node with its State not yet set to
+	// StateLeft, so peers could not tell a leave from a failure.
+	Leaving bool `json:"l,omitempty"`
 }
 
 // commandVersioned is the optional ability of an FSM to say the newest command version it
@@ -58,6 +63,7 @@ type peer struct {
 	alive      bool
 	left       bool      // left gracefully (vs. failed)
 	since      time.Time // Clock reading at the last alive/dead transition
+	leftAt     time.Time // Clock reading when it said it was leaving (zero: it did not, or came back)
 }
 
 type gossipState struct {
@@ -353,7 +359,15 @@ func (n *Node) onGossip(m *memberlist.Node, alive bool) {
 	p.meta = meta
 	p.gossipAddr = net.JoinHostPort(m.Addr.String(), strconv.Itoa(int(m.Port)))
 	p.alive = alive
-	p.left = !alive && m.State == memberlist.StateLeft
+	if alive && !meta.Leaving && (!ok || p.since == now) {
+		p.leftAt = time.Time{} // (back) in gossip: a start, not a stale update after leavingMsg
+	}
+	// Left: it said so directly (leavingMsg, leftAt), in its metadata, or memberlist knows
+	// (it does not tell NotifyLeave today, and the metadata update may arrive after the leave).
+	p.left = !alive && (m.State == memberlist.StateLeft || meta.Leaving || !p.leftAt.IsZero())
+	if (meta.Leaving || p.left) && p.leftAt.IsZero() {
+		p.leftAt = now
+	}
 	n.gossip.mu.Unlock()
 	if !ok || !alive {
 		n.log.Info("gossip member", "member", m.Name, "alive", alive, "left", p.left, "addr", p.gossipAddr)
@@ -377,7 +391,92 @@ func (d gossipDelegate) NodeMeta(limit int) []byte {
 	}
 	return d.n.gossip.raw
 }
-func (gossipDelegate) NotifyMsg([]byte)                           {}
+
+// NotifyMsg takes leavingMsg: the sender stops gracefully (Node.tellLeaving).
+func (d gossipDelegate) NotifyMsg(b []byte) {
+	id, ok := bytes.CutPrefix(b, []byte(leavingMsg))
+	if !ok || len(id) == 0 {
+		return
+	}
+	now := d.n.clock.Now()
+	d.n.gossip.mu.Lock()
+	if p := d.n.gossip.peers[string(id)]; p != nil && p.leftAt.IsZero() {
+		p.leftAt = now
+	}
+	d.n.gossip.mu.Unlock()
+	d.n.log.Info("gossip member leaving", "member", string(id))
+}
+
+// leavingMsg, followed by the node's ID, is the gossip user message a node stopping
+// gracefully sends each peer directly (TCP) before its Raft stops: a metadata update and the
+// leave itself reach peers only as fast as gossip spreads them, often after their raft met
+// the closed port.
+const leavingMsg = "quotad-leaving:"
+
+// tellLeaving sends leavingMsg to every live peer, in parallel, waiting at most d.
+func (n *Node) tellLeaving(d time.Duration) {
+	var wg sync.WaitGroup
+	for _, m := range n.ml.Members() {
+		if m.Name == n.cfg.ID {
+			continue
+		}
+		wg.Go(func() {
+			if err := n.ml.SendReliable(m, []byte(leavingMsg+n.cfg.ID)); err != nil {
+				n.log.Info("gossip: telling a peer this node leaves", "member", m.Name, "err", err)
+			}
+		})
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d):
+	}
+}
 func (gossipDelegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
 func (gossipDelegate) LocalState(join bool) []byte                { return nil }
 func (gossipDelegate) MergeRemoteState(buf []byte, join bool)     {}
+
+// leftQuietFor is how long after a peer left gossip gracefully raft's failures to reach it
+// are logged at INFO (peerLeftNoise): long enough for a restart or an upgrade; a node that
+// left and stays away longer, still in the configuration, is worth errors again.
+const leftQuietFor = 5 * time.Minute
+
+// peerLeftRecently reports whether the peer a raft log record names (args: "peer" as a
+// raft.Server or raft.ServerAddress, or "server-id") said it was leaving (nodeMeta.Leaving)
+// less than leftQuietFor ago and has not come back.
+func (n *Node) peerLeftRecently(args []any) bool {
+	var addr, id string
+	for i := 0; i+1 < len(args); i += 2 {
+		k, _ := args[i].(string)
+		if !peerLogKeys[k] {
+			continue
+		}
+		switch v := args[i+1].(type) {
+		case raft.Server:
+			addr, id = string(v.Address), string(v.ID)
+		case raft.ServerAddress:
+			addr = string(v)
+		case raft.ServerID:
+			id = string(v)
+		case string:
+			addr, id = v, v
+		}
+		break
+	}
+	if addr == "" && id == "" {
+		return false
+	}
+	now := n.clock.Now()
+	n.gossip.mu.Lock()
+	defer n.gossip.mu.Unlock()
+	for name, p := range n.gossip.peers {
+		if p.leftAt.IsZero() || now.Sub(p.leftAt) > leftQuietFor {
+			continue
+		}
+		if (id != "" && (name == id || p.meta.ID == id)) || (addr != "" && p.meta.Raft == addr) {
+			return true
+		}
+	}
+	return false
+}

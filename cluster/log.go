@@ -28,6 +28,21 @@ type hclogAdapter struct {
 	// leaving, if set and true, says the node is stopping gracefully: raft's errors about
 	// peers and its own transport are then what leaving means, not faults (leavingNoise).
 	leaving *atomic.Bool
+	// peerLeft, if set, reports whether the peer a record names (args) left gossip gracefully
+	// a short while ago (Node.peerLeftRecently): raft's failures to reach it are then
+	// peerLeftNoise.
+	peerLeft func(args []any) bool
+}
+
+// peerLeftNoise are the raft errors the other nodes log about a node that stopped gracefully:
+// it left gossip before its Raft shut down, so they know it is gone on purpose. They are logged
+// at INFO with peer_left=true for a while after it left (leftQuietFor); a peer that failed
+// (no leave) keeps them errors.
+var peerLeftNoise = map[string]bool{
+	"failed to appendEntries to":       true,
+	"failed to heartbeat to":           true,
+	"failed to pipeline appendEntries": true,
+	"failed to make requestVote RPC":   true,
 }
 
 // leavingNoise are the raft errors a node logs because it is leaving, while it stops
@@ -49,20 +64,25 @@ var leavingNoise = map[string]bool{
 // level is the level msg is logged at: an error raft logs only because the node's own
 // transport shut down (raft.ErrTransportShutdown: a command that arrived while it closed) is
 // INFO whenever it happens, and leavingNoise is INFO while the node leaves.
-func (h *hclogAdapter) level(level hclog.Level, msg string, args []any) (slog.Level, bool) {
+//
+// The second result names the attribute that says why an error was lowered ("" if it was not).
+func (h *hclogAdapter) level(level hclog.Level, msg string, args []any) (slog.Level, string) {
 	lv := toSlogLevel(level)
 	if lv < slog.LevelWarn {
-		return lv, false
+		return lv, ""
 	}
 	for i := 1; i < len(args); i += 2 {
 		if err, ok := args[i].(error); ok && errors.Is(err, raft.ErrTransportShutdown) {
-			return slog.LevelInfo, true
+			return slog.LevelInfo, "during_shutdown"
 		}
 	}
 	if h.leaving != nil && h.leaving.Load() && leavingNoise[msg] {
-		return slog.LevelInfo, true
+		return slog.LevelInfo, "during_shutdown"
 	}
-	return lv, false
+	if h.peerLeft != nil && peerLeftNoise[msg] && h.peerLeft(args) {
+		return slog.LevelInfo, "peer_left"
+	}
+	return lv, ""
 }
 
 func newHCLog(l *slog.Logger, name string, min slog.Level) hclog.Logger {
@@ -89,12 +109,12 @@ func (h *hclogAdapter) enabled(lv slog.Level) bool {
 }
 
 func (h *hclogAdapter) Log(level hclog.Level, msg string, args ...any) {
-	lv, quiet := h.level(level, msg, args)
+	lv, why := h.level(level, msg, args)
 	if !h.enabled(lv) {
 		return
 	}
-	if quiet {
-		args = append(args[:len(args):len(args)], "during_shutdown", true)
+	if why != "" {
+		args = append(args[:len(args):len(args)], why, true)
 	}
 	var suppressed int
 	var over time.Duration

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -218,6 +219,7 @@ func (n *Node) openRaft() error {
 	}
 	hl := newHCLog(n.log, "raft", cfg.LibraryLogLevel)
 	hl.(*hclogAdapter).leaving = &n.leaving
+	hl.(*hclogAdapter).peerLeft = n.peerLeftRecently
 	snaps, err := openSnapshotStore(cfg.DataDir, cfg.SnapshotRetain, hl.Named("snapshots"))
 	if err != nil {
 		return fmt.Errorf("cluster: snapshot store in %q: %w", cfg.DataDir, err)
@@ -561,10 +563,14 @@ func (n *Node) VerifyRead(ctx context.Context) error {
 }
 
 // TransferLeadership hands leadership to the voter with ID to, or to the most up-to-date
-// voter if to is "". It returns once the transfer succeeded or failed (raft bounds it by
-// ElectionTimeout). ErrNotLeader if this node is not the leader; ErrUnknownServer if to is
-// not a voter in the configuration. to naming this node, the leader, is a no-op: it already
-// leads (raft would refuse it as a transfer to itself).
+// voter if to is "". It returns once the transfer succeeded or failed. Raft gives one attempt
+// ElectionTimeout to bring the target up to date and another for it to win: a follower that
+// lags (a burst of writes, a loaded machine) misses that, so an attempt that timed out while
+// this node still leads is made again, for up to transferPatience ElectionTimeouts; one after which this node no
+// longer leads succeeded late (the target won after raft stopped waiting). ErrNotLeader if
+// this node is not the leader; ErrUnknownServer if to is not a voter in the configuration. to
+// naming this node, the leader, is a no-op: it already leads (raft would refuse it as a
+// transfer to itself).
 func (n *Node) TransferLeadership(to string) error {
 	if n.raft.State() != raft.Leader {
 		return ErrNotLeader
@@ -572,10 +578,8 @@ func (n *Node) TransferLeadership(to string) error {
 	if to == n.cfg.ID {
 		return nil
 	}
-	var f raft.Future
-	if to == "" {
-		f = n.raft.LeadershipTransfer()
-	} else {
+	start := func() raft.Future { return n.raft.LeadershipTransfer() }
+	if to != "" {
 		cf := n.raft.GetConfiguration()
 		if err := n.wait(context.Background(), cf); err != nil {
 			return fmt.Errorf("cluster: transfer leadership: %w", err)
@@ -589,16 +593,43 @@ func (n *Node) TransferLeadership(to string) error {
 		if addr == "" {
 			return fmt.Errorf("%w: %q is not a voter", ErrUnknownServer, to)
 		}
-		f = n.raft.LeadershipTransferToServer(raft.ServerID(to), addr)
+		start = func() raft.Future { return n.raft.LeadershipTransferToServer(raft.ServerID(to), addr) }
 	}
-	if err := n.wait(context.Background(), f); err != nil {
+	var err error
+	deadline := time.Now().Add(transferPatience * n.cfg.ElectionTimeout)
+	for attempt := 1; ; attempt++ {
+		if err = n.wait(context.Background(), start()); err == nil {
+			return nil
+		}
 		if errors.Is(err, raft.ErrNotLeader) {
 			return fmt.Errorf("%w: %w", ErrNotLeader, err)
 		}
-		return fmt.Errorf("cluster: transfer leadership to %q: %w", to, err)
+		if !errors.Is(err, raft.ErrLeadershipTransferInProgress) && !strings.Contains(err.Error(), "timeout") {
+			break // e.g. no other voter: trying again changes nothing
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		// Raft clears its transfer-in-progress flag only once the timed-out attempt's
+		// replication to the target returns, and a target that won after the timeout takes
+		// over within an election: look again shortly.
+		time.Sleep(n.cfg.HeartbeatTimeout / 8)
+		if n.raft.State() != raft.Leader {
+			if _, id := n.raft.LeaderWithID(); to == "" || string(id) == to || id == "" {
+				return nil // it moved; to "" asks for any other voter
+			}
+			return fmt.Errorf("cluster: transfer leadership to %q: %w (another node took over)", to, err)
+		}
+		if !errors.Is(err, raft.ErrLeadershipTransferInProgress) {
+			n.log.Info("leadership transfer attempt failed; trying again", "attempt", attempt, "to", to, "err", err)
+		}
 	}
-	return nil
+	return fmt.Errorf("cluster: transfer leadership to %q: %w", to, err)
 }
+
+// transferPatience is how many ElectionTimeouts TransferLeadership keeps trying while this
+// node stays leader (3.2 s at the default 400 ms).
+const transferPatience = 8
 
 // Shutdown stops the node gracefully: a leader first hands leadership to another voter (so
 // the cluster does not wait out an election timeout), then the node leaves gossip, Raft
@@ -624,6 +655,13 @@ func (n *Node) stop(graceful bool) error {
 		}
 		n.cancel()
 		if graceful {
+			// Peers learn it leaves on purpose before its Raft goes (their logs then say
+			// so at INFO instead of erroring about it: peerLeftNoise).
+			n.tellLeaving(500 * time.Millisecond)
+			n.setMeta(func(m *nodeMeta) { m.Leaving = true })
+			if err := n.ml.UpdateNode(500 * time.Millisecond); err != nil {
+				n.log.Info("gossip: telling peers this node leaves", "err", err)
+			}
 			if err := n.ml.Leave(time.Second); err != nil {
 				n.log.Warn("gossip leave failed", "err", err)
 			}

@@ -193,9 +193,13 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 	authn := newAuthenticator(cfg, a.fsm, bootstrapToken)
 	authn.calls.refused = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "quotad_calls_refused_total",
-		Help: "gRPC calls refused ResourceExhausted at their headers because their identity already had --max-calls-per-identity calls in flight on this node (health checks: their source address had 64).",
+		Help: "gRPC calls refused ResourceExhausted at their headers because their identity already had --max-calls-per-identity calls in flight on this node.",
 	})
-	a.metrics.Registry.MustRegister(authn.calls.refused)
+	authn.calls.evicted = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "quotad_open_calls_ended_total",
+		Help: "Calls to open methods (health Check, List) ended Canceled before their request arrived because a newer one came from their source address, which had 64 waiting, or the node had 1024 waiting.",
+	})
+	a.metrics.Registry.MustRegister(authn.calls.refused, authn.calls.evicted)
 	a.authn = authn
 	maxRequest := cfg.MaxRequestBytes
 	if maxRequest <= 0 {
@@ -234,6 +238,12 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 			}
 			cfg.Cluster.PeerTLS = peerTLS
 		}
+	}
+	// The node's settings are checked before any port is bound: a bad value is refused for
+	// what it is, not as "address already in use" when another process holds a default port
+	// (cluster.NewNode checks them again).
+	if err := cfg.Cluster.Validate(); err != nil {
+		return nil, err
 	}
 	if a.grpcLn, err = net.Listen("tcp", cfg.Cluster.GRPCAddr); err != nil {
 		return nil, fmt.Errorf("grpc address %q: %w", cfg.Cluster.GRPCAddr, err)

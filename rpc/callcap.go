@@ -1,6 +1,7 @@
 package rpc
 
 import (
+	"container/list"
 	"context"
 	"net"
 	"sync"
@@ -35,10 +36,12 @@ const DefaultMaxCallsPerIdentity = 4096
 type callCounter struct {
 	max     int
 	refused prometheus.Counter // nil: not counted
+	evicted prometheus.Counter // open calls ended for a newer one (nil: not counted)
 
 	mu       sync.Mutex
 	byName   map[string]int
-	inFlight atomic.Int64 // the sum of byName (quotad_calls_in_flight)
+	inFlight atomic.Int64 // the sum of byName and open (quotad_calls_in_flight)
+	open     openCalls
 }
 
 func newCallCounter(max int) *callCounter {
@@ -64,22 +67,93 @@ func (c *callCounter) take(ctx context.Context, name, method string) (*callSlot,
 	})
 }
 
-// MaxOpenCallsPerAddress caps the calls to open methods (gRPC health Check and List, which
-// need no credential) in flight on a node from one source address (an IPv4 address or an
-// IPv6 /64). Without it anyone could hold a node's memory with health checks that send
-// headers and never their message (30,000 took a node from 25 to 359 MB); a health checker
-// has one or a few in flight. By address, not in total, so a flood from one host does not
-// refuse another's health checks.
-const MaxOpenCallsPerAddress = 64
+// MaxOpenCallsPerAddress and MaxOpenCalls bound the calls to open methods (gRPC health Check
+// and List, which need no credential) that a node holds before their request has arrived:
+// per source address (an IPv4 address or an IPv6 /64) and in total. Such a call holds a
+// goroutine and 12-17 KB; without a bound anyone could hold a node's memory with health
+// checks that send headers and never their message (30,000 took a node from 25 to 359 MB).
+//
+// A call beyond a bound is not refused: it is taken, and the oldest call of its address (or,
+// at MaxOpenCalls, the node's oldest) that still waits for its request is ended (Canceled)
+// instead. Refusing the newest locked out every health checker sharing the flooder's address
+// (one NAT, one load balancer's health-check source): 64 calls that never sent their message
+// held the address's slots for as long as their connection lived. An honest check sends its
+// request with its headers and leaves the count within microseconds, so it is only ended if
+// 64 newer calls from its address arrive before its request is read; the flooder keeps at
+// most 64 (and all flooders together MaxOpenCalls: ~17 MB) however many it opens, and pays a
+// HEADERS frame for every call it holds.
+const (
+	MaxOpenCallsPerAddress = 64
+	MaxOpenCalls           = 1024
+)
 
-// takeOpen reserves a slot for one call to an open method from ctx's source address (see
-// take).
-func (c *callCounter) takeOpen(ctx context.Context, method string) (*callSlot, error) {
+// maxOpenCalls is MaxOpenCalls (tests lower it).
+var maxOpenCalls atomic.Int64
+
+func init() { maxOpenCalls.Store(MaxOpenCalls) }
+
+// openCalls orders the open-method calls waiting for their request, per source address and
+// in total, oldest first (callCounter.mu guards them).
+type openCalls struct {
+	all    list.List // of *callSlot
+	byAddr map[string]*list.List
+}
+
+// takeOpen takes a slot for one call to an open method from ctx's source address and returns
+// the context the call runs with: ending the slot's call early (evict) cancels it, which ends
+// the call's wait for its request. Never refuses (see MaxOpenCallsPerAddress).
+func (c *callCounter) takeOpen(ctx context.Context) (context.Context, *callSlot) {
 	src := sourceOf(ctx)
-	return c.takeUpTo(ctx, "open\x00"+src, MaxOpenCallsPerAddress, func(n int) error {
-		return status.Errorf(codes.ResourceExhausted, "%s: %s already has %d calls to open methods in flight on this node, the limit per address (%d); "+
-			"wait for some to finish (a client that opens calls and never completes them holds them)", method, src, n, MaxOpenCallsPerAddress)
-	})
+	ctx, cancel := context.WithCancel(ctx)
+	s := &callSlot{c: c, name: src, cancel: cancel}
+	c.inFlight.Add(1)
+	s.stop = context.AfterFunc(ctx, s.release)
+	var evicted []*callSlot
+	c.mu.Lock()
+	if !s.done.Load() { // else released already: ctx was done
+		if c.open.byAddr == nil {
+			c.open.byAddr = make(map[string]*list.List)
+		}
+		l := c.open.byAddr[src]
+		if l == nil {
+			l = list.New()
+			c.open.byAddr[src] = l
+		}
+		if l.Len() >= MaxOpenCallsPerAddress {
+			evicted = append(evicted, c.unlinkOpen(l.Front().Value.(*callSlot)))
+		}
+		if int64(c.open.all.Len()) >= maxOpenCalls.Load() {
+			evicted = append(evicted, c.unlinkOpen(c.open.all.Front().Value.(*callSlot)))
+		}
+		s.addrElem = l.PushBack(s)
+		s.allElem = c.open.all.PushBack(s)
+	}
+	c.mu.Unlock()
+	for _, e := range evicted {
+		if e.done.CompareAndSwap(false, true) {
+			c.inFlight.Add(-1)
+			if c.evicted != nil {
+				c.evicted.Inc()
+			}
+		}
+		e.cancel() // its wait for the request ends; its AfterFunc finds it released
+	}
+	return ctx, s
+}
+
+// unlinkOpen takes s out of the open-call order (c.mu held) and returns it.
+func (c *callCounter) unlinkOpen(s *callSlot) *callSlot {
+	if s.allElem == nil {
+		return s
+	}
+	c.open.all.Remove(s.allElem)
+	l := c.open.byAddr[s.name]
+	l.Remove(s.addrElem)
+	if l.Len() == 0 {
+		delete(c.open.byAddr, s.name)
+	}
+	s.allElem, s.addrElem = nil, nil
+	return s
 }
 
 // sourceOf is the source address a call counts against: its IPv4 address, its IPv6 /64, or
@@ -125,19 +199,32 @@ func (c *callCounter) put(name string) {
 	c.inFlight.Add(-1)
 }
 
-// callSlot is one call's place in its identity's count.
+// callSlot is one call's place in its identity's count, or in the open calls' order.
 type callSlot struct {
 	c    *callCounter
-	name string
+	name string      // the identity, or the source address of an open call
 	stop func() bool // unregisters the release on the call's context
 	done atomic.Bool
+
+	// Open calls only (takeOpen): cancel ends the call; its places in the order (nil once
+	// out of it).
+	cancel            context.CancelFunc
+	addrElem, allElem *list.Element
 }
 
 // release returns the slot (once, whoever calls first).
 func (s *callSlot) release() {
-	if s.done.CompareAndSwap(false, true) {
-		s.c.put(s.name)
+	if !s.done.CompareAndSwap(false, true) {
+		return
 	}
+	if s.cancel == nil {
+		s.c.put(s.name)
+		return
+	}
+	s.c.mu.Lock()
+	s.c.unlinkOpen(s)
+	s.c.mu.Unlock()
+	s.c.inFlight.Add(-1)
 }
 
 // end returns the slot when the interceptor sees the call end, without the goroutine

@@ -132,3 +132,10 @@ func MetricsText(a *Agent) string {
 	promhttp.HandlerFor(a.metrics.Registry, promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	return rec.Body.String()
 }
+
+// SetMaxOpenCalls sets the node-wide bound on open-method calls waiting for their request
+// (MaxOpenCalls) and returns a func that restores it.
+func SetMaxOpenCalls(n int64) func() {
+	old := maxOpenCalls.Swap(n)
+	return func() { maxOpenCalls.Store(old) }
+}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -230,6 +231,26 @@ func TestAgentRefusesToStartWithoutTLSMaterial(t *testing.T) {
 	_, err = rpc.StartAgent(rpc.AgentConfig{Cluster: cc, Insecure: true, BootstrapToken: "short"})
 	if err == nil || !strings.Contains(err.Error(), "quotad keygen --token") {
 		t.Fatalf("a malformed bootstrap token: %v", err)
+	}
+}
+
+// TestAgentChecksSettingsBeforeBinding: a bad Raft setting is refused for what it is even when
+// the gRPC address is held by another process (grouped e2e runs, a dev cluster on the
+// defaults): before, the listen came first and the operator read "address already in use"
+// instead of the setting to fix (e2e TestCLIRefusesBadInputAndDeadAddresses failed so once).
+func TestAgentChecksSettingsBeforeBinding(t *testing.T) {
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	cc := clustertest.TestConfig(t, "n1")
+	cc.BootstrapExpect = 1
+	cc.GRPCAddr, cc.HTTPAddr = held.Addr().String(), ""
+	cc.HeartbeatTimeout, cc.LeaderLeaseTimeout = 5*time.Millisecond, 300*time.Millisecond
+	_, err = rpc.StartAgent(rpc.AgentConfig{Cluster: cc, Insecure: true})
+	if err == nil || !strings.Contains(err.Error(), "LeaderLeaseTimeout 300ms must be <= HeartbeatTimeout 5ms") {
+		t.Fatalf("bad lease timeout with the gRPC address held elsewhere: %v; want the setting named", err)
 	}
 }
 

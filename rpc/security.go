@@ -258,19 +258,16 @@ func (a *authenticator) authorize(ctx context.Context, t *tapped, fullMethod str
 // connection closed, 32,768 per connection and connections are not capped (30,000 such
 // streams took a make-run node from 48 to 396 MB). A caller with a credential can do the
 // same, so the tap also counts each identity's calls in flight (callCounter,
-// --max-calls-per-identity) and refuses one beyond the cap, and the calls to open methods by
-// source address (MaxOpenCallsPerAddress). It runs on the connection's
+// --max-calls-per-identity) and refuses one beyond the cap; calls to open methods are
+// bounded per source address and in total by ending the oldest (MaxOpenCallsPerAddress). It runs on the connection's
 // reader goroutine: a SHA-256, a map lookup and a counter under a mutex.
 func (a *authenticator) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
 	if auth.AccessOf(info.FullMethodName).Open {
-		// No credential needed, so counted by source address (MaxOpenCallsPerAddress).
+		// No credential needed: bounded by source address and in total (MaxOpenCallsPerAddress).
 		if a.calls == nil {
 			return ctx, nil
 		}
-		slot, err := a.calls.takeOpen(ctx, auth.MethodName(info.FullMethodName))
-		if err != nil {
-			return nil, err
-		}
+		ctx, slot := a.calls.takeOpen(ctx)
 		return context.WithValue(ctx, tappedKey{}, &tapped{slot: slot}), nil
 	}
 	var gen uint64

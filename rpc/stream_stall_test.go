@@ -13,9 +13,11 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 	"github.com/quotad/quotad/auth"
+	"github.com/quotad/quotad/cluster"
 	"github.com/quotad/quotad/cluster/clustertest"
 	"github.com/quotad/quotad/rpc"
 	"github.com/quotad/quotad/rpc/rpctest"
@@ -185,7 +187,11 @@ func TestStreamUnreadStillRechecked(t *testing.T) {
 					t.Fatal(err)
 				}
 			case "transfer":
-				if err := c.Agent(leader).Node().TransferLeadership(""); err != nil {
+				// Under -race on a loaded machine the leader can lose leadership on its own
+				// during the flood; the stream must end the same way, so go on.
+				if err := c.Agent(leader).Node().TransferLeadership(""); errors.Is(err, cluster.ErrNotLeader) {
+					t.Logf("node%d lost leadership before the transfer: %v", leader, err)
+				} else if err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -198,6 +204,12 @@ func TestStreamUnreadStillRechecked(t *testing.T) {
 			t.Logf("ended %v after the %s", time.Since(start).Round(100*time.Millisecond), how)
 			_, err = readToEnd(t, s)
 			want := map[string]codes.Code{"revoke": codes.Unauthenticated, "transfer": codes.FailedPrecondition}[how]
+			if how == "transfer" && status.Code(err) == codes.Unavailable {
+				// The re-check ran while the new leader was still being elected (seen under
+				// -race): "no leader, retry" is the answer then; FailedPrecondition names the
+				// new leader once it is known. Both end the stream for the client to go on.
+				want = codes.Unavailable
+			}
 			wantCode(t, err, want)
 		})
 	}

@@ -10,12 +10,16 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"flag"
 	"fmt"
+	"io"
 	"log"
+	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,6 +27,9 @@ import (
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
 func main() {
@@ -34,6 +41,9 @@ func main() {
 	pid := flag.Int("pid", 0, "node's pid, to read its RSS (0: not read)")
 	hold := flag.Duration("hold", 5*time.Second, "how long to hold the calls before reading RSS")
 	method := flag.String("method", "/quotad.v1.Quota/Acquire", "gRPC method")
+	honest := flag.Int("honest", 0, "while the flood is held, send this many gRPC health Checks from this host (as a health checker sharing the flooder's address) and report how many were answered SERVING")
+	again := flag.Bool("again", false, "keep opening calls (headers only) until the hold ends, instead of -calls once")
+	metricsURL := flag.String("metrics", "", "node's /metrics URL (https), to read go_goroutines before and during the flood")
 	flag.Parse()
 
 	pem, err := os.ReadFile(*caFile)
@@ -50,8 +60,9 @@ func main() {
 		}
 		token = strings.TrimSpace(string(b))
 	}
-	before := rss(*pid)
+	before, gBefore := rss(*pid), goroutines(*metricsURL, pool)
 	var refused, answered atomic.Int64
+	opened = &atomic.Int64{}
 	var wg sync.WaitGroup
 	var open sync.WaitGroup
 	open.Add(*conns)
@@ -63,21 +74,29 @@ func main() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			flood(*addr, pool, token, *method, n, &open, &refused, &answered, *hold)
+			flood(*addr, pool, token, *method, n, *again, &open, &refused, &answered, *hold)
 		}()
 	}
 	open.Wait()
-	time.Sleep(*hold)
-	during := rss(*pid)
-	fmt.Printf("calls %d over %d connections: refused ResourceExhausted %d, other answers %d, held %d\n",
-		*calls, *conns, refused.Load(), answered.Load()-refused.Load(), int64(*calls)-answered.Load())
+	deadline := time.Now().Add(*hold)
+	if *honest > 0 {
+		ok, first := healthChecks(*addr, pool, *honest)
+		fmt.Printf("honest health checks from this host during the flood: %d of %d SERVING (first failure: %v)\n", ok, *honest, first)
+	}
+	time.Sleep(time.Until(deadline))
+	during, gDuring := rss(*pid), goroutines(*metricsURL, pool)
+	fmt.Printf("calls %d over %d connections: refused ResourceExhausted %d, other answers (ended) %d, held %d\n",
+		opened.Load(), *conns, refused.Load(), answered.Load()-refused.Load(), opened.Load()-answered.Load())
 	if *pid != 0 {
 		fmt.Printf("node RSS before %d MB, holding %d MB\n", before>>20, during>>20)
+	}
+	if *metricsURL != "" {
+		fmt.Printf("node goroutines before %d, holding %d\n", gBefore, gDuring)
 	}
 	wg.Wait()
 }
 
-func flood(addr string, pool *x509.CertPool, token, method string, n int, open *sync.WaitGroup, refused, answered *atomic.Int64, hold time.Duration) {
+func flood(addr string, pool *x509.CertPool, token, method string, n int, again bool, open *sync.WaitGroup, refused, answered *atomic.Int64, hold time.Duration) {
 	c, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: pool, NextProtos: []string{"h2"}})
 	if err != nil {
 		log.Fatal(err)
@@ -127,7 +146,17 @@ func flood(addr string, pool *x509.CertPool, token, method string, n int, open *
 	}()
 	var buf bytes.Buffer
 	enc := hpack.NewEncoder(&buf)
+	if again {
+		open.Done() // the hold starts now; calls go on until it ends
+		open = &sync.WaitGroup{}
+		open.Add(1)
+		n = 1<<30 - 1
+	}
+	end := time.Now().Add(hold)
 	for i := range n {
+		if again && i%64 == 0 && time.Now().After(end) {
+			break
+		}
 		buf.Reset()
 		fields := []string{":method", "POST", ":scheme", "https", ":path", method, ":authority", addr,
 			"content-type", "application/grpc", "te", "trailers"}
@@ -137,6 +166,7 @@ func flood(addr string, pool *x509.CertPool, token, method string, n int, open *
 		for j := 0; j+1 < len(fields); j += 2 {
 			_ = enc.WriteField(hpack.HeaderField{Name: fields[j], Value: fields[j+1]})
 		}
+		opened.Add(1)
 		mu.Lock()
 		err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: uint32(2*i + 1), BlockFragment: buf.Bytes(), EndHeaders: true})
 		mu.Unlock()
@@ -149,6 +179,54 @@ func flood(addr string, pool *x509.CertPool, token, method string, n int, open *
 	case <-done:
 	case <-time.After(hold + 2*time.Second):
 	}
+}
+
+// opened counts the calls whose headers were sent.
+var opened *atomic.Int64
+
+// healthChecks sends n gRPC health Checks, one after another, and returns how many were
+// answered SERVING and the first error.
+func healthChecks(addr string, pool *x509.CertPool, n int) (int, error) {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool})))
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	hc := healthpb.NewHealthClient(conn)
+	ok := 0
+	var first error
+	for range n {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
+		cancel()
+		if err == nil && r.Status == healthpb.HealthCheckResponse_SERVING {
+			ok++
+		} else if first == nil {
+			first = fmt.Errorf("%v %v", r, err)
+		}
+	}
+	return ok, first
+}
+
+// goroutines reads go_goroutines from a node's /metrics (0 if url is empty or unreadable).
+func goroutines(url string, pool *x509.CertPool) int {
+	if url == "" {
+		return 0
+	}
+	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	resp, err := c.Get(url)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "go_goroutines "); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n
+		}
+	}
+	return 0
 }
 
 // rss returns pid's resident set size in bytes (0 if pid is 0 or unreadable).
