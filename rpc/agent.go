@@ -249,6 +249,8 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 		return nil, fmt.Errorf("grpc address %q: %w", cfg.Cluster.GRPCAddr, err)
 	}
 	cfg.Cluster.GRPCAddr = a.grpcLn.Addr().String()
+	conns := newConnListener(a.grpcLn)
+	a.grpcLn = conns
 	if cfg.Cluster.HTTPAddr != "" {
 		if a.httpLn, err = net.Listen("tcp", cfg.Cluster.HTTPAddr); err != nil {
 			a.grpcLn.Close()
@@ -279,6 +281,7 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 	a.server.noStream = cfg.DisableAcquireStream
 	a.server.maxStreamsPerIdentity = cfg.MaxStreamsPerIdentity
 	a.server.streamSendTimeout = cfg.StreamSendTimeout
+	a.server.conns = conns
 	a.registerGauges()
 
 	a.grpc = grpc.NewServer(grpcOpts...)

@@ -76,8 +76,11 @@ type Server struct {
 	prop    *proposer
 	fwd     *forwarder
 	metrics *Metrics
-	fair    *fair      // leader-side fair scheduler for waiting admissions (sched.go)
-	rls     *rlsServer // Envoy's rate limit service (envoy.go)
+	fair    *fair // leader-side fair scheduler for waiting admissions (sched.go)
+	// conns tracks the gRPC listener's connections (connlisten.go; nil when not served by
+	// an Agent): a stream ended for --stream-send-timeout closes its connection.
+	conns *connListener
+	rls   *rlsServer // Envoy's rate limit service (envoy.go)
 
 	limitsMu sync.Mutex // serializes ApplyLimits' read-merge-propose on the leader (limits.go)
 

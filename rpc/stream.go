@@ -103,6 +103,8 @@ type acquireStream struct {
 	unsent       atomic.Int64
 	// slotKey is the per-identity stream slot this stream holds ("": none yet).
 	slotKey string
+	// timedOut: ended for --stream-send-timeout; its connection is closed (connlisten.go).
+	timedOut atomic.Bool
 }
 
 // streamAdmission is one undecided admission of a stream (pending).
@@ -132,6 +134,14 @@ func (s *Server) AcquireStream(ss quotadv1.Quota_AcquireStreamServer) error {
 	st := &acquireStream{s: s, ss: ss, ctx: ctx, id: IdentityFrom(ctx), max: s.fair.slots.perStream(),
 		pending: make(map[uint64]*streamAdmission), out: make(chan *quotadv1.StreamDecision, 256), born: time.Now()}
 	defer st.releaseSlot()
+	defer func() {
+		if st.timedOut.Load() {
+			// Its client does not read: grpc-go would keep the stream's unwritten answers and
+			// unread requests until it did (connlisten.go). Its other calls on the connection
+			// fail Unavailable and are retried, as after any lost connection.
+			s.endConn(ss.Context())
+		}
+	}()
 	if !st.countsByClientID() {
 		// Counted from the open (before the header: a refusal is the whole answer). The
 		// insecure identity is everyone's, so its streams count by client_id (handle).
@@ -265,6 +275,7 @@ func (st *acquireStream) stalled() error {
 	waited := time.Since(st.born) - time.Duration(since-1)
 	if limit := st.s.sendTimeout(); waited >= limit {
 		st.s.metrics.streamCapped(streamCapSendTimeout)
+		st.timedOut.Store(true)
 		return status.Errorf(codes.DeadlineExceeded, "AcquireStream: the client has not read its answers for %v (--stream-send-timeout %v); the stream ends and its undecided admissions are canceled: decide them again with the same request IDs, which returns any decision already made", waited.Round(time.Millisecond), limit)
 	}
 	return nil
