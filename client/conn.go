@@ -232,7 +232,7 @@ func (c *Client) attempt(ctx context.Context, n *node, extra time.Duration, call
 	var hdr, trl metadata.MD
 	err := call(actx, n.qc, grpc.Header(&hdr), grpc.Trailer(&trl))
 	if err != nil && c.plaintext() && strings.Contains(err.Error(), prefaceError) {
-		c.tlsProbes.probe(ctx, n.addr) // evidence for transportHint
+		c.tlsProbes.probe(c.baseCtx, n.addr) // evidence for transportHint, gathered beside the call
 	}
 	leader := firstValue(hdr, trl)
 	switch {

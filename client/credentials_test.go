@@ -228,3 +228,50 @@ func TestConfiguredAddrsOnlyFromEnvAndFlag(t *testing.T) {
 		t.Fatalf("New with $%s=%q: %v, want an error naming the value", EnvConfiguredAddrsOnly, "yes please", err)
 	}
 }
+
+// TestTLSProbeDoesNotDelayTheCall: the TLS probe a plaintext client sends after "error reading
+// server preface" runs beside the call, not in it. A node that dropped one connection and
+// then accepts without answering (a process whose listener is open before it serves: quotad
+// opens it before it replays its log) held the call's failover to the next node for the
+// probe's whole timeout, 1 s (review s11-review).
+func TestTLSProbeDoesNotDelayTheCall(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		for first := true; ; first = false {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func(first bool) {
+				defer conn.Close()
+				if first { // take the preface, then close without a word
+					conn.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+					io.Copy(io.Discard, conn)
+					return
+				}
+				<-done // accepted, never answered
+			}(first)
+		}
+	}()
+	tc := rpctest.Start(t, 1, testLimits)
+	bad := ln.Addr().String()
+	c := newTestClient(t, []string{bad, tc.Addrs()[0]}, func(cfg *Config) { cfg.Batch.Disabled = true })
+	c.nodes.mu.Lock()
+	c.nodes.cur = slices.Index(c.nodes.order, bad)
+	c.nodes.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	if _, err := c.Allow(ctx, Request{Domain: "fixed"}); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 500*time.Millisecond {
+		t.Fatalf("Allow took %v with the first node dropping its connection; want the next node asked at once, not after the TLS probe", took)
+	}
+}

@@ -396,6 +396,9 @@ type shareHolder struct {
 	stopOnce sync.Once
 	// Renewals counts share requests sent (for tests and benchmarks).
 	renewals atomic.Uint64
+	// refusals counts the renewals refused in a row (Unauthenticated, PermissionDenied); only
+	// run's goroutine touches it.
+	refusals int
 }
 
 func (c *Client) shareHolder() (*shareHolder, error) {
@@ -529,14 +532,16 @@ func (h *shareHolder) renew() time.Duration {
 	resp, err := h.c.sendShare(ctx, req)
 	if err != nil {
 		if c := status.Code(err); c == codes.Unauthenticated || c == codes.PermissionDenied {
+			h.refusals++
 			// The cluster answered: this credential may no longer hold shares (a revoked
 			// token). The grant in hand ends at its term; no fallback after it — fallback_rate
 			// is for a cluster that cannot be reached, not for one that refuses.
 			h.refused(paths, err)
-			return 5 * time.Second
+			return refusedRetry(h.refusals)
 		}
 		return 250 * time.Millisecond // a new seq soon; the grant in hand stays valid meanwhile
 	}
+	h.refusals = 0
 	decreased, starved := h.apply(resp, paths, sentFast)
 	next := renewInterval(resp.term)
 	if starved {
@@ -553,6 +558,15 @@ func (h *shareHolder) renew() time.Duration {
 		next = min(next, 200*time.Millisecond)
 	}
 	return next
+}
+
+// refusedRetry is when to ask again after the n-th refused renewal in a row: 250 ms, then
+// twice as long each time up to 5 s. A refusal can pass (a follower that has not yet applied
+// a new token or limits, a limits change reverted): a fixed 5 s outlasted a grant of a lease
+// under 7.5 s, and the Limiter failed closed while the cluster would have renewed it. A
+// revoked credential still costs the cluster one refused request per 5 s.
+func refusedRetry(n int) time.Duration {
+	return min(250*time.Millisecond<<min(max(n-1, 0), 5), 5*time.Second)
 }
 
 // refused takes the fallback slice away from paths whose renewal the cluster refused

@@ -85,3 +85,85 @@ func TestLimiterRevokedTokenFailsClosed(t *testing.T) {
 		t.Fatalf("after the revoke and the grant's end: admitted %d in 1 s, share %+v; want 0 and a message saying the renewal was refused", admitted, s)
 	}
 }
+
+// TestLimiterRefusalIsRetriedSoon: a renewal refused once (PermissionDenied: here a limits
+// change the operator reverts at once made the tenant-bound worker's path undefined) is
+// retried soon, not after a fixed 5 s: with a lease shorter than that, the grant in hand
+// ended while the cluster accepted the renewal again, and the Limiter admitted nothing for
+// seconds (review s11-review: it was not Local for ~3 s of the 3 s after the revert).
+func TestLimiterRefusalIsRetriedSoon(t *testing.T) {
+	const withConsumer = `
+domain: api
+rate_limit: {unit: second, requests_per_unit: 1000, burst: 1000}
+shares: {lease: 2s}
+descriptors:
+  - key: tenant
+    rate_limit: {unit: second, requests_per_unit: 500}
+    shares: {}
+    descriptors:
+      - key: consumer
+        rate_limit: {unit: second, requests_per_unit: 400}
+        shares: {}
+`
+	without := strings.Replace(withConsumer, "    descriptors:\n      - key: consumer\n        rate_limit: {unit: second, requests_per_unit: 400}\n        shares: {}\n", "", 1)
+	if without == withConsumer {
+		t.Fatal("test setup: limits changed shape")
+	}
+	creds, err := pkifiles.EnsureLocal(filepath.Join(t.TempDir(), "creds"), "quotad")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := rpctest.Start(t, 3, withConsumer, rpctest.Secure(t, creds))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	adminCfg := Config{Addrs: c.Addrs(), TLSFiles: TLSFiles{CAFile: creds.CAFile}, TokenFile: creds.TokenFile}
+	opts, err := adminCfg.DialCredentials()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := grpc.NewClient(c.Addrs()[c.Leader()], opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	admin := quotadv1.NewAdminClient(cc)
+	tok, err := admin.CreateToken(ctx, &quotadv1.CreateTokenRequest{Role: "worker", Domains: []string{"api"}, Tenant: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	qc := newTestClient(t, c.Addrs(), func(cfg *Config) {
+		cfg.TLSFiles = TLSFiles{CAFile: creds.CAFile}
+		cfg.Token = tok.Token
+	})
+	lim := qc.Limiter(Request{Domain: "api", Descriptors: []Entry{{"tenant", "acme"}, {"consumer", "x"}}}, LimiterOptions{})
+	defer lim.Close()
+	for deadline := time.Now().Add(10 * time.Second); !lim.Share().Local; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no local share: %+v", lim.Share())
+		}
+		lim.Allow()
+	}
+	apply := func(y string) {
+		t.Helper()
+		if _, err := admin.ApplyLimits(ctx, &quotadv1.ApplyLimitsRequest{Yaml: y, ReplaceAll: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Renewals come every ~0.67 s (2 s lease / 3): one at least is refused in 1 s.
+	apply(without)
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		lim.Allow()
+	}
+	apply(withConsumer)
+	var off time.Duration
+	const step = 10 * time.Millisecond
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(step) {
+		lim.Allow()
+		if !lim.Share().Local {
+			off += step
+		}
+	}
+	if off > time.Second {
+		t.Fatalf("after the revert the Limiter had no local share for %v of 3 s (%+v); want it renewed within a second", off, lim.Share())
+	}
+}

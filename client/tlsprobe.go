@@ -36,7 +36,10 @@ type tlsProbe struct {
 	spoke bool // the node answered in TLS
 }
 
-// probe checks addr once per tlsProbeTTL, within ctx.
+// probe checks addr once per tlsProbeTTL, in a goroutine of its own (at most one per node at a
+// time, ending within tlsProbeTimeout or when ctx, the client's, ends): the call that got the
+// error goes on to the next node meanwhile. A node that accepts without answering (a listener
+// open before the process serves) would otherwise hold the call for the probe's timeout.
 func (p *tlsProbes) probe(ctx context.Context, addr string) {
 	p.mu.Lock()
 	if r, ok := p.res[addr]; ok && time.Since(r.at) < tlsProbeTTL {
@@ -48,10 +51,12 @@ func (p *tlsProbes) probe(ctx context.Context, addr string) {
 	}
 	p.res[addr] = tlsProbe{at: time.Now()} // one prober at a time; no answer until it knows
 	p.mu.Unlock()
-	spoke := speaksTLS(ctx, addr)
-	p.mu.Lock()
-	p.res[addr] = tlsProbe{at: time.Now(), spoke: spoke}
-	p.mu.Unlock()
+	go func() {
+		spoke := speaksTLS(ctx, addr)
+		p.mu.Lock()
+		p.res[addr] = tlsProbe{at: time.Now(), spoke: spoke}
+		p.mu.Unlock()
+	}()
 }
 
 // answered returns the addresses whose last probe (within tlsProbeTTL) found TLS.

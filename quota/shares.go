@@ -19,7 +19,8 @@ package quota
 //     over the holder's grants that are neither superseded by an acknowledged later grant nor
 //     past their end + ShareMarginFSM. Lend starts and ends are applied in FSM-time order.
 //   - A share command applies only if its seq is newer than the holder's last (the same seq
-//     gets the stored answer, an older one nothing).
+//     with the same paths gets the stored answer, with other paths ErrStaleShare; an older one
+//     nothing).
 //   - Allocation is one progressive filling (weighted max-min, integers) over every holder's
 //     paths in the domain, each lendable bucket a constraint at rate − reserve, the reserve
 //     max(reserve_percent, 1.2 × central demand, 2 × the largest cost) capped at 50 %. A path
@@ -90,8 +91,9 @@ const MicroPerUnit = microPerUnit
 
 // Share errors. Nothing changes when one is returned (not even the clock).
 var (
-	// ErrStaleShare: the command's seq is not newer than the holder's last (a replay), or the
-	// grant a repeated seq asks for has ended.
+	// ErrStaleShare: the command's seq is not newer than the holder's last (a replay), the
+	// grant a repeated seq asks for has ended, or the repeat names other paths than the seq's
+	// first request.
 	ErrStaleShare = errors.New("quota: share command is stale (seq not newer than the holder's last)")
 	// ErrTooManyHolders: the owner already keeps MaxHoldersPerOwner holders.
 	ErrTooManyHolders = errors.New("quota: too many share holders for this identity")
@@ -932,6 +934,12 @@ func (e *Engine) Share(now Time, req ShareRequest) (ShareGrant, error) {
 			return ShareGrant{}, fmt.Errorf("share: seq %d, holder's last %d: %w", req.Seq, h.seq, ErrStaleShare)
 		}
 		if req.Seq == h.seq {
+			if !samePaths(h.paths, req.Paths) {
+				// The stored answer is for other paths: matched by position it would give a
+				// path another's share (rpc's Share proposes only the paths the caller may
+				// spend, which a limits change between two tries can change).
+				return ShareGrant{}, fmt.Errorf("share: seq %d was answered for other paths than these (%d then, %d now): %w", req.Seq, len(h.paths), len(req.Paths), ErrStaleShare)
+			}
 			return e.repeatGrant(h, now)
 		}
 	}
@@ -1013,6 +1021,14 @@ func (e *Engine) Share(now Time, req ShareRequest) (ShareGrant, error) {
 	}
 	e.sh.events.push(shareEvent{at: e.chargedUntil(g), key: hk, seq: g.seq})
 	return e.answer(h, g, now, false), nil
+}
+
+// samePaths reports whether ps are, in order, the paths hs were made from (domain and
+// descriptors).
+func samePaths(hs []holderPath, ps []SharePath) bool {
+	return slices.EqualFunc(hs, ps, func(h holderPath, p SharePath) bool {
+		return h.domain == p.Domain && slices.Equal(h.entries, p.Descriptors)
+	})
 }
 
 // repeatGrant answers a repeated seq with the stored grant.

@@ -1,6 +1,7 @@
 package quota
 
 import (
+	"errors"
 	"math"
 	"testing"
 	"time"
@@ -240,6 +241,15 @@ func TestShareSeqReplays(t *testing.T) {
 	}
 	if w.e.Hash() != before {
 		t.Fatal("a repeated seq changed the state")
+	}
+	// The same seq naming other paths: its stored answer is not theirs (matched by position it
+	// would give one path another's share), so it is refused and nothing changes.
+	other := []SharePath{{Domain: "d", Descriptors: []Entry{{Key: "k", Value: "v"}}, Demand: 1, MaxCost: 1}}
+	if g, err := w.e.Share(w.fsmNow(), ShareRequest{Holder: h.key, Seq: h.seq, Paths: other}); !errors.Is(err, ErrStaleShare) {
+		t.Fatalf("repeated seq with other paths: %+v %v, want ErrStaleShare", g, err)
+	}
+	if w.e.Hash() != before {
+		t.Fatal("a repeated seq with other paths changed the state")
 	}
 	h.renew(false)
 	before = w.e.Hash()

@@ -56,11 +56,12 @@ func TestSharePathOutsideTheCredentialIsInvalidAlone(t *testing.T) {
 	}
 }
 
-// TestShareRetryAfterPermissionChangeIsAborted: a tenant-bound worker's retry of a share
-// request (same seq) after a limits change made one of its paths valid gets Aborted, not the
-// stored answer of the first try — which covered one path fewer and, matched by position,
-// would give a path the share of another.
-func TestShareRetryAfterPermissionChangeIsAborted(t *testing.T) {
+// TestShareRetryAfterPermissionChangeIsRefused: a tenant-bound worker's retry of a share
+// request (same seq) after a limits change made one of its paths valid is refused
+// (FailedPrecondition: send a newer seq), not given the stored answer of the first try —
+// which covered one path fewer and, matched by position, would give a path the share of
+// another.
+func TestShareRetryAfterPermissionChangeIsRefused(t *testing.T) {
 	c, p := authCluster(t, shareLimits)
 	p.client(auth.Identity{Name: "acme", Role: auth.RoleWorker, Domains: []string{"api"}, Tenant: "acme"})
 	p.client(auth.Identity{Name: "op", Role: auth.RoleAdmin})
@@ -85,11 +86,53 @@ func TestShareRetryAfterPermissionChangeIsAborted(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = q.Share(ctx, req)
-	wantCode(t, err, codes.Aborted, "newer seq")
+	wantCode(t, err, codes.FailedPrecondition, "newer seq")
 	// A newer seq is answered for both paths.
 	req.Seq, req.AckSeq = 2, 1
 	resp, err = q.Share(ctx, req)
 	if err != nil || len(resp.Paths) != 2 || resp.Paths[0].Status == "invalid" {
 		t.Fatalf("newer seq: %+v %v", resp.GetPaths(), err)
+	}
+}
+
+// TestShareRetryAfterPermissionSwapIsRefused: the same, when the limits change swaps which of
+// two paths the worker may spend (the consumer level replaced by a region level): both tries
+// propose one path, so counting them cannot tell, and the stored answer for path 0 (lent
+// down to its consumer=x bucket) was handed to path 1 (review s11-review).
+func TestShareRetryAfterPermissionSwapIsRefused(t *testing.T) {
+	level := func(key string) string {
+		return strings.Replace(shareLimits, "    shares: {}\n", "    shares: {}\n    descriptors:\n      - key: "+key+"\n        rate_limit: {unit: second, requests_per_unit: 50}\n        shares: {}\n", 1)
+	}
+	c, p := authCluster(t, level("consumer"))
+	p.client(auth.Identity{Name: "acme", Role: auth.RoleWorker, Domains: []string{"api"}, Tenant: "acme"})
+	p.client(auth.Identity{Name: "op", Role: auth.RoleAdmin})
+	leader := c.Leader()
+	ctx := context.Background()
+	q := quotadv1.NewQuotaClient(p.dialAs(c.Addrs()[leader], "acme"))
+	req := &quotadv1.ShareRequest{HolderId: "a", Incarnation: 1, Seq: 1, Paths: []*quotadv1.SharePath{
+		{Domain: "api", Descriptors: []*quotadv1.Entry{{Key: "tenant", Value: "acme"}, {Key: "consumer", Value: "x"}}, Demand: math.MaxUint64, MaxCost: 1},
+		{Domain: "api", Descriptors: []*quotadv1.Entry{{Key: "tenant", Value: "acme"}, {Key: "region", Value: "eu"}}, Demand: math.MaxUint64, MaxCost: 1},
+	}}
+	resp, err := q.Share(ctx, req)
+	if err != nil || resp.Paths[0].Status == "invalid" || resp.Paths[1].Status != "invalid" {
+		t.Fatalf("first try: %+v %v; want path 0 valid, path 1 (region undefined) invalid", resp.GetPaths(), err)
+	}
+	admin := quotadv1.NewAdminClient(p.dialAs(c.Addrs()[leader], "op"))
+	if _, err := admin.ApplyLimits(ctx, &quotadv1.ApplyLimitsRequest{Yaml: level("region")}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err = q.Share(ctx, req)
+	if err == nil {
+		for _, l := range resp.Paths[1].Levels {
+			if strings.Contains(l.Key, "consumer") {
+				t.Fatalf("retry after the swap: path 1 (region=eu) got path 0's consumer=x bucket %q: %+v", l.Key, resp.Paths)
+			}
+		}
+	}
+	wantCode(t, err, codes.FailedPrecondition, "newer seq")
+	req.Seq, req.AckSeq = 2, 1
+	resp, err = q.Share(ctx, req)
+	if err != nil || len(resp.Paths) != 2 || resp.Paths[0].Status != "invalid" || resp.Paths[1].Status == "invalid" {
+		t.Fatalf("newer seq: %+v %v; want path 0 invalid, path 1 not", resp.GetPaths(), err)
 	}
 }

@@ -106,15 +106,13 @@ func (s *Server) share(ctx context.Context, owner string, req *quotadv1.ShareReq
 		return nil, err
 	}
 	s.metrics.observeShare(r.Other.Share)
+	// A retry (same seq) is answered from the stored grant only if it names the same paths as
+	// the first try: the engine refuses it (ErrStaleShare, FailedPrecondition) otherwise. Here
+	// that happens when a path's permission changed between the tries (shareAllowed proposes
+	// only the paths the caller may spend; a limits change can turn a tenant-bound worker's
+	// path valid or invalid), and the stored answer, matched by position, would hand one
+	// path's share to another.
 	resp := fsm.ShareResponse(r.Other.Share)
-	if resp.Duplicate && len(resp.Paths) != len(req.Paths) {
-		// The stored answer of this seq is for another set of paths: a path's permission
-		// changed between the tries (shareAllowed proposes only the allowed ones; a limits
-		// change can turn a tenant-bound worker's path valid or invalid). Matched by position
-		// it would hand one path's share to another.
-		return nil, status.Errorf(codes.Aborted, "share request seq %d of holder %q was answered before for %d path(s) the caller could spend, and now %d: a path's permission changed between the tries (limits changed?), so that answer cannot be matched to these paths; send the request again with a newer seq",
-			req.Seq, req.HolderId, len(resp.Paths), len(req.Paths))
-	}
 	return s.regionRelend(owner, req, resp), nil // region.go
 }
 
