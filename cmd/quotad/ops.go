@@ -276,7 +276,7 @@ remove it first. --force removes anyway (docs/operations.md, "Removing a member"
 				if ms, err := admin.Members(ctx, &quotadv1.MembersRequest{}); err == nil {
 					for _, m := range ms.Members {
 						if m.Id == args[0] {
-							running = m.State != "" && m.State != cluster.StateUnreachable
+							running = m.State != "" && m.State != cluster.StateUnreachable && m.State != cluster.StateLeft
 						}
 					}
 				}
