@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/quotad/quotad/cluster"
+	"github.com/quotad/quotad/rpc"
 )
 
 // TestJoinErrorNamesFlag: a bad --join element is reported as --join, quoting the element,
@@ -25,5 +26,20 @@ func TestJoinErrorNamesFlag(t *testing.T) {
 	cc.Join, cc.JoinRetryMin = nil, -1
 	if got := flagNames(cc.Validate()).Error(); !strings.HasPrefix(got, "JoinRetryMin -1ns") {
 		t.Fatalf("JoinRetryMin: %q", got)
+	}
+}
+
+// TestRegionNameRefused: `quotad agent --region 'bad name!'` stops before anything connects,
+// naming the value and the rule (user trial: it was accepted and reached metric labels).
+func TestRegionNameRefused(t *testing.T) {
+	r := regionFlags{name: "bad name!", addrs: "127.0.0.1:7101", insecure: true, followLeader: true}
+	var cfg rpc.AgentConfig
+	err := r.apply(&cfg)
+	if err == nil || !strings.Contains(err.Error(), `--region: region name "bad name!" is not allowed`) || cfg.Region != nil {
+		t.Fatalf("--region 'bad name!': %v (region config %v), want it refused", err, cfg.Region)
+	}
+	r.name = "eu-west-1"
+	if err := r.apply(&cfg); err != nil || cfg.Region == nil || cfg.Region.Name != "eu-west-1" {
+		t.Fatalf("--region eu-west-1: %v", err)
 	}
 }
