@@ -43,3 +43,17 @@ func TestRegionNameRefused(t *testing.T) {
 		t.Fatalf("--region eu-west-1: %v", err)
 	}
 }
+
+// TestTransferLeadershipEmptyTo: an explicitly empty --to is refused naming the flag (it was
+// taken as "no --to": raft picked a voter the operator did not ask for). It fails before
+// dialing: --addr names a port nothing listens on.
+func TestTransferLeadershipEmptyTo(t *testing.T) {
+	for _, to := range []string{"", "  "} {
+		cmd := operatorCmd()
+		cmd.SetArgs([]string{"transfer-leadership", "--to", to, "--addr", "127.0.0.1:1"})
+		cmd.SilenceUsage, cmd.SilenceErrors = true, true
+		if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), "--to") || !strings.Contains(err.Error(), "is empty") {
+			t.Fatalf("transfer-leadership --to %q: %v, want it refused naming --to", to, err)
+		}
+	}
+}
