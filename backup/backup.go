@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
@@ -104,8 +105,30 @@ func (v *Verifier) Check() error {
 
 // WriteFile writes a snapshot file to path: the header, then state, which must match the
 // header's size and checksum (checked as it is copied). It writes path+".part" and renames it
-// only when everything checked out, so path is never a partial file.
-func WriteFile(path string, h Header, state io.Reader) (err error) {
+// only when everything checked out, so path is never a partial file. An existing file at path
+// is replaced (SaveWith can refuse one).
+func WriteFile(path string, h Header, state io.Reader) error {
+	return writeFile(path, h, state, true)
+}
+
+// CheckNew reports an error if path exists (`quotad snapshot save` refuses to overwrite a
+// file unless --force).
+func CheckNew(path string) error {
+	_, err := os.Lstat(path)
+	switch {
+	case err == nil:
+		return existsError(path)
+	case errors.Is(err, fs.ErrNotExist):
+		return nil
+	}
+	return err
+}
+
+func existsError(path string) error {
+	return fmt.Errorf("snapshot: %s already exists; nothing was saved: give another file name, or --force to replace it", path)
+}
+
+func writeFile(path string, h Header, state io.Reader, replace bool) (err error) {
 	tmp := path + ".part"
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {
@@ -140,7 +163,7 @@ func WriteFile(path string, h Header, state io.Reader) (err error) {
 	if err = f.Close(); err != nil {
 		return err
 	}
-	if err = os.Rename(tmp, path); err != nil {
+	if err = place(tmp, path, replace); err != nil {
 		return err
 	}
 	if d, err := os.Open(filepath.Dir(path)); err == nil {
@@ -148,6 +171,26 @@ func WriteFile(path string, h Header, state io.Reader) (err error) {
 		d.Close()
 	}
 	return nil
+}
+
+// place moves the finished tmp to path: a rename, or without replace a hard link (which fails
+// if path exists) and the removal of tmp. A file system without hard links gets a check and a
+// rename.
+func place(tmp, path string, replace bool) error {
+	if replace {
+		return os.Rename(tmp, path)
+	}
+	err := os.Link(tmp, path)
+	switch {
+	case err == nil:
+		return os.Remove(tmp)
+	case errors.Is(err, fs.ErrExist):
+		return existsError(path)
+	}
+	if err := CheckNew(path); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 // File is an open snapshot file: its header and a reader of its state (exactly Header.Size

@@ -99,3 +99,45 @@ func TestBuildVersionIsQuotadVersion(t *testing.T) {
 		t.Fatalf("BuildVersion() = %q: the Go module placeholder, not quotad's version", BuildVersion())
 	}
 }
+
+// TestWriteRefusesExisting: without replace, a file that appears at path while the state is
+// copied is kept (the hard link does not replace it) and no .part is left; WriteFile (and
+// SaveWith --force) replace it.
+func TestWriteRefusesExisting(t *testing.T) {
+	b := state(t)
+	file := filepath.Join(t.TempDir(), "s.snap")
+	if err := CheckNew(file); err != nil {
+		t.Fatalf("CheckNew on a missing file: %v", err)
+	}
+	if err := os.WriteFile(file, []byte("precious"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckNew(file); err == nil || !strings.Contains(err.Error(), "already exists") || !strings.Contains(err.Error(), "--force") {
+		t.Fatalf("CheckNew on an existing file: %v", err)
+	}
+	if err := writeFile(file, header(b), bytes.NewReader(b), false); err == nil || !strings.Contains(err.Error(), "already exists") {
+		t.Fatalf("writeFile without replace over an existing file: %v", err)
+	}
+	if got, _ := os.ReadFile(file); string(got) != "precious" {
+		t.Fatalf("the existing file was changed: %q", got)
+	}
+	if _, err := os.Stat(file + ".part"); !os.IsNotExist(err) {
+		t.Fatalf("%s.part left behind: %v", file, err)
+	}
+	if err := WriteFile(file, header(b), bytes.NewReader(b)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Inspect(file); err != nil {
+		t.Fatalf("replaced file: %v", err)
+	}
+	fresh := filepath.Join(t.TempDir(), "new.snap")
+	if err := writeFile(fresh, header(b), bytes.NewReader(b), false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Inspect(fresh); err != nil {
+		t.Fatalf("new file: %v", err)
+	}
+	if _, err := os.Stat(fresh + ".part"); !os.IsNotExist(err) {
+		t.Fatalf("%s.part left behind: %v", fresh, err)
+	}
+}

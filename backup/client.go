@@ -14,8 +14,26 @@ import (
 )
 
 // Save asks the cluster for a snapshot (Snapshot.Save, on the leader) and writes it to path,
-// checking size and checksum as it arrives. path is written only if everything checked out.
+// checking size and checksum as it arrives. path is written only if everything checked out;
+// an existing file there is replaced (SaveWith can refuse it).
 func Save(ctx context.Context, c quotadv1.SnapshotClient, path string) (Header, error) {
+	return SaveWith(ctx, c, path, SaveOptions{Force: true})
+}
+
+// SaveOptions are SaveWith's options.
+type SaveOptions struct {
+	// Force replaces an existing file at path. Without it SaveWith refuses one before it asks
+	// the cluster for anything, and again if one appears while the snapshot streams.
+	Force bool
+}
+
+// SaveWith is Save with options.
+func SaveWith(ctx context.Context, c quotadv1.SnapshotClient, path string, o SaveOptions) (Header, error) {
+	if !o.Force {
+		if err := CheckNew(path); err != nil {
+			return Header{}, err
+		}
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := c.Save(ctx, &quotadv1.SnapshotSaveRequest{})
@@ -30,7 +48,10 @@ func Save(ctx context.Context, c quotadv1.SnapshotClient, path string) (Header, 
 	if err != nil {
 		return h, err
 	}
-	return h, WriteFile(path, h, &streamReader{stream: stream})
+	if o.Force {
+		return h, WriteFile(path, h, &streamReader{stream: stream})
+	}
+	return h, writeFile(path, h, &streamReader{stream: stream}, false)
 }
 
 // streamReader reads the data of a Save stream.

@@ -149,11 +149,13 @@ func Merge(parts ...*quota.Limits) (*quota.Limits, error) {
 	return assemble(domains), nil
 }
 
-// parsedDomain remembers where a domain was defined, for duplicate-domain messages.
+// parsedDomain remembers where a domain was defined, for duplicate-domain messages, and where
+// its levels' rate_limit scopes were written, for scope messages.
 type parsedDomain struct {
 	quota.Domain
-	file string
-	line int
+	file    string
+	line    int
+	scopeAt map[*quota.Rate]position
 }
 
 func assemble(domains []parsedDomain) *quota.Limits {
@@ -205,6 +207,7 @@ func parseFile(name string, data []byte) ([]parsedDomain, []*Error) {
 		before := len(p.errs)
 		d, ok := p.document(doc)
 		if ok && len(p.errs) == before {
+			d.scopeAt = p.scopeAt
 			domains = append(domains, d)
 		} else if ok {
 			// Keep the name so a duplicate is still reported, but not the broken contents.
@@ -568,6 +571,12 @@ func (p *parser) rateLimit(n *yaml.Node, path string, domainLevel bool) rateSpec
 	scope, scopeOK := p.scope(f, path)
 	if good && scopeOK {
 		spec.rate = &quota.Rate{Unit: unit, RequestsPerUnit: rpu, Burst: burst, Scope: scope}
+		if sf, has := f["scope"]; has {
+			if p.scopeAt == nil {
+				p.scopeAt = make(map[*quota.Rate]position)
+			}
+			p.scopeAt[spec.rate] = position{line: sf.key.Line, path: join(path, "scope")}
+		}
 	}
 	return spec
 }

@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"strings"
 
 	"github.com/quotad/quotad/quota"
 )
@@ -37,12 +38,19 @@ func (p *parser) scope(f map[string]field, path string) (string, bool) {
 func checkScopes(domains []parsedDomain) []*Error {
 	var errs []*Error
 	for i := range domains {
-		if err := quota.CheckScopes(&domains[i].Domain); err != nil {
-			msg := err.Error()
-			if u := errors.Unwrap(err); u != nil {
-				msg = msg[min(len(msg), len(u.Error())+2):] // without quota's "invalid limits: " prefix
+		d := &domains[i]
+		if err := quota.CheckScopes(&d.Domain); err != nil {
+			msg := strings.TrimPrefix(err.Error(), quota.ErrInvalidLimits.Error()+": ")
+			// Point at the offending level's scope, not at the domain (a level parsed from a
+			// file has its position; Merge's inputs do not).
+			at := position{line: d.line, path: "rate_limit.scope"}
+			var se *quota.ScopeError
+			if errors.As(err, &se) {
+				if pos, ok := d.scopeAt[se.Rate]; ok {
+					at = pos
+				}
 			}
-			errs = append(errs, newError(domains[i].file, domains[i].line, "rate_limit.scope", "%s", msg))
+			errs = append(errs, newError(d.file, at.line, at.path, "%s", msg))
 		}
 	}
 	return errs

@@ -80,3 +80,26 @@ descriptors:
 		})
 	}
 }
+
+// TestScopeErrorLine: a scope: global level without shares is reported at its own scope line
+// and key path, not at the domain's line (user trial: "limits.yaml:1: rate_limit.scope" for a
+// descriptor on line 6).
+func TestScopeErrorLine(t *testing.T) {
+	src := `domain: api
+rate_limit: {unit: second, requests_per_unit: 100}
+descriptors:
+  - key: route
+    value: orders
+    rate_limit: {unit: second, requests_per_unit: 10, scope: global}
+`
+	_, err := Parse("limits.yaml", []byte(src))
+	want := `limits.yaml:6: descriptors[0].rate_limit.scope: domain "api": descriptor route=orders: rate_limit.scope global needs a shares block`
+	if err == nil || !strings.HasPrefix(err.Error(), want) {
+		t.Fatalf("error %v, want one starting %q", err, want)
+	}
+	// The domain level's own scope keeps pointing at its line.
+	_, err = Parse("limits.yaml", []byte("\ndomain: api\nrate_limit: {unit: second, requests_per_unit: 10, scope: global}\n"))
+	if want := `limits.yaml:3: rate_limit.scope: domain "api": rate_limit.scope global needs a shares block`; err == nil || !strings.HasPrefix(err.Error(), want) {
+		t.Fatalf("error %v, want one starting %q", err, want)
+	}
+}

@@ -9,6 +9,8 @@ import (
 	"unicode/utf8"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/quotad/quotad/quota"
 )
 
 // Limits on what one parse will walk. Aliases can make a small file expand into a huge tree
@@ -60,6 +62,14 @@ type parser struct {
 	// typos remembers, per mapping, the allowed keys that an unknown key was taken to be a
 	// misspelling of, so that the key is not also reported missing.
 	typos map[*yaml.Node]map[string]bool
+	// scopeAt remembers where each rate_limit with a scope was written (checkScopes).
+	scopeAt map[*quota.Rate]position
+}
+
+// position is where a field was written: its line and key path.
+type position struct {
+	line int
+	path string
 }
 
 // missing reports a required key absent from mapping m, unless an unknown key in m was

@@ -7,6 +7,17 @@ package quota
 
 import "fmt"
 
+// ScopeError is the error CheckScopes returns: Rate is the rate_limit of the level whose scope
+// is unusable, so that a caller that knows where each level was written (the limits file
+// parser) can point at it.
+type ScopeError struct {
+	Rate *Rate
+	Err  error
+}
+
+func (e *ScopeError) Error() string { return e.Err.Error() }
+func (e *ScopeError) Unwrap() error { return e.Err }
+
 // Scopes of a rate limit (Rate.Scope).
 const (
 	// ScopeRegional (also the empty Scope, the default): a regional cluster enforces the level
@@ -94,11 +105,11 @@ func checkScope(where string, r *Rate, s *Shares, fixed bool) error {
 }
 
 // CheckScopes reports the first level of d whose rate_limit.scope is not usable (see
-// checkScope), naming it; the engine checks the same when it compiles limits.
+// checkScope), naming it, as a *ScopeError; the engine checks the same when it compiles limits.
 func CheckScopes(d *Domain) error {
 	where := fmt.Sprintf("domain %q", d.Name)
 	if err := checkScope(where, d.Rate, d.Shares, true); err != nil {
-		return err
+		return &ScopeError{Rate: d.Rate, Err: err}
 	}
 	var walk func(ns []Node, path string, fixed bool) error
 	walk = func(ns []Node, path string, fixed bool) error {
@@ -113,7 +124,7 @@ func CheckScopes(d *Domain) error {
 			}
 			f := fixed && n.Value != "" && !IsWildcard(n.Value)
 			if err := checkScope(fmt.Sprintf("domain %q: descriptor %s", d.Name, name), n.Rate, n.Shares, f); err != nil {
-				return err
+				return &ScopeError{Rate: n.Rate, Err: err}
 			}
 			if err := walk(n.Children, name, f); err != nil {
 				return err

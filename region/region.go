@@ -114,8 +114,8 @@ type share struct {
 // of cfg.Limits(). It does not wait for the first grants: until they arrive, admissions at
 // global levels are refused.
 func Start(cfg Config) (*Holder, error) {
-	if cfg.Region == "" {
-		return nil, fmt.Errorf("region: no region name; give --region NAME")
+	if err := CheckName(cfg.Region); err != nil {
+		return nil, err
 	}
 	if len(cfg.Global.Addrs) == 0 {
 		return nil, fmt.Errorf("region %q: no global cluster addresses; give --global-addrs A,B,C", cfg.Region)

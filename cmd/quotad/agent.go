@@ -269,6 +269,7 @@ var configFlags = []struct{ field, flag string }{
 	{"HTTPAddr", "--http-addr"},
 	{"LogStore", "--raft-log-store"},
 	{"DataDir", "--data-dir"},
+	{"Join", "--join"}, // a list: Join[1] "b" reads --join "b"
 }
 
 var configFieldRE = func() *regexp.Regexp {
@@ -276,7 +277,9 @@ var configFieldRE = func() *regexp.Regexp {
 	for i, c := range configFlags {
 		names[i] = c.field
 	}
-	return regexp.MustCompile(`\b(` + strings.Join(names, "|") + `)\b`)
+	// A list field's index (Join[1]) goes with it: the flag takes the whole list and the
+	// message quotes the offending element.
+	return regexp.MustCompile(`\b(` + strings.Join(names, "|") + `)\b(\[\d+\])?`)
 }()
 
 // flagNames rewrites a startup error's Go field names (cluster: LeaderLeaseTimeout 300ms must
@@ -291,6 +294,7 @@ func flagNames(err error) error {
 		rest = "--id " + r
 	}
 	return errors.New(configFieldRE.ReplaceAllStringFunc(rest, func(f string) string {
+		f, _, _ = strings.Cut(f, "[")
 		for _, c := range configFlags {
 			if c.field == f {
 				return c.flag

@@ -22,6 +22,18 @@ type exitError struct{ code int }
 func (e exitError) Error() string { return fmt.Sprintf("exit %d", e.code) }
 
 func main() {
+	if err := newRoot().Execute(); err != nil {
+		var ee exitError
+		if errors.As(err, &ee) {
+			os.Exit(ee.code)
+		}
+		fmt.Fprintln(os.Stderr, errorMessage(err))
+		os.Exit(1)
+	}
+}
+
+// newRoot builds the whole command tree.
+func newRoot() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "quotad",
 		Short:         "quotad: a Raft-replicated quota cluster",
@@ -35,15 +47,54 @@ func main() {
 	clientFlags(root.PersistentFlags())
 	root.AddCommand(agentCmd(), devCmd(), acquireCmd(), releaseCmd(), limitsCmd(), statusCmd(), topCmd(), tlsCmd(), keygenCmd(), tokenCmd(), pauseCmd(),
 		versionCmd(), bucketCmd(), feedbackCmd(), operatorCmd(), membersCmd(), snapshotCmd(), sharesCmd(), recoverCmd())
+	root.InitDefaultCompletionCmd() // cobra adds it at Execute; now, so that the walks below see it
+	refuseUnknownSubcommands(root)
 	refuseStrayArgs(root)
-	if err := root.Execute(); err != nil {
-		var ee exitError
-		if errors.As(err, &ee) {
-			os.Exit(ee.code)
+	return root
+}
+
+// refuseUnknownSubcommands makes every command that only groups subcommands (pause, limits,
+// tls ca, completion, ...) refuse an unknown one with an error naming it and the valid ones:
+// cobra prints such a parent's help and exits 0 for `quotad pause list`, which scripts took
+// for success. The parent alone (`quotad pause`) still prints its help and exits 0, as git and
+// kubectl do. A flag of the unknown subcommand (`quotad pause list --domain x`) gets the same
+// error, not "unknown flag".
+func refuseUnknownSubcommands(c *cobra.Command) {
+	if c.HasSubCommands() && !c.Runnable() {
+		c.Args = func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return unknownSubcommand(cmd, args[0])
+			}
+			return nil
 		}
-		fmt.Fprintln(os.Stderr, errorMessage(err))
-		os.Exit(1)
+		c.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
+		c.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
+			if args := cmd.Flags().Args(); cmd.HasSubCommands() && len(args) > 0 {
+				return unknownSubcommand(cmd, args[0])
+			}
+			return err
+		})
 	}
+	for _, sub := range c.Commands() {
+		refuseUnknownSubcommands(sub)
+	}
+}
+
+func unknownSubcommand(cmd *cobra.Command, name string) error {
+	var valid []string
+	for _, sub := range cmd.Commands() {
+		if sub.IsAvailableCommand() {
+			valid = append(valid, sub.Name())
+		}
+	}
+	hint := ""
+	if cmd.SuggestionsMinimumDistance <= 0 {
+		cmd.SuggestionsMinimumDistance = 2 // cobra's default, which it sets only for the root
+	}
+	if s := cmd.SuggestionsFor(name); len(s) > 0 {
+		hint = " (did you mean " + strings.Join(s, " or ") + "?)"
+	}
+	return fmt.Errorf("unknown command %q for %q%s; valid: %s", name, cmd.CommandPath(), hint, strings.Join(valid, ", "))
 }
 
 // clientFlags registers the client commands' connection flags on pf (the root's persistent

@@ -205,6 +205,9 @@ func operatorCmd() *cobra.Command {
 		Use:   "transfer-leadership",
 		Short: "Hand leadership to another voter (--to ID, or the most up-to-date one)",
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cmd.Flags().Changed("to") && strings.TrimSpace(to) == "" {
+				return fmt.Errorf("--to %q is empty: give the member ID to hand leadership to (quotad status lists them), or leave --to out to let raft pick the most up-to-date voter", to)
+			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), 15*time.Second)
 			defer cancel()
 			var leader string

@@ -41,6 +41,9 @@ func (r *regionFlags) apply(cfg *rpc.AgentConfig) error {
 		}
 		return nil
 	}
+	if err := region.CheckName(r.name); err != nil {
+		return fmt.Errorf("--region: %w", err)
+	}
 	addrs := splitList(r.addrs)
 	if len(addrs) == 0 {
 		return fmt.Errorf("--region %s needs --global-addrs A,B,C: the gRPC addresses of the global cluster's nodes", r.name)

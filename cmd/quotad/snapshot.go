@@ -22,14 +22,20 @@ func snapshotCmd() *cobra.Command {
 	}
 	var addr string
 	var timeout time.Duration
+	var force bool
 	save := &cobra.Command{
 		Use:   "save FILE",
 		Short: "Save a consistent snapshot of the whole state from the leader (admin)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if !force {
+				if err := backup.CheckNew(args[0]); err != nil {
+					return err
+				}
+			}
 			var h backup.Header
 			err := onLeader(cmd.Context(), addr, timeout, func(ctx context.Context, conn *grpc.ClientConn) (err error) {
-				h, err = backup.Save(ctx, quotadv1.NewSnapshotClient(conn), args[0])
+				h, err = backup.SaveWith(ctx, quotadv1.NewSnapshotClient(conn), args[0], backup.SaveOptions{Force: force})
 				return err
 			})
 			if err != nil {
@@ -93,6 +99,7 @@ changed: limits version, leases and pauses dropped and added, buckets, dedup ent
 		c.Flags().StringVar(&addr, "addr", defaultAddrs(), "comma-separated node gRPC addresses (or $QUOTAD_ADDR); any node relays to the leader")
 		c.Flags().DurationVar(&timeout, "timeout", 5*time.Minute, "give up after this long")
 	}
+	save.Flags().BoolVar(&force, "force", false, "replace FILE if it exists (without it an existing FILE is refused and nothing is saved)")
 	restore.Flags().BoolVar(&restoreTokens, "restore-tokens", false, "also restore the file's tokens (tokens revoked since the save become valid again, tokens created since are dropped); default: keep the cluster's current tokens")
 	restore.Flags().BoolVar(&dryRun, "dry-run", false, "check the file and print what a restore would change (limits version, leases and pauses dropped and added, tokens) without restoring")
 	cmd.AddCommand(save, inspect, restore)
