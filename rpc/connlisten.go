@@ -49,13 +49,6 @@ func (l *connListener) closeRemote(addr string) bool {
 	return true
 }
 
-// open is how many connections are tracked (tests).
-func (l *connListener) open() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.conns)
-}
-
 type trackedConn struct {
 	net.Conn
 	l    *connListener
