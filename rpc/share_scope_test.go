@@ -4,12 +4,15 @@ import (
 	"context"
 	"math"
 	"strings"
+	"sync/atomic"
 	"testing"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 	"github.com/quotad/quotad/auth"
+	"github.com/quotad/quotad/rpc"
 )
 
 // TestSharePathOutsideTheCredentialIsInvalidAlone: a worker's share request naming one path
@@ -134,5 +137,41 @@ func TestShareRetryAfterPermissionSwapIsRefused(t *testing.T) {
 	resp, err = q.Share(ctx, req)
 	if err != nil || len(resp.Paths) != 2 || resp.Paths[0].Status != "invalid" || resp.Paths[1].Status == "invalid" {
 		t.Fatalf("newer seq: %+v %v; want path 0 invalid, path 1 not", resp.GetPaths(), err)
+	}
+}
+
+// TestShareRefusedByLimitsIsTheLeaders: a tenant-bound worker's share request whose only path
+// the limits do not define (tenantPathProblem) is forwarded by a follower and refused by the
+// leader, on the leader's limits: a follower whose limits lag the leader's refused it on its
+// own (stale) limits, where the leader might accept it. A refusal that depends on the
+// credential alone (another tenant) is still made by the follower, without a forward.
+func TestShareRefusedByLimitsIsTheLeaders(t *testing.T) {
+	var shares [3]atomic.Int32
+	count := func(i int, cfg *rpc.AgentConfig) {
+		cfg.UnaryInterceptors = append(cfg.UnaryInterceptors, func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+			if info.FullMethod == "/quotad.v1.Quota/Share" {
+				shares[i].Add(1)
+			}
+			return handler(ctx, req)
+		})
+	}
+	c, p := authCluster(t, shareLimits, count)
+	p.client(auth.Identity{Name: "acme", Role: auth.RoleWorker, Domains: []string{"api"}, Tenant: "acme"})
+	leader := c.Leader()
+	q := quotadv1.NewQuotaClient(p.dialAs(c.Addrs()[(leader+1)%3], "acme"))
+	ctx := context.Background()
+	undefined := &quotadv1.ShareRequest{HolderId: "a", Incarnation: 1, Seq: 1, Paths: []*quotadv1.SharePath{
+		{Domain: "api", Descriptors: []*quotadv1.Entry{{Key: "tenant", Value: "acme"}, {Key: "consumer", Value: "x"}}, Demand: math.MaxUint64, MaxCost: 1}}}
+	_, err := q.Share(ctx, undefined)
+	wantCode(t, err, codes.PermissionDenied, "matches no limit")
+	if n := shares[leader].Load(); n != 1 {
+		t.Fatalf("the leader saw %d Share calls, want 1: the follower refused a path by its own limits", n)
+	}
+	other := &quotadv1.ShareRequest{HolderId: "a", Incarnation: 1, Seq: 2, Paths: []*quotadv1.SharePath{
+		{Domain: "api", Descriptors: []*quotadv1.Entry{{Key: "tenant", Value: "globex"}}, Demand: math.MaxUint64, MaxCost: 1}}}
+	_, err = q.Share(ctx, other)
+	wantCode(t, err, codes.PermissionDenied, "may act only for tenant=acme")
+	if n := shares[leader].Load(); n != 1 {
+		t.Fatalf("the leader saw %d Share calls, want still 1: a credential refusal needs no forward", n)
 	}
 }

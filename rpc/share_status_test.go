@@ -60,8 +60,12 @@ func TestShareStatusListsHolders(t *testing.T) {
 	if err != nil || len(other.Holders) != 1 || other.Holders[0].Key != "api" {
 		t.Fatalf("another tenant's path: %v %v, want only the domain's holder", other, err)
 	}
-	if _, err := q.ShareStatus(ctx, &quotadv1.ShareStatusRequest{}); status.Code(err) != codes.InvalidArgument {
-		t.Fatalf("no domain: %v", err)
+	if _, err := q.ShareStatus(ctx, &quotadv1.ShareStatusRequest{Descriptors: acme}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("descriptors without a domain: %v", err)
+	}
+	// No domain: every domain's (here the one domain's) holders.
+	if all, err := q.ShareStatus(ctx, &quotadv1.ShareStatusRequest{}); err != nil || len(all.Holders) != len(st.Holders) || all.Holders[0].OwnerRevoked {
+		t.Fatalf("no domain: %v %v, want the domain's %d holders", all, err, len(st.Holders))
 	}
 
 	resp, err := http.Get("http://" + c.Agent(leader).HTTPAddr() + "/metrics")

@@ -29,12 +29,18 @@ func (s *Server) Share(ctx context.Context, req *quotadv1.ShareRequest) (*quotad
 	// are shared as usual. Refusing the whole request (as before) took every share of a
 	// client away — renewals refused, its other Limiters never lent — for one Limiter on a
 	// domain its credential does not cover. Only a request with no allowed path is refused.
+	//
+	// A refusal that depends on the limits (tenantPathProblem) is the leader's to make: a
+	// follower's limits may lag the leader's, so a follower forwards such a request (the
+	// leader checks again) instead of refusing it on its own limits. A refusal that depends
+	// on the credential alone (scopeProblem) is made by any node.
 	denied := make([]string, len(req.Paths))
-	allowed := 0
+	allowed, byLimits := 0, false
 	for i, p := range req.Paths {
 		msg := scopeProblem(id, p.GetDomain(), p.GetDescriptors(), true)
 		if msg == "" {
 			msg = s.tenantPathProblem(id, p.GetDomain(), p.GetDescriptors())
+			byLimits = byLimits || msg != ""
 		}
 		if msg == "" {
 			allowed++
@@ -42,24 +48,37 @@ func (s *Server) Share(ctx context.Context, req *quotadv1.ShareRequest) (*quotad
 		}
 		denied[i] = fmt.Sprintf("paths[%d]: %s", i, msg)
 	}
-	if allowed == 0 {
-		for _, msg := range denied {
-			if msg != "" {
-				return nil, permissionDenied("%s", msg)
-			}
-		}
+	if allowed == 0 && !byLimits {
+		return nil, firstDenied(denied)
 	}
 	conn, err := s.route(ctx)
 	if err != nil || conn != nil {
 		if err != nil {
+			if allowed == 0 {
+				return nil, firstDenied(denied) // no leader to ask: this node's limits answer, as before
+			}
 			return nil, err
 		}
 		return quotadv1.NewQuotaClient(conn).Share(forwardCtx(ctx), req)
+	}
+	if allowed == 0 {
+		return nil, firstDenied(denied)
 	}
 	if allowed < len(req.Paths) {
 		return s.shareAllowed(ctx, id.Name, req, denied)
 	}
 	return s.share(ctx, id.Name, req)
+}
+
+// firstDenied is the PermissionDenied error of a share request with no path the caller may
+// spend: the reason of its first path.
+func firstDenied(denied []string) error {
+	for _, msg := range denied {
+		if msg != "" {
+			return permissionDenied("%s", msg)
+		}
+	}
+	return permissionDenied("no path the caller may spend")
 }
 
 // shareAllowed shares the paths of req that denied leaves empty and answers the others

@@ -13,7 +13,8 @@ import (
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 )
 
-// sharesCmd lists the share holders of a path (Quota.ShareStatus).
+// sharesCmd lists the share holders of a path, of a domain, or of every domain
+// (Quota.ShareStatus).
 func sharesCmd() *cobra.Command {
 	var (
 		addr, domain string
@@ -22,12 +23,13 @@ func sharesCmd() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "shares",
-		Short: "List the share holders of a path: per lendable level rate, burst, expiry, demand, acknowledged (reader or admin; linearizable)",
-		Example: "  quotad shares --domain provider\n" +
+		Short: "List the share holders of a path, a domain or every domain: per lendable level rate, burst, expiry, demand, acknowledged, revoked (reader or admin; linearizable)",
+		Example: "  quotad shares\n" +
+			"  quotad shares --domain provider\n" +
 			"  quotad shares --domain provider --descriptor endpoint=charges --json",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if domain == "" {
-				return fmt.Errorf("--domain is required: the limits domain whose share holders to list")
+			if domain == "" && len(descs) > 0 {
+				return fmt.Errorf("--descriptor needs --domain: the limits domain of the path (without both, every domain is listed)")
 			}
 			entries, err := descriptorFlag(descs, "endpoint=charges")
 			if err != nil {
@@ -45,12 +47,18 @@ func sharesCmd() *cobra.Command {
 			if asJSON {
 				return printJSON(sharesJSON(resp))
 			}
+			w := cmd.OutOrStdout()
 			if len(resp.Buckets) == 0 {
-				fmt.Printf("no lendable bucket with holders or lends in %s (applied index %d)\n", domain, resp.AppliedIndex)
+				where := domain
+				if where == "" {
+					where = "any domain"
+				}
+				fmt.Fprintf(w, "no lendable bucket with holders or lends in %s (applied index %d)\n", where, resp.AppliedIndex)
 				return nil
 			}
+			now := time.Now()
 			for _, b := range resp.Buckets {
-				fmt.Printf("%s\n  rate %s/s burst %s: lent %s/s burst %s to %d holders, reserve %s/s burst %s, central demand %s/s\n",
+				fmt.Fprintf(w, "%s\n  rate %s/s burst %s: lent %s/s burst %s to %d holders, reserve %s/s burst %s, central demand %s/s\n",
 					b.Key, units(b.RateMicro), units(b.BurstMicro), units(b.LentRateMicro), units(b.LentBurstMicro), b.Holders,
 					units(b.ReserveRateMicro), units(b.ReserveBurstMicro), units(b.CentralDemandMicro))
 				for _, h := range resp.Holders {
@@ -61,9 +69,14 @@ func sharesCmd() *cobra.Command {
 					if !h.Acknowledged {
 						ack = fmt.Sprintf("%d grants unacknowledged (acknowledged through seq %d)", h.Unacked, h.AckSeq)
 					}
-					fmt.Printf("  %s/%s#%d  r %s/s  b %s  expires in %dms  demand %s/s  seq %d  %s\n",
+					fmt.Fprintf(w, "  %s/%s#%d  r %s/s  b %s  expires in %dms  demand %s/s  seq %d  %s\n",
 						h.Owner, h.HolderId, h.Incarnation, units(h.RateMicro), units(h.BurstMicro), h.ExpiresInMs,
 						units(h.DemandMicro), h.Seq, ack)
+					if h.OwnerRevoked {
+						// Renewals are refused, but the grant in hand is honoured until it ends.
+						fmt.Fprintf(w, "    revoked — grant valid until %s (renewals refused; it may still be spent until then)\n",
+							now.Add(time.Duration(h.ExpiresInMs)*time.Millisecond).UTC().Format("15:04:05 UTC"))
+					}
 				}
 			}
 			return nil
@@ -71,7 +84,7 @@ func sharesCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	addrFlag(f, &addr)
-	f.StringVar(&domain, "domain", "", "limits domain (required)")
+	f.StringVar(&domain, "domain", "", "limits domain (none: every domain)")
 	f.StringArrayVar(&descs, "descriptor", nil, "descriptor entry key=value, outermost first (repeatable); none: every lendable bucket of the domain")
 	f.BoolVar(&asJSON, "json", false, "print JSON (rates and bursts in units, demand null when unknown)")
 	return cmd
@@ -98,6 +111,7 @@ type shareHolderJSON struct {
 	AckSeq       uint64   `json:"ack_seq"`
 	Acknowledged bool     `json:"acknowledged"`
 	Unacked      uint32   `json:"unacked"`
+	OwnerRevoked bool     `json:"owner_revoked"`
 }
 
 type shareBucketJSON struct {
@@ -133,7 +147,7 @@ func sharesJSON(resp *quotadv1.ShareStatusResponse) sharesOut {
 			d = &v
 		}
 		out.Holders = append(out.Holders, shareHolderJSON{h.Key, h.Owner, h.HolderId, h.Incarnation, u(h.RateMicro), u(h.BurstMicro),
-			h.ExpiresInMs, d, h.Seq, h.AckSeq, h.Acknowledged, h.Unacked})
+			h.ExpiresInMs, d, h.Seq, h.AckSeq, h.Acknowledged, h.Unacked, h.OwnerRevoked})
 	}
 	return out
 }

@@ -103,6 +103,10 @@ func tokenCmd() *cobra.Command {
 					return err
 				}
 				fmt.Printf("revoked %s\n", args[0])
+				// What the revoke does not take back (docs/security.md): the operator should
+				// not take the worker for cut off yet.
+				fmt.Println("note: shares it holds are not taken back: a Limiter may spend its grant in hand until the grant ends\n" +
+					"(the lease term; renewals are refused). `quotad shares` marks such holders \"revoked — grant valid until\".")
 				return nil
 			})
 		},

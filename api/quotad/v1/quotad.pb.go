@@ -3468,8 +3468,9 @@ func (x *ReleaseShareResponse) GetReturned() uint64 {
 }
 
 type ShareStatusRequest struct {
-	state  protoimpl.MessageState `protogen:"open.v1"`
-	Domain string                 `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// domain: empty lists every domain's lending and holders (then descriptors must be empty).
+	Domain string `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
 	// descriptors: the path whose buckets to list (empty: every lendable bucket of the domain).
 	Descriptors   []*Entry `protobuf:"bytes,2,rep,name=descriptors,proto3" json:"descriptors,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -3648,8 +3649,11 @@ type HolderShare struct {
 	Seq         uint64 `protobuf:"varint,9,opt,name=seq,proto3" json:"seq,omitempty"`
 	AckSeq      uint64 `protobuf:"varint,10,opt,name=ack_seq,json=ackSeq,proto3" json:"ack_seq,omitempty"`
 	// acknowledged: the holder applied its newest grant; unacked counts newer live grants.
-	Acknowledged  bool   `protobuf:"varint,11,opt,name=acknowledged,proto3" json:"acknowledged,omitempty"`
-	Unacked       uint32 `protobuf:"varint,12,opt,name=unacked,proto3" json:"unacked,omitempty"`
+	Acknowledged bool   `protobuf:"varint,11,opt,name=acknowledged,proto3" json:"acknowledged,omitempty"`
+	Unacked      uint32 `protobuf:"varint,12,opt,name=unacked,proto3" json:"unacked,omitempty"`
+	// owner_revoked: the owner is a token that has been revoked. Its renewals are refused, but
+	// the grant in hand may still be spent until it ends (expires_in_ms at the latest).
+	OwnerRevoked  bool `protobuf:"varint,13,opt,name=owner_revoked,json=ownerRevoked,proto3" json:"owner_revoked,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3766,6 +3770,13 @@ func (x *HolderShare) GetUnacked() uint32 {
 		return x.Unacked
 	}
 	return 0
+}
+
+func (x *HolderShare) GetOwnerRevoked() bool {
+	if x != nil {
+		return x.OwnerRevoked
+	}
+	return false
 }
 
 type ShareStatusResponse struct {
@@ -4103,7 +4114,7 @@ const file_quotad_v1_quotad_proto_rawDesc = "" +
 	"\x12reserve_rate_micro\x18\x06 \x01(\x04R\x10reserveRateMicro\x12.\n" +
 	"\x13reserve_burst_micro\x18\a \x01(\x04R\x11reserveBurstMicro\x120\n" +
 	"\x14central_demand_micro\x18\b \x01(\x04R\x12centralDemandMicro\x12\x18\n" +
-	"\aholders\x18\t \x01(\rR\aholders\"\xe4\x02\n" +
+	"\aholders\x18\t \x01(\rR\aholders\"\x89\x03\n" +
 	"\vHolderShare\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x1b\n" +
@@ -4119,7 +4130,8 @@ const file_quotad_v1_quotad_proto_rawDesc = "" +
 	"\aack_seq\x18\n" +
 	" \x01(\x04R\x06ackSeq\x12\"\n" +
 	"\facknowledged\x18\v \x01(\bR\facknowledged\x12\x18\n" +
-	"\aunacked\x18\f \x01(\rR\aunacked\"\xba\x01\n" +
+	"\aunacked\x18\f \x01(\rR\aunacked\x12#\n" +
+	"\rowner_revoked\x18\r \x01(\bR\fownerRevoked\"\xba\x01\n" +
 	"\x13ShareStatusResponse\x12/\n" +
 	"\abuckets\x18\x01 \x03(\v2\x15.quotad.v1.LendStatusR\abuckets\x120\n" +
 	"\aholders\x18\x02 \x03(\v2\x16.quotad.v1.HolderShareR\aholders\x12#\n" +

@@ -85,7 +85,8 @@ type QuotaClient interface {
 	// ReleaseShare ends a holder's shares at once and returns its unused tokens.
 	ReleaseShare(ctx context.Context, in *ReleaseShareRequest, opts ...grpc.CallOption) (*ReleaseShareResponse, error)
 	// ShareStatus lists the lending of the buckets on a path (every bucket of the domain when
-	// descriptors is empty) and their holders, linearizably like Status. Readers and admins.
+	// descriptors is empty; every bucket of every domain when domain is empty too) and their
+	// holders, linearizably like Status. Readers and admins.
 	ShareStatus(ctx context.Context, in *ShareStatusRequest, opts ...grpc.CallOption) (*ShareStatusResponse, error)
 }
 
@@ -245,7 +246,8 @@ type QuotaServer interface {
 	// ReleaseShare ends a holder's shares at once and returns its unused tokens.
 	ReleaseShare(context.Context, *ReleaseShareRequest) (*ReleaseShareResponse, error)
 	// ShareStatus lists the lending of the buckets on a path (every bucket of the domain when
-	// descriptors is empty) and their holders, linearizably like Status. Readers and admins.
+	// descriptors is empty; every bucket of every domain when domain is empty too) and their
+	// holders, linearizably like Status. Readers and admins.
 	ShareStatus(context.Context, *ShareStatusRequest) (*ShareStatusResponse, error)
 	mustEmbedUnimplementedQuotaServer()
 }
