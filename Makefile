@@ -2,7 +2,7 @@ GO ?= go
 BIN := bin/quotad
 PROTOC ?= protoc
 
-.PHONY: all build image test-compose test-upgrade run test test-short test-envoy race vet lint proto bench bench-fair bench-soak bench-shares bench-regions test-regions test-regions-bugs chaos chaos-long chaos-bugs chaos-docker clean
+.PHONY: all build image test-compose test-upgrade test-ca-rotation run test test-short test-envoy race vet lint proto bench bench-fair bench-soak bench-shares bench-regions test-regions test-regions-bugs chaos chaos-long chaos-bugs chaos-docker clean
 
 all: build
 
@@ -36,6 +36,11 @@ test-compose:
 UPGRADE_FROM ?= b79e26e
 test-upgrade:
 	QUOTAD_UPGRADE=1 QUOTAD_UPGRADE_FROM=$(UPGRADE_FROM) $(GO) test -count=1 -timeout 10m -run 'TestRollingUpgrade|TestOldNodesStop' -v ./e2e/
+
+# test-ca-rotation replaces the CA of a 3-process cluster in three rolling restarts while a
+# worker spends (docs/security.md "Rotating the CA without downtime"); about 25 s.
+test-ca-rotation:
+	QUOTAD_CA_ROTATION=1 $(GO) test -count=1 -timeout 5m -run 'TestCARotationWithoutDowntime' -v ./e2e/
 
 # run starts a local 3-node cluster (separate processes) with examples/limits.yaml.
 run: build

@@ -356,11 +356,19 @@ func (c *Client) Acquire(ctx context.Context, req Request) (*Lease, error) {
 // admission that debited it, and only up to its capacity (see RefundOutcome); the answer says
 // whether the cluster found d and refunded it now (Outcome RefundRefunded, Refunded = its
 // cost), and how many buckets kept the units. Refunding twice is harmless (the second answer
-// is RefundAlreadyRefunded). Concurrency permits are not affected; release those with the
-// Lease.
+// is RefundAlreadyRefunded). An admission that took no rate tokens (a concurrency-only
+// domain) is answered RefundNothingToRefund. Concurrency permits are not affected; release
+// those with the Lease.
+//
+// A denied d is answered RefundNotAdmitted without a call. An admitted d without a RequestID
+// did not come from this package's Allow, Wait or Acquire (they always set it): the answer is
+// an ErrInvalid error, without a call.
 func (c *Client) Refund(ctx context.Context, d Decision) (RefundResult, error) {
-	if !d.Admitted || d.RequestID == 0 {
+	if !d.Admitted {
 		return RefundResult{Outcome: RefundNotAdmitted}, nil
+	}
+	if d.RequestID == 0 {
+		return RefundResult{}, fmt.Errorf("%w: refund: the admitted decision has request ID 0, so no admission can be named; pass the Decision that Allow, Wait or Acquire returned (its RequestID is set)", ErrInvalid)
 	}
 	req := &quotadv1.RefundRequest{ClientId: c.id, RequestId: d.RequestID}
 	var resp *quotadv1.RefundResponse

@@ -85,6 +85,23 @@ func TestClusterAllowFollowsLeader(t *testing.T) {
 			t.Errorf("Refund(%+v) = %+v, %v; want %s", tc.d, got, err, tc.want)
 		}
 	}
+	// An admitted decision without a request ID names no admission: an error, not an outcome.
+	if got, err := c.Refund(ctx, Decision{Admitted: true}); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "request ID 0") || got != (RefundResult{}) {
+		t.Errorf("Refund of an admitted decision with RequestID 0 = %+v, %v; want an ErrInvalid naming request ID 0", got, err)
+	}
+	// A concurrency-only admission took no rate tokens: nothing to refund, refunded 0, every time.
+	slot, err := c.Allow(ctx, Request{Domain: "slots"})
+	if err != nil || !slot.Admitted || slot.LeaseID == 0 {
+		t.Fatalf("Allow(slots) = %+v, %v; want a lease", slot, err)
+	}
+	for i := range 2 {
+		if got, err := c.Refund(ctx, slot); err != nil || got != (RefundResult{Outcome: RefundNothingToRefund}) {
+			t.Errorf("Refund #%d of a concurrency-only admission = %+v, %v; want nothing_to_refund, refunded 0", i+1, got, err)
+		}
+	}
+	if ok, err := c.ReleaseLease(ctx, slot.LeaseID); err != nil || !ok {
+		t.Errorf("the lease after the refunds: released %v, %v; want still held", ok, err)
+	}
 }
 
 // TestClusterLeaderKilledDuringConcurrentAllow: 10,000 Allow calls from 64 goroutines on a

@@ -268,6 +268,11 @@ const (
 	// RefundAlreadyRefunded: an earlier Refund of the admission did the work (perhaps an
 	// earlier try of this one whose answer was lost: Refund retries a failover).
 	RefundAlreadyRefunded RefundOutcome = "already_refunded"
+	// RefundNothingToRefund: the admission was found but took no rate tokens (a
+	// concurrency-only domain: it holds permits, which its Lease releases). Refunded is 0.
+	// Clusters before s11-refund2 answered such an admission RefundRefunded with its cost
+	// (and a second Refund RefundAlreadyRefunded), though no bucket took anything back.
+	RefundNothingToRefund RefundOutcome = "nothing_to_refund"
 )
 
 // RefundResult is the cluster's answer to Refund.

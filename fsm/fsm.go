@@ -197,7 +197,42 @@ const (
 	RefundNotAdmitted RefundOutcome = "not_admitted"
 	// RefundAlreadyRefunded: an earlier Refund of the admission did the work.
 	RefundAlreadyRefunded RefundOutcome = "already_refunded"
+	// RefundNothingToRefund: the admission was found but took no rate tokens (only
+	// concurrency permits, which a Release returns): Refunded is 0, at every Refund of it.
+	RefundNothingToRefund RefundOutcome = "nothing_to_refund"
 )
+
+// applyRefund applies a Refund. The state changes exactly as before RefundNothingToRefund
+// existed (every first refund of an admission calls Engine.Refund, which advances the clock,
+// and marks the dedup record refunded); only the answer differs.
+func (f *FSM) applyRefund(now quota.Time, o *fsmv1.Refund) OtherResult {
+	seq, ok := f.dedup.lookup(ownedClient(o.Owner, o.ClientId), o.RequestId)
+	if !ok {
+		return OtherResult{RefundOutcome: RefundNotFound}
+	}
+	if f.dedup.refunded(seq) {
+		if !debited(f.dedup.decision(seq)) {
+			return OtherResult{RefundOutcome: RefundNothingToRefund}
+		}
+		return OtherResult{RefundOutcome: RefundAlreadyRefunded}
+	}
+	d := f.dedup.decision(seq)
+	if !d.Admitted {
+		return OtherResult{RefundOutcome: RefundNotAdmitted}
+	}
+	r := f.engine.Refund(now, d.Charges, d.Cost, d.DebitSeq)
+	f.dedup.setRefunded(seq)
+	if !debited(d) {
+		return OtherResult{RefundOutcome: RefundNothingToRefund}
+	}
+	return OtherResult{Refunded: d.Cost, RefundOutcome: RefundRefunded, BucketsKept: r.Kept}
+}
+
+// debited reports whether admission d took rate tokens: the admissions Engine.Refund can give
+// something back to (it returns an empty RefundResult for the others).
+func debited(d quota.Decision) bool {
+	return d.Admitted && len(d.Charges) > 0 && d.Cost > 0 && d.DebitSeq != 0
+}
 
 // Decision is the answer to an Acquire: a quota.Decision without Charges, Cost and DebitSeq
 // (which only the FSM needs, for refunds; the dedup table keeps them) and ShadowDenials
@@ -332,20 +367,7 @@ func (f *FSM) applyOp(now quota.Time, op *fsmv1.Op) OpResult {
 		ttl, err := f.engine.RenewBy(now, o.Renew.LeaseId, time.Duration(o.Renew.TtlNs), o.Renew.Owner)
 		return other(OtherResult{LeaseTTL: ttl, Err: err})
 	case *fsmv1.Op_Refund:
-		seq, ok := f.dedup.lookup(ownedClient(o.Refund.Owner, o.Refund.ClientId), o.Refund.RequestId)
-		if !ok {
-			return other(OtherResult{RefundOutcome: RefundNotFound})
-		}
-		if f.dedup.refunded(seq) {
-			return other(OtherResult{RefundOutcome: RefundAlreadyRefunded})
-		}
-		d := f.dedup.decision(seq)
-		if !d.Admitted {
-			return other(OtherResult{RefundOutcome: RefundNotAdmitted})
-		}
-		r := f.engine.Refund(now, d.Charges, d.Cost, d.DebitSeq)
-		f.dedup.setRefunded(seq)
-		return other(OtherResult{Refunded: d.Cost, RefundOutcome: RefundRefunded, BucketsKept: r.Kept})
+		return other(f.applyRefund(now, o.Refund))
 	case *fsmv1.Op_SetLimits:
 		var l quota.Limits
 		if err := json.Unmarshal(o.SetLimits.LimitsJson, &l); err != nil {

@@ -157,6 +157,36 @@ func TestRefundOnceViaDedupRecord(t *testing.T) {
 	want(5*time.Millisecond, refund(3), refundAnswer{0, RefundNotAdmitted, 0})
 }
 
+// An admission that took no rate tokens (a concurrency-only domain: permits, no bucket) is
+// answered nothing_to_refund with refunded 0, the first time and after — not "refunded" with
+// its cost. The state changes as it did before the answer existed: the dedup record is marked
+// refunded and the clock advances (the hash of a replica that answered "refunded" is the same).
+func TestRefundOfConcurrencyOnlyAdmissionRefundsNothing(t *testing.T) {
+	l := newLog(t)
+	lim := *testLimits
+	lim.Domains = append(append([]quota.Domain(nil), testLimits.Domains...), quota.Domain{Name: "slots",
+		Concurrency: &quota.Concurrency{MaxInFlight: 2, LeaseTTL: 5 * time.Second}})
+	if r := l.apply(time.Millisecond, setLimits(t, &lim)); r.Ops[0].Other.Err != nil {
+		t.Fatal(r.Ops[0].Other.Err)
+	}
+	slot := &fsmv1.Op{Op: &fsmv1.Op_Acquire{Acquire: &fsmv1.Acquire{ClientId: "c1", Admission: &quotadv1.Admission{RequestId: 1, Domain: "slots"}}}}
+	if d := l.apply(2*time.Millisecond, slot).Ops[0].Decision; !d.Admitted || d.LeaseID == 0 {
+		t.Fatalf("slots acquire: %+v, want admitted with a lease", d)
+	}
+	refund := &fsmv1.Op{Op: &fsmv1.Op_Refund{Refund: &fsmv1.Refund{ClientId: "c1", RequestId: 1}}}
+	for i, ts := range []time.Duration{3 * time.Millisecond, 4 * time.Millisecond} {
+		if got := answerOf(l.apply(ts, refund).Ops[0].Other); got != (refundAnswer{0, RefundNothingToRefund, 0}) {
+			t.Fatalf("refund #%d of a concurrency-only admission: %+v, want nothing_to_refund, refunded 0", i+1, got)
+		}
+		if seq, ok := l.f.dedup.lookup("c1", 1); !ok || !l.f.dedup.refunded(seq) {
+			t.Fatalf("refund #%d: the dedup record is not marked refunded (the state must change as before)", i+1)
+		}
+		if got := l.f.Clock(); got != int64(ts) {
+			t.Fatalf("refund #%d: clock %v, want %v (Engine.Refund advances it, as before)", i+1, time.Duration(got), ts)
+		}
+	}
+}
+
 // The user trial: the domain ceiling (10/s, burst 5) refills between the spend and the refund
 // and takes nothing back; the tenant's bucket (2/s, burst 3) gets its unit. The answer is the
 // cost (the old one, the least any bucket took back, was 0). A bucket another admission

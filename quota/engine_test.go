@@ -401,6 +401,33 @@ func TestRefund(t *testing.T) {
 	}
 }
 
+// An admission of a concurrency-only domain takes permits and no rate tokens: no Charges, no
+// DebitSeq. Refunding it gives back nothing (an empty RefundResult, which the FSM answers as
+// nothing_to_refund) and leaves the permits in flight; a mixed domain's admission has both.
+func TestRefundOfConcurrencyOnlyAdmissionIsEmpty(t *testing.T) {
+	e := mustEngine(t, &Limits{Domains: []Domain{
+		{Name: "slots", Concurrency: &Concurrency{MaxInFlight: 1, LeaseTTL: time.Minute}},
+		{Name: "rated", Rate: &Rate{Unit: time.Second, RequestsPerUnit: 10}},
+	}})
+	d := e.Acquire(0, Request{Domain: "slots", Cost: 5})
+	if !d.Admitted || d.LeaseID == 0 || len(d.Charges) != 0 || d.DebitSeq != 0 {
+		t.Fatalf("concurrency-only admission: %+v, want a lease and no charges", d)
+	}
+	if got := e.Refund(0, d.Charges, d.Cost, d.DebitSeq); got != (RefundResult{}) {
+		t.Fatalf("refund of a concurrency-only admission: %+v, want nothing restored or kept", got)
+	}
+	if d2 := e.Acquire(0, Request{Domain: "slots"}); d2.Admitted {
+		t.Fatalf("the refund returned the permit: a second lease of max_in_flight 1 was admitted: %+v", d2)
+	}
+	r := e.Acquire(0, Request{Domain: "rated", Cost: 2})
+	if len(r.Charges) != 1 || r.DebitSeq == 0 {
+		t.Fatalf("rated admission: %+v, want one charge and a DebitSeq", r)
+	}
+	if got := e.Refund(0, r.Charges, r.Cost, r.DebitSeq); got != (RefundResult{Restored: 1}) {
+		t.Fatalf("refund of a rated admission: %+v, want 1 restored", got)
+	}
+}
+
 // The user trial behind RefundResult: a fast domain ceiling refills between the spend and the
 // refund and takes nothing back, while the slow tenant's bucket goes 4 -> 5. Both are restored
 // (the old answer, the least any bucket took back, was 0). A later admission on the tenant

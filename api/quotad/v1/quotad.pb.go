@@ -1105,6 +1105,10 @@ type RefundResponse struct {
 	//	not_admitted      the request was denied: nothing to give back
 	//	already_refunded  an earlier Refund of it (perhaps an earlier try of this call whose
 	//	                  answer was lost) did the work
+	//	nothing_to_refund the admission was found but took no rate tokens (a concurrency-only
+	//	                  domain: its permits are returned by Release); refunded is 0, at every
+	//	                  Refund of it (servers before s11-refund2 answered "refunded" with its
+	//	                  cost, then "already_refunded")
 	//
 	// Empty from servers before session 11 (refunded was then the least any bucket took back).
 	Outcome string `protobuf:"bytes,2,opt,name=outcome,proto3" json:"outcome,omitempty"`
