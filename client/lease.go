@@ -76,12 +76,16 @@ func (l *Lease) Err() error {
 	return l.err
 }
 
-// end records why the lease ended, once.
-func (l *Lease) end(err error) bool {
+// end records why the lease ended, once; before runs first (under the lease's lock, before
+// Done closes), so a caller woken by Done sees what it did.
+func (l *Lease) end(err error, before ...func()) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.err != nil {
 		return false
+	}
+	for _, f := range before {
+		f()
 	}
 	l.err = err
 	close(l.done)
@@ -97,9 +101,9 @@ func (l *Lease) lost(err error) {
 	if l.stopRenew != nil {
 		l.stopRenew()
 	}
-	if l.end(err) {
-		l.c.leaseLost(err)
-	}
+	// Counted and logged before Done closes: a caller woken by Done reads Stats.LeasesLost
+	// and its logger's line (they came after it: CI ci1 read an empty log under -race).
+	l.end(err, func() { l.c.leaseLost(err) })
 }
 
 // lostAtRelease records that Release found the lease already gone on the cluster: Err
