@@ -219,6 +219,10 @@ func (n *Node) joinLoop(addrs []string) {
 	}
 }
 
+// bootstrapHold, if set (tests only), delays a node's first bootstrap check by what it returns
+// for the node's ID.
+var bootstrapHold atomic.Pointer[func(id string) time.Duration]
+
 // bootstrapLoop bootstraps a new cluster once exactly BootstrapExpect gossip members
 // without Raft state are visible. It gives up as soon as any member has state (an existing
 // cluster: its leader will add this node) or this node got state.
@@ -231,6 +235,11 @@ func (n *Node) joinLoop(addrs []string) {
 // nonces they advertised.
 func (n *Node) bootstrapLoop() {
 	warned := false
+	if h := bootstrapHold.Load(); h != nil {
+		if !n.sleepCtx((*h)(n.cfg.ID)) {
+			return
+		}
+	}
 	for {
 		select {
 		case <-n.ctx.Done():
@@ -252,14 +261,14 @@ func (n *Node) bootstrapLoop() {
 		}
 		slices.Sort(ids)
 		var servers []raft.Server
+		existing, existingCluster := "", ""
 		for _, id := range ids {
 			meta := peers[id].meta
 			if meta.Raft == "" {
 				continue
 			}
-			if meta.HasState && id != n.cfg.ID {
-				n.log.Info("existing cluster seen in gossip; not bootstrapping", "member", id)
-				return
+			if meta.HasState && id != n.cfg.ID && existing == "" {
+				existing, existingCluster = id, meta.Cluster
 			}
 			if meta.Expect != n.cfg.BootstrapExpect {
 				if !warned {
@@ -271,6 +280,20 @@ func (n *Node) bootstrapLoop() {
 				break
 			}
 			servers = append(servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(id), Address: raft.ServerAddress(meta.Raft)})
+		}
+		if existing != "" {
+			// A member has Raft state. If it is the cluster this very member set bootstraps
+			// (its cluster ID is the one this node derives from the same members and their
+			// nonces: a member of the set saw all of them first and bootstrapped), this node
+			// is one of its voters and bootstraps the same configuration: it must vote, or
+			// a fresh cluster whose first node bootstrapped a moment early could never elect
+			// a leader (the others, with no state, refuse votes while recovering). Otherwise
+			// it is an existing cluster, whose leader will add this node.
+			if len(servers) != n.cfg.BootstrapExpect || existingCluster == "" || bootstrapClusterID(servers, peers) != existingCluster {
+				n.log.Info("existing cluster seen in gossip; not bootstrapping", "member", existing)
+				return
+			}
+			n.log.Info("a member bootstrapped this member set first; bootstrapping the same configuration", "member", existing, "cluster_id", existingCluster)
 		}
 		if len(servers) != n.cfg.BootstrapExpect {
 			if len(servers) > n.cfg.BootstrapExpect && !warned {

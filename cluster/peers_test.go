@@ -279,3 +279,22 @@ func TestSilentConnectionsDoNotLockPeersOut(t *testing.T) {
 	}
 	t.Logf("new leader node%d under %d silent connections opened", nl, opened.Load())
 }
+
+// TestBootstrapWhenOneMemberBootstrappedFirst: in a fresh 3-node cluster, one node sees all
+// three members and bootstraps before the others look (here: the others' first bootstrap
+// check held 1.5 s). They see a member with Raft state — the cluster this very member set
+// bootstraps, by its cluster ID — and bootstrap the same configuration, so they vote and a
+// leader is elected. Before, they took it for an existing cluster, did not bootstrap, and,
+// with no state, refused every vote while recovering: no leader ever (make test -race, once).
+func TestBootstrapWhenOneMemberBootstrappedFirst(t *testing.T) {
+	cluster.SetBootstrapHold(func(id string) time.Duration {
+		if strings.HasSuffix(id, "0") {
+			return 0
+		}
+		return 1500 * time.Millisecond
+	})
+	t.Cleanup(func() { cluster.SetBootstrapHold(nil) })
+	c := clustertest.Start(t, 3, newCounterFSM)
+	li := c.WaitLeader(leaderTimeout)
+	add(t, c.Node(li), 1)
+}
