@@ -240,6 +240,8 @@ func (n *Node) openRaft() error {
 	if cfg.WrapStreamLayer != nil {
 		layer = cfg.WrapStreamLayer(layer)
 	}
+	// Outermost, so a connection it replaces is dialed through every layer (redial.go).
+	layer = newRedialLayer(layer, n.log)
 	trans := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream:  layer,
 		MaxPool: 3,

@@ -152,6 +152,10 @@ func (c *trackedConn) Write(p []byte) (int, error) {
 	return c.Conn.Write(p)
 }
 
+// NetConn is the connection under c (the Raft transport's idle-connection probe looks
+// through it).
+func (c *trackedConn) NetConn() net.Conn { return c.Conn }
+
 func (c *trackedConn) Close() error {
 	c.once.Do(func() {
 		c.net.mu.Lock()
