@@ -24,6 +24,8 @@ const (
 	// maxAdmissionsPerBatch keeps batches well under the server's per-call cap.
 	maxAdmissionsPerBatch = 4096
 	minLeaseRenewInterval = 10 * time.Millisecond
+	// minRenewRetry floors the cap on a renewal's retry delay (a tenth of the lease TTL).
+	minRenewRetry = 10 * time.Millisecond
 	// leaderHeader is the response metadata key naming the leader's gRPC address.
 	leaderHeader = "x-quotad-leader"
 )

@@ -39,7 +39,15 @@ type nodes struct {
 	order  []string // configured addresses, then discovered ones
 	cur    int      // index into order of the current target
 	closed bool
+	// failedAt is when an attempt at an address last failed without an answer (failed). For
+	// staleFor after that, a leader hint naming it from a node whose forward failed is not
+	// followed, and moving on skips it while another node has not failed as recently.
+	failedAt map[string]time.Time
 }
+
+// staleFor is how long a node that gave no answer counts as just failed (nodes.failedAt):
+// about a leader election on a cluster with a 1 s heartbeat timeout.
+const staleFor = time.Second
 
 func newNodes(addrs []string, cfg Config, creds []grpc.DialOption) *nodes {
 	opts := append(slices.Clone(creds), grpcflow.DialOptions()...) // no BDP pings (package grpcflow)
@@ -52,7 +60,7 @@ func newNodes(addrs []string, cfg Config, creds []grpc.DialOption) *nodes {
 		}),
 	)
 	opts = append(opts, cfg.DialOptions...)
-	n := &nodes{dialOpts: opts, byAddr: make(map[string]*node), configuredOnly: cfg.ConfiguredAddrsOnly}
+	n := &nodes{dialOpts: opts, byAddr: make(map[string]*node), configuredOnly: cfg.ConfiguredAddrsOnly, failedAt: make(map[string]time.Time)}
 	seen := map[string]bool{}
 	for _, a := range addrs {
 		if !seen[a] {
@@ -110,14 +118,43 @@ func (ns *nodes) follow(addr string) bool {
 	return true
 }
 
-// failed moves the target past addr after a failed attempt there. It does nothing if
-// another goroutine has already moved on.
+// failed moves the target past addr after a failed attempt there, to the next node that has
+// not just failed too (the next one if all have). It does nothing if another goroutine has
+// already moved on.
 func (ns *nodes) failed(addr string) {
 	ns.mu.Lock()
 	defer ns.mu.Unlock()
-	if ns.order[ns.cur] == addr {
-		ns.cur = (ns.cur + 1) % len(ns.order)
+	now := time.Now()
+	ns.failedAt[addr] = now
+	if ns.order[ns.cur] != addr {
+		return
 	}
+	next := (ns.cur + 1) % len(ns.order)
+	for i := range len(ns.order) - 1 {
+		j := (ns.cur + 1 + i) % len(ns.order)
+		if !ns.failedWithinLocked(ns.order[j], now) {
+			next = j
+			break
+		}
+	}
+	ns.cur = next
+}
+
+// staleHint reports whether addr, named as the leader by a node whose forward to it failed,
+// is a hint to ignore: addr itself failed without answering just now. After a leader dies a
+// follower keeps naming it until its own election timeout; following that hint sent every
+// retry back and forth between the dead leader and that follower, never to the node the
+// cluster was electing (a lease then lost its renewal window: client
+// TestClusterLeaseSurvivesLeaderFailover, once in CI).
+func (ns *nodes) staleHint(addr string) bool {
+	ns.mu.Lock()
+	defer ns.mu.Unlock()
+	return ns.failedWithinLocked(addr, time.Now())
+}
+
+func (ns *nodes) failedWithinLocked(addr string, now time.Time) bool {
+	at, ok := ns.failedAt[addr]
+	return ok && now.Sub(at) < staleFor
 }
 
 func (ns *nodes) close() error {
@@ -148,6 +185,26 @@ func (b BackoffConfig) delayCeil(attempt int) time.Duration {
 		return b.Max
 	}
 	return time.Duration(ceil)
+}
+
+// backoffMaxKey is the context key of a call's own cap on the delay between its retries
+// (withBackoffMax).
+type backoffMaxKey struct{}
+
+// withBackoffMax caps the delay between the retries of calls made with the returned context at
+// d (when below Config.Backoff.Max): a call that must land within a short window — a lease's
+// renewal before its TTL runs out — keeps trying often enough to meet a leader elected late in
+// that window.
+func withBackoffMax(ctx context.Context, d time.Duration) context.Context {
+	return context.WithValue(ctx, backoffMaxKey{}, d)
+}
+
+// backoffFor is b with ctx's cap (withBackoffMax) applied.
+func backoffFor(ctx context.Context, b BackoffConfig) BackoffConfig {
+	if d, ok := ctx.Value(backoffMaxKey{}).(time.Duration); ok && d > 0 && d < b.Max {
+		b.Max = d
+	}
+	return b
 }
 
 // retryable reports whether a failed attempt may be repeated: the cluster gave no answer
@@ -200,7 +257,7 @@ func (c *Client) invoke(ctx context.Context, op string, extra time.Duration, cal
 			c.metrics.retries.Add(1)
 		}
 		lastErr = byNode.err()
-		if !sleep(ctx, c.cfg.Backoff.delay(attempt)) {
+		if !sleep(ctx, backoffFor(ctx, c.cfg.Backoff).delay(attempt)) {
 			return c.unavailable(op, attempt+1, lastErr, ctx.Err())
 		}
 	}
@@ -236,7 +293,7 @@ func (c *Client) attempt(ctx context.Context, n *node, extra time.Duration, call
 	}
 	leader := firstValue(hdr, trl)
 	switch {
-	case leader != "" && leader != n.addr && c.nodes.follow(leader):
+	case leader != "" && leader != n.addr && (err == nil || !c.nodes.staleHint(leader)) && c.nodes.follow(leader):
 	case err != nil && retryable(status.Code(err)):
 		// No answer from this node: try the next one (a follower forwards to the leader).
 		c.nodes.failed(n.addr)

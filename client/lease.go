@@ -178,6 +178,9 @@ func (l *Lease) renew() {
 		}
 		sent := time.Now()
 		ctx, cancel := context.WithDeadline(l.ctx, expires)
+		// Retries at most a tenth of the TTL apart: after the leader dies, the new one is
+		// elected within the TTL but can be late in it (TestClusterLeaseSurvivesLeaderFailover).
+		ctx = withBackoffMax(ctx, max(ttl/10, minRenewRetry))
 		req := &quotadv1.RenewRequest{LeaseId: l.d.LeaseID, LeaseTtlMs: durationMillisCeil(l.ttl)}
 		var resp *quotadv1.RenewResponse
 		err := l.c.invoke(ctx, "Renew", 0, func(ctx context.Context, qc quotadv1.QuotaClient, opts ...grpc.CallOption) error {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -307,4 +308,68 @@ func TestClusterLeaseSurvivesLeaderFailover(t *testing.T) {
 		t.Fatalf("TryAcquire after Release: %v", err)
 	}
 	_ = ol.Release(ctx)
+}
+
+// TestDeadLeaderHintNotFollowed: right after the leader dies, each follower still names it as
+// the leader (until its own election timeout) and fails to forward to it. A client that
+// followed that hint went back and forth between the dead leader and one follower and never
+// tried the third node — where the new leader may be — until the follower's timeout, so a
+// lease could lose its renewal window across a failover (TestClusterLeaseSurvivesLeaderFailover
+// failed so once in CI). Now a hint naming a node that just failed is not followed: each of
+// several fresh clients (each starts at a random node) tries both followers within its first
+// four attempts after the kill.
+func TestDeadLeaderHintNotFollowed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster failover test")
+	}
+	tc := startCluster(t)
+	old := tc.leader()
+	addrs := tc.addrs()
+	const clients = 6
+	var (
+		mu       sync.Mutex
+		attempts = make([][]string, clients)
+		success  = make([]int, clients) // attempts made before the first success (0: none)
+	)
+	cls := make([]*Client, clients)
+	for i := range cls {
+		record := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			err := invoker(ctx, method, req, reply, cc, opts...)
+			mu.Lock()
+			attempts[i] = append(attempts[i], cc.Target())
+			if err == nil && success[i] == 0 {
+				success[i] = len(attempts[i])
+			}
+			mu.Unlock()
+			return err
+		}
+		cls[i] = newTestClient(t, addrs, func(cfg *Config) {
+			cfg.DialOptions = []grpc.DialOption{grpc.WithUnaryInterceptor(record)}
+		})
+	}
+	tc.kill(old)
+	var wg sync.WaitGroup
+	for _, c := range cls {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if _, err := c.Allow(ctx, Request{Domain: "fixed"}); err != nil {
+				t.Errorf("Allow across the failover: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	for i, seq := range attempts {
+		first := seq[:min(4, len(seq))]
+		if s := success[i]; s > 0 && s <= 4 {
+			continue // decided before it could show anything (a leader already elected)
+		}
+		for j, a := range addrs {
+			if j != old && !slices.Contains(first, a) {
+				t.Errorf("client %d: first attempts %v never tried follower %s (the dead leader is %s): it followed the dead leader's name", i, first, a, addrs[old])
+			}
+		}
+	}
 }

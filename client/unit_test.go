@@ -36,6 +36,22 @@ func TestBackoffFullJitterBounds(t *testing.T) {
 	}
 }
 
+// TestBackoffCapFromContext: a call's own cap (withBackoffMax: a lease renewal's tenth of
+// its TTL) lowers Config.Backoff.Max for that call only, and never raises it.
+func TestBackoffCapFromContext(t *testing.T) {
+	b := BackoffConfig{Initial: 10 * time.Millisecond, Max: time.Second, Factor: 2}
+	capped := backoffFor(withBackoffMax(context.Background(), 300*time.Millisecond), b)
+	if capped.delayCeil(20) != 300*time.Millisecond {
+		t.Errorf("capped ceiling %v, want 300ms", capped.delayCeil(20))
+	}
+	if got := backoffFor(context.Background(), b); got != b {
+		t.Errorf("uncapped = %+v, want %+v", got, b)
+	}
+	if got := backoffFor(withBackoffMax(context.Background(), time.Minute), b); got.Max != time.Second {
+		t.Errorf("a cap above Max raised it to %v", got.Max)
+	}
+}
+
 // uniqueIDs takes 16,000 request IDs from c on 16 goroutines and fails unless all are
 // distinct and above floor.
 func uniqueIDs(t *testing.T, c *Client, floor uint64) {
