@@ -100,6 +100,11 @@ type ShareInfo struct {
 	FallbackRate float64
 	// Message explains a central or invalid status.
 	Message string
+	// Refused is the cluster's refusal of the last renewal (Unauthenticated or
+	// PermissionDenied: a revoked token, a credential without the path's domain), "" when the
+	// last renewal was answered or got no answer. While it is set the path has no fallback
+	// slice: once the grant in hand ends it admits nothing until a renewal is answered.
+	Refused string
 }
 
 // ErrLimiterClosed is returned by Wait on a closed Limiter.
@@ -255,6 +260,7 @@ func (l *Limiter) Share() ShareInfo {
 	}
 	st := l.p.state.Load()
 	info := st.info
+	info.Refused = st.refused
 	if st.mode == modeLocal {
 		_, fast := l.h.clock.now()
 		info.Expiry = time.Now().Add(l.h.clock.untilFast(st.endFast, fast))
