@@ -100,6 +100,11 @@ type ShareInfo struct {
 	FallbackRate float64
 	// Message explains a central or invalid status.
 	Message string
+	// Refused is the cluster's refusal of the last renewal (Unauthenticated or
+	// PermissionDenied: a revoked token, a credential without the path's domain), "" when the
+	// last renewal was answered or got no answer. While it is set the path has no fallback
+	// slice: once the grant in hand ends it admits nothing until a renewal is answered.
+	Refused string
 }
 
 // ErrLimiterClosed is returned by Wait on a closed Limiter.
@@ -196,7 +201,8 @@ func (l *Limiter) central(n uint64, st *pathState) bool {
 func (l *Limiter) Wait(ctx context.Context) error { return l.WaitN(ctx, max(l.req.Cost, 1)) }
 
 // WaitN blocks until n units are admitted or ctx ends (then it returns ctx's error). Where the
-// path is decided centrally it is Client.Wait.
+// path is decided centrally it is Client.Wait, and an invalid request or a credential the
+// cluster refuses (codes Unauthenticated, PermissionDenied) is returned at once.
 func (l *Limiter) WaitN(ctx context.Context, n uint64) error {
 	if l.err != nil {
 		return l.err
@@ -216,7 +222,9 @@ func (l *Limiter) WaitN(ctx context.Context, n uint64) error {
 			r.Cost = n
 			if _, err := l.c.Wait(ctx, r); err == nil {
 				return nil
-			} else if errors.Is(err, ErrInvalid) {
+			} else if errors.Is(err, ErrInvalid) || refusedCredential(err) {
+				// Asking again cannot help: a refused credential was retried every 10 ms
+				// (about 100 Acquire RPCs a second per waiter) until ctx ended.
 				return err
 			}
 			wait = 10 * time.Millisecond
@@ -255,6 +263,7 @@ func (l *Limiter) Share() ShareInfo {
 	}
 	st := l.p.state.Load()
 	info := st.info
+	info.Refused = st.refused
 	if st.mode == modeLocal {
 		_, fast := l.h.clock.now()
 		info.Expiry = time.Now().Add(l.h.clock.untilFast(st.endFast, fast))
@@ -531,7 +540,7 @@ func (h *shareHolder) renew() time.Duration {
 	h.renewals.Add(1)
 	resp, err := h.c.sendShare(ctx, req)
 	if err != nil {
-		if c := status.Code(err); c == codes.Unauthenticated || c == codes.PermissionDenied {
+		if refusedCredential(err) {
 			h.refusals++
 			// The cluster answered: this credential may no longer hold shares (a revoked
 			// token). The grant in hand ends at its term; no fallback after it — fallback_rate
@@ -558,6 +567,14 @@ func (h *shareHolder) renew() time.Duration {
 		next = min(next, 200*time.Millisecond)
 	}
 	return next
+}
+
+// refusedCredential reports whether the cluster refused the call's credential
+// (Unauthenticated: a revoked or unknown token; PermissionDenied: a credential without the
+// domain or tenant) rather than giving no answer.
+func refusedCredential(err error) bool {
+	c := status.Code(err)
+	return c == codes.Unauthenticated || c == codes.PermissionDenied
 }
 
 // refusedRetry is when to ask again after the n-th refused renewal in a row: 250 ms, then

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 	"github.com/quotad/quotad/internal/pkifiles"
@@ -165,5 +167,48 @@ descriptors:
 	}
 	if off > time.Second {
 		t.Fatalf("after the revert the Limiter had no local share for %v of 3 s (%+v); want it renewed within a second", off, lim.Share())
+	}
+}
+
+// TestLimiterWaitOnRefusedPathReturns: Wait on a Limiter whose path the credential may not
+// spend (a worker token without the domain: the share answers the path invalid, and the
+// central Wait is refused PermissionDenied) returns that refusal. It retried the central Wait
+// every 10 ms until ctx ended — a refused caller kept about 100 Acquire RPCs a second per
+// waiting goroutine going at the cluster, forever with a context without deadline.
+func TestLimiterWaitOnRefusedPathReturns(t *testing.T) {
+	creds, err := pkifiles.EnsureLocal(filepath.Join(t.TempDir(), "creds"), "quotad")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := rpctest.Start(t, 1, revokeShareLimits+"---\ndomain: other\nrate_limit: {unit: second, requests_per_unit: 1000}\nshares: {lease: 2s}\n", rpctest.Secure(t, creds))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	adminCfg := Config{Addrs: c.Addrs(), TLSFiles: TLSFiles{CAFile: creds.CAFile}, TokenFile: creds.TokenFile}
+	opts, err := adminCfg.DialCredentials()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := grpc.NewClient(c.Addrs()[0], opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	tok, err := quotadv1.NewAdminClient(cc).CreateToken(ctx, &quotadv1.CreateTokenRequest{Role: "worker", Domains: []string{"api"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	qc := newTestClient(t, c.Addrs(), func(cfg *Config) {
+		cfg.TLSFiles = TLSFiles{CAFile: creds.CAFile}
+		cfg.Token = tok.Token
+	})
+	lim := qc.Limiter(Request{Domain: "other"}, LimiterOptions{})
+	defer lim.Close()
+	wctx, wcancel := context.WithTimeout(ctx, 3*time.Second)
+	defer wcancel()
+	start, rpcs := time.Now(), qc.Stats().RPCs
+	err = lim.Wait(wctx)
+	took, sent := time.Since(start), qc.Stats().RPCs-rpcs
+	if status.Code(err) != codes.PermissionDenied || took > 2*time.Second {
+		t.Fatalf("Wait on a path the token may not spend: %v after %v (%d Acquire RPCs); want the PermissionDenied refusal at once", err, took.Round(time.Millisecond), sent)
 	}
 }

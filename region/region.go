@@ -126,6 +126,12 @@ func Start(cfg Config) (*Holder, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.Global.Logger == nil {
+		// The global client's warnings (a share renewal the global cluster refused: a revoked
+		// --global-token-file token) belong in the node's log: a client.Config without a
+		// Logger logs nothing.
+		cfg.Global.Logger = cfg.Logger.With("region", cfg.Region, "global_client", true)
+	}
 	if cfg.Global.ClientID == "" {
 		cfg.Global.ClientID = "region/" + cfg.Region + "/" + cfg.Node
 		if len(cfg.Global.ClientID) > 128 {
@@ -275,6 +281,9 @@ func (h *Holder) watch() {
 			s.ended = true
 			now := "failing closed: the level refuses every admission until a share is regained"
 			switch {
+			case info.Refused != "":
+				// No fallback slice after a refusal, whatever shares.fallback_rate says.
+				now += fmt.Sprintf(" (the global cluster refused the renewal: %s; check the region's global credential, --global-token-file or --global-cert)", info.Refused)
 			case info.Status == "lent" && info.FallbackRate > 0:
 				now = fmt.Sprintf("falling back to its slice of shares.fallback_rate, %.4g/s", info.FallbackRate)
 			case info.Status == "lent":
@@ -379,6 +388,8 @@ func (h *Holder) refusal(s *share) Refusal {
 		msg = "no share of the global limit yet (the regional leader's first renewal with the global cluster has not returned)"
 	case info.Status != "lent":
 		msg = fmt.Sprintf("the global cluster does not lend this level to the region (%s: %s)", info.Status, info.Message)
+	case !info.Local && info.Refused != "":
+		msg = "the region's share of the global limit has ended and the global cluster refused its renewal (the region's global credential: revoked, or without this domain), so it fails closed"
 	case !info.Local && s.gp.FallbackRate > 0:
 		msg = "the region's share of the global limit has ended without a renewal (global cluster unreachable) and its slice of shares.fallback_rate is spent"
 	case !info.Local:

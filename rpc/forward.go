@@ -10,6 +10,12 @@ import (
 	"github.com/quotad/quotad/internal/grpcflow"
 )
 
+// MaxForwardedAnswer caps the leader's answer to a forwarded call (gRPC's default, 4 MiB, is
+// for untrusted peers): a listing such as ShareStatus of every domain outgrows 4 MiB with a few
+// thousand Limiters over per-tenant levels, and the follower refused to pass it on
+// ("received message larger than max"). Clients that read listings raise theirs alike.
+const MaxForwardedAnswer = 256 << 20
+
 // forwarder keeps one client connection per leader address for forwarding calls.
 type forwarder struct {
 	creds credentials.TransportCredentials
@@ -31,7 +37,8 @@ func (f *forwarder) conn(addr string) (*grpc.ClientConn, error) {
 	if c, ok := f.conns[addr]; ok {
 		return c, nil
 	}
-	c, err := grpc.NewClient(addr, append(grpcflow.DialOptions(), grpc.WithTransportCredentials(f.creds))...)
+	c, err := grpc.NewClient(addr, append(grpcflow.DialOptions(), grpc.WithTransportCredentials(f.creds),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxForwardedAnswer)))...)
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"github.com/quotad/quotad/rpc"
 )
 
 // sharesCmd lists the share holders of a path, of a domain, or of every domain
@@ -39,7 +40,8 @@ func sharesCmd() *cobra.Command {
 			defer cancel()
 			var resp *quotadv1.ShareStatusResponse
 			if err := call(ctx, addr, func(ctx context.Context, conn *grpc.ClientConn) error {
-				resp, err = quotadv1.NewQuotaClient(conn).ShareStatus(ctx, &quotadv1.ShareStatusRequest{Domain: domain, Descriptors: entries})
+				resp, err = quotadv1.NewQuotaClient(conn).ShareStatus(ctx, &quotadv1.ShareStatusRequest{Domain: domain, Descriptors: entries},
+					grpc.MaxCallRecvMsgSize(rpc.MaxForwardedAnswer)) // every holder of every domain: more than gRPC's default 4 MiB
 				return err
 			}); err != nil {
 				return err
