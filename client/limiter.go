@@ -231,6 +231,11 @@ func (l *Limiter) WaitN(ctx context.Context, n uint64) error {
 		default:
 			slow, fast := l.h.clock.now()
 			switch {
+			case fast >= st.endFast && st.refusedErr != nil:
+				// The grant ended and the cluster refused its renewal: nothing will be admitted
+				// until it accepts one again, which a revoked credential never sees — waiting
+				// for that blocked a caller without a deadline forever. Say so instead.
+				return fmt.Errorf("quotad: Limiter: the share ended and the cluster refused its renewal: %w", st.refusedErr)
 			case fast >= st.endFast && st.fallback == nil:
 				wait = time.Second // until a renewal lands (changed wakes us)
 			case fast >= st.endFast:
@@ -312,6 +317,7 @@ type pathState struct {
 	fallback    *gcra    // after endFast; nil: fail closed
 	fallbackPS  float64  // fallback's rate, units per second (Share)
 	refused     string   // the cluster refused the last renewal (credential): no fallback
+	refusedErr  error    // that refusal (WaitN returns it once the grant has ended)
 	keys        []string // the levels' bucket keys (re-lending, lender.go)
 	info        ShareInfo
 	changed     chan struct{} // closed when the next state replaces this one
@@ -602,7 +608,7 @@ func (h *shareHolder) refused(paths []*sharePath, err error) {
 			continue
 		}
 		next := *st
-		next.refused = err.Error()
+		next.refused, next.refusedErr = err.Error(), err
 		next.fallback, next.fallbackPS, next.info.FallbackRate = nil, 0, 0
 		p.setState(&next)
 		first = true

@@ -86,6 +86,14 @@ func TestLimiterRevokedTokenFailsClosed(t *testing.T) {
 	if s := lim.Share(); admitted > 0 || s.Local || !strings.Contains(s.Message, "refused its renewal") {
 		t.Fatalf("after the revoke and the grant's end: admitted %d in 1 s, share %+v; want 0 and a message saying the renewal was refused", admitted, s)
 	}
+	// Wait does not block until its deadline (forever without one): it returns the refusal.
+	wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
+	defer wcancel()
+	start := time.Now()
+	err = lim.Wait(wctx)
+	if took := time.Since(start); status.Code(err) != codes.Unauthenticated || took > time.Second {
+		t.Fatalf("Wait after the grant ended with its renewal refused = %v after %v; want Unauthenticated at once", err, took.Round(time.Millisecond))
+	}
 }
 
 // TestLimiterRefusalIsRetriedSoon: a renewal refused once (PermissionDenied: here a limits
