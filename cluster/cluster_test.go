@@ -444,6 +444,13 @@ func TestConfigValidate(t *testing.T) {
 	if err := base.Validate(); err != nil {
 		t.Fatalf("valid config: %v", err)
 	}
+	long := valid()
+	long.ID = strings.Repeat("n", 128)
+	long.RaftAddr, long.GossipAddr = strings.Repeat("r", 45)+".example.com:7201", strings.Repeat("s", 45)+".example.com:7301"
+	long.GRPCAddr, long.HTTPAddr = strings.Repeat("g", 45)+".example.com:7101", strings.Repeat("h", 45)+".example.com:7401"
+	if err := long.Validate(); err != nil {
+		t.Fatalf("a 128-byte ID and 62-byte addresses: %v", err)
+	}
 	insecure := valid()
 	insecure.PeerTLS, insecure.GossipSecretKey, insecure.Insecure = nil, nil, true
 	if err := insecure.Validate(); err != nil {
@@ -471,6 +478,12 @@ func TestConfigValidate(t *testing.T) {
 		{"tls without cert", func(c *cluster.Config) { c.PeerTLS = &tls.Config{} }, "PeerTLS presents no certificate"},
 		{"expect", func(c *cluster.Config) { c.BootstrapExpect = -1 }, "BootstrapExpect -1"},
 		{"meta", func(c *cluster.Config) { c.GRPCAddr = "h" + strings.Repeat("x", 500) + ":1" }, "gossip metadata"},
+		// 411 bytes of ID and addresses: the metadata with every other field at its longest
+		// (applied index, leave commitment...) exceeds memberlist's 512.
+		{"meta at worst", func(c *cluster.Config) {
+			c.ID = strings.Repeat("n", 128)
+			c.GRPCAddr, c.HTTPAddr = "g"+strings.Repeat("x", 200)+":7101", "h"+strings.Repeat("x", 60)+":7401"
+		}, "make the gossip metadata up to"},
 	} {
 		c := valid()
 		tc.mutate(&c)

@@ -2,10 +2,13 @@ package cluster
 
 import (
 	"crypto/tls"
+	"encoding/json"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -330,8 +333,8 @@ func (c *Config) Validate() error {
 	if c.PeerTLS != nil && (len(c.PeerTLS.Certificates) == 0 && c.PeerTLS.GetCertificate == nil) {
 		return fmt.Errorf("cluster: PeerTLS presents no certificate; build it with auth.PeerTLSConfig")
 	}
-	if n := len(c.ID) + len(c.RaftAddr) + len(c.GRPCAddr) + len(c.HTTPAddr); n > memberlist.MetaMaxSize-96 {
-		return fmt.Errorf("cluster: ID and addresses take %d bytes; gossip metadata allows %d", n, memberlist.MetaMaxSize-96)
+	if n := maxMetaSize(c); n > memberlist.MetaMaxSize {
+		return fmt.Errorf("cluster: ID %q and addresses make the gossip metadata up to %d bytes; memberlist allows %d: shorten the ID or the advertised addresses", c.ID, n, memberlist.MetaMaxSize)
 	}
 	return nil
 }
@@ -354,4 +357,24 @@ func validateHostPort(name, addr string, optional bool) error {
 		return fmt.Errorf("cluster: %s %q has no host; peers must be able to dial it", name, addr)
 	}
 	return nil
+}
+
+// maxMetaSize is the largest gossip metadata (nodeMeta) a node with c's ID and addresses can
+// advertise: every other field at its longest, and room for the Raft port the OS assigns to
+// port 0.
+func maxMetaSize(c *Config) int {
+	raft := c.RaftAddr
+	if r, ok := strings.CutSuffix(raft, ":0"); ok {
+		raft = r + ":65535"
+	}
+	raw, err := json.Marshal(nodeMeta{
+		Version: metaVersion, ID: c.ID, Raft: raft, GRPC: c.GRPCAddr, HTTP: c.HTTPAddr,
+		Expect: math.MaxInt32, HasState: true, Applied: math.MaxUint64,
+		Cluster: strings.Repeat("0", 16), Nonce: strings.Repeat("0", 16), Cmd: math.MaxInt32,
+		Leaving: true, LeaveCommit: strings.Repeat("0", 32),
+	})
+	if err != nil {
+		panic(err) // plain struct; cannot fail
+	}
+	return len(raw)
 }

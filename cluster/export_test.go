@@ -1,6 +1,11 @@
 package cluster
 
-import "time"
+import (
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
 
 // SetBootstrapHold delays each node's first bootstrap check by hold(its ID) (nil: none). Set it
 // before the nodes start and clear it after.
@@ -10,4 +15,34 @@ func SetBootstrapHold(hold func(id string) time.Duration) {
 		return
 	}
 	bootstrapHold.Store(&hold)
+}
+
+// SendLeaving sends node to, over gossip, the leaving message (leavingMsg) naming claimed,
+// with this node's own leave token: the best proof another member has.
+func (n *Node) SendLeaving(to, claimed string) error {
+	return n.sendGossip(to, leavingPayload(claimed, n.gossip.leaveToken))
+}
+
+// SendLeavingV1 sends node to the leaving message of builds before the token, naming claimed.
+func (n *Node) SendLeavingV1(to, claimed string) error {
+	return n.sendGossip(to, []byte(leavingMsgV1+claimed))
+}
+
+// TellLeaving sends every peer this node's genuine leaving message, and nothing else of a
+// graceful stop.
+func (n *Node) TellLeaving() { n.tellLeaving(2 * time.Second) }
+
+func (n *Node) sendGossip(to string, msg []byte) error {
+	for _, m := range n.ml.Members() {
+		if m.Name == to {
+			return n.ml.SendReliable(m, msg)
+		}
+	}
+	return fmt.Errorf("%s: no gossip member %q", n.cfg.ID, to)
+}
+
+// PeerLeftRecently reports whether this node takes peer id for one that left gracefully
+// less than leftQuietFor ago (its raft failures to reach it are then logged at INFO).
+func (n *Node) PeerLeftRecently(id string) bool {
+	return n.peerLeftRecently([]any{"server-id", raft.ServerID(id)})
 }

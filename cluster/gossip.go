@@ -2,6 +2,10 @@ package cluster
 
 import (
 	"bytes"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -37,6 +41,9 @@ type nodeMeta struct {
 	// gossip, because memberlist hands NotifyLeave the node with its State not yet set to
 	// StateLeft, so peers could not tell a leave from a failure.
 	Leaving bool `json:"l,omitempty"`
+	// LeaveCommit binds the direct leaving message to this node: a hash of a secret token
+	// drawn at start (leaveCommit), which only the leaving message reveals (leavingMsg).
+	LeaveCommit string `json:"lc,omitempty"`
 }
 
 // commandVersioned is the optional ability of an FSM to say the newest command version it
@@ -75,6 +82,11 @@ type gossipState struct {
 	metaMu sync.Mutex
 	meta   nodeMeta
 	raw    []byte
+
+	// leaveToken is this start's secret for leavingMsg; its hash is nodeMeta.LeaveCommit.
+	leaveToken []byte
+	// forgedLeave rate-limits the warning about leaving messages that name another member.
+	forgedLeave *logLimiter
 }
 
 func (n *Node) startGossip() error {
@@ -82,6 +94,9 @@ func (n *Node) startGossip() error {
 	if err != nil {
 		return fmt.Errorf("cluster: GossipAddr %q: %w", n.cfg.GossipAddr, err)
 	}
+	n.gossip.leaveToken = make([]byte, leaveTokenSize)
+	_, _ = rand.Read(n.gossip.leaveToken)
+	n.gossip.forgedLeave = newLogLimiter(DefaultPeerLogInterval)
 	n.setMeta(func(m *nodeMeta) {
 		*m = nodeMeta{
 			Version:  metaVersion,
@@ -95,6 +110,8 @@ func (n *Node) startGossip() error {
 			Cluster:  n.clusterID(),
 			Nonce:    n.nonce,
 			Cmd:      n.commandVersion(),
+
+			LeaveCommit: leaveCommit(n.gossip.leaveToken),
 		}
 	})
 
@@ -416,35 +433,114 @@ func (d gossipDelegate) NodeMeta(limit int) []byte {
 }
 
 // NotifyMsg takes leavingMsg: the sender stops gracefully (Node.tellLeaving).
+//
+// memberlist does not say who sent a user message, and every member holds the gossip key,
+// so the node ID in the message proves nothing: any member (anyone, without a key) could
+// name another node, whose raft failures peers would then log at INFO for leftQuietFor and
+// which `quotad members` would show left, not unreachable, after a crash. The message is
+// accepted only with the token whose hash the named node advertises in its own metadata
+// (nodeMeta.LeaveCommit): only that node, in this start, knows it before it leaves. A
+// message naming a member that it cannot come from is ignored with a warning naming that
+// member.
 func (d gossipDelegate) NotifyMsg(b []byte) {
-	id, ok := bytes.CutPrefix(b, []byte(leavingMsg))
-	if !ok || len(id) == 0 {
+	n := d.n
+	if id, ok := bytes.CutPrefix(b, []byte(leavingMsgV1)); ok {
+		// A build from before the token. Its node still advertises Leaving in its metadata,
+		// which marks it left a moment later.
+		n.ignoreLeaving(string(id), true)
 		return
 	}
-	now := d.n.clock.Now()
-	d.n.gossip.mu.Lock()
-	if p := d.n.gossip.peers[string(id)]; p != nil && p.leftAt.IsZero() {
+	rest, ok := bytes.CutPrefix(b, []byte(leavingMsg))
+	if !ok {
+		return
+	}
+	idb, token, ok := bytes.Cut(rest, []byte{0})
+	id := string(idb)
+	if !ok || len(id) == 0 {
+		n.ignoreLeaving(id, false)
+		return
+	}
+	now := n.clock.Now()
+	n.gossip.mu.Lock()
+	p := n.gossip.peers[id]
+	genuine := p != nil && p.meta.LeaveCommit != "" &&
+		subtle.ConstantTimeCompare([]byte(leaveCommit(token)), []byte(p.meta.LeaveCommit)) == 1
+	if genuine && p.leftAt.IsZero() {
 		p.leftAt = now
 	}
-	d.n.gossip.mu.Unlock()
-	d.n.log.Info("gossip member leaving", "member", string(id))
+	n.gossip.mu.Unlock()
+	if !genuine {
+		n.ignoreLeaving(id, false)
+		return
+	}
+	n.log.Info("gossip member leaving", "member", id)
 }
 
-// leavingMsg, followed by the node's ID, is the gossip user message a node stopping
-// gracefully sends each peer directly (TCP) before its Raft stops: a metadata update and the
-// leave itself reach peers only as fast as gossip spreads them, often after their raft met
-// the closed port.
-const leavingMsg = "quotad-leaving:"
+// ignoreLeaving logs a leaving message that is not taken: at WARN (rate-limited per named
+// member and reason) when the member it names cannot have sent it — its token is wrong, or it
+// is in the old form and the member advertises a token (a build that never sends that form);
+// at INFO when it is the old form from a member of an older build (unverifiable, so not taken
+// either); at DEBUG when it names no known member.
+func (n *Node) ignoreLeaving(id string, oldForm bool) {
+	p, ok := n.peer(id)
+	if !ok || id == n.cfg.ID {
+		n.log.Debug("ignoring a gossip leaving message naming no known member", "claimed_member", id)
+		return
+	}
+	why := "its token is not the one the member advertises"
+	if oldForm {
+		if p.meta.LeaveCommit == "" {
+			n.log.Info("ignoring an unverifiable gossip leaving message from an older build; its metadata will say it leaves", "member", id)
+			return
+		}
+		why = "it is in the old form, which the member's build never sends"
+	}
+	allow, suppressed, over := n.gossip.forgedLeave.allow("forged leaving\x00" + why + "\x00" + id)
+	if !allow {
+		return
+	}
+	args := []any{"claimed_member", id, "why", why}
+	if suppressed > 0 {
+		args = append(args, "repeated", suppressed, "over", over.Round(time.Second))
+	}
+	n.log.Warn("ignoring a gossip leaving message that does not come from the member it names (another member or a holder of the gossip key sent it)", args...)
+}
+
+// leavingMsg, then the node's ID, a NUL byte and its leave token (gossipState.leaveToken),
+// is the gossip user message a node stopping gracefully sends each peer directly (TCP)
+// before its Raft stops: a metadata update and the leave itself reach peers only as fast as
+// gossip spreads them, often after their raft met the closed port. leavingMsgV1, then the
+// ID alone, is what builds before the token sent: never taken, anyone could send it.
+const (
+	leavingMsg   = "quotad-leaving/2:"
+	leavingMsgV1 = "quotad-leaving:"
+)
+
+// leaveTokenSize is the length of a node's leave token in bytes.
+const leaveTokenSize = 32
+
+// leaveCommit is what a node advertises for its leave token (nodeMeta.LeaveCommit): the hex of
+// the first 16 bytes of its SHA-256.
+func leaveCommit(token []byte) string {
+	h := sha256.Sum256(token)
+	return hex.EncodeToString(h[:16])
+}
+
+// leavingPayload is leavingMsg for node id with token.
+func leavingPayload(id string, token []byte) []byte {
+	return append([]byte(leavingMsg+id+"\x00"), token...)
+}
 
 // tellLeaving sends leavingMsg to every live peer, in parallel, waiting at most d.
 func (n *Node) tellLeaving(d time.Duration) {
+	msg := leavingPayload(n.cfg.ID, n.gossip.leaveToken)
 	var wg sync.WaitGroup
 	for _, m := range n.ml.Members() {
 		if m.Name == n.cfg.ID {
 			continue
 		}
 		wg.Go(func() {
-			if err := n.ml.SendReliable(m, []byte(leavingMsg+n.cfg.ID)); err != nil {
+			if err := n.ml.SendReliable(m, msg); err != nil {
 				n.log.Info("gossip: telling a peer this node leaves", "member", m.Name, "err", err)
 			}
 		})

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"net/http"
 	"os"
 	"os/exec"
@@ -93,7 +92,10 @@ func TestCARotationWithoutDowntime(t *testing.T) {
 	if err := os.WriteFile(lf, []byte(caRotationLimits), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	probeCreds := *creds
+	probeCreds.CAFile, probeCreds.AdminCertFile, probeCreds.AdminKeyFile = bundle, "", ""
 	c, err := proccluster.Start(proccluster.Config{Binary: binary, Dir: dir, Nodes: 3, LimitsFile: lf, Credentials: creds,
+		HTTPCredentials: &probeCreds,
 		NodeArgs: func(n *proccluster.Node) []string {
 			mu.Lock()
 			defer mu.Unlock()
@@ -119,33 +121,15 @@ func TestCARotationWithoutDowntime(t *testing.T) {
 	if _, err := c.WaitLeader(15 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	// The harness's HTTP client trusts CA1 only; this one trusts the bundle and authenticates
-	// by the bootstrap token, so it reads /healthz and /debug/state at every step.
-	probeCreds := *creds
-	probeCreds.CAFile, probeCreds.AdminCertFile, probeCreds.AdminKeyFile = bundle, "", ""
-	probe, err := proccluster.HTTPClient(&probeCreds, 2*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leader := func() int {
-		for i := range c.Nodes {
-			resp, err := probe.Get(proccluster.URL(creds, c.Nodes[i].HTTPAddr, "/debug/state"))
-			if err != nil {
-				continue
-			}
-			var s proccluster.State
-			err = json.NewDecoder(resp.Body).Decode(&s)
-			resp.Body.Close()
-			if err == nil && resp.StatusCode == http.StatusOK && s.IsLeader {
-				return i
-			}
-		}
-		return -1
-	}
+	// The harness's own HTTP client trusts the bundle and authenticates by the bootstrap token
+	// (HTTPCredentials; its CA1 admin certificate would be refused at the end), so it reads
+	// /healthz and /debug/state at every step.
+	probe := c.HTTPClient()
+	leader := func() int { return c.Leader(context.Background()) }
 	healthy := func(i int, timeout time.Duration) {
 		t.Helper()
 		waitFor(t, timeout, c.Nodes[i].ID+" /healthz ok", func() bool {
-			resp, err := probe.Get(proccluster.URL(creds, c.Nodes[i].HTTPAddr, "/healthz"))
+			resp, err := probe.Get(c.URL(i, "/healthz"))
 			if err != nil {
 				return false
 			}

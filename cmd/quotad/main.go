@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"reflect"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -108,15 +110,34 @@ func clientFlags(pf *pflag.FlagSet) {
 	cliFlags = pf
 }
 
-// refuseStrayArgs makes every command that declares no arguments refuse them (cobra accepts
-// and ignores them by default): `quotad status extra` is an error, not a silent no-op.
+// refuseStrayArgs makes every command that takes no arguments refuse them with an error
+// naming them (cobra accepts and ignores them when a command declares nothing, and its NoArgs
+// says `unknown command "extra" for "quotad status"`, as if it were a subcommand): `quotad
+// status extra` is an error, not a silent no-op, and says what is wrong.
 func refuseStrayArgs(c *cobra.Command) {
-	if c.Args == nil && c.Runnable() {
-		c.Args = cobra.NoArgs
+	if c.Runnable() && (c.Args == nil || reflect.ValueOf(c.Args).Pointer() == reflect.ValueOf(cobra.NoArgs).Pointer()) {
+		c.Args = noArgs
 	}
 	for _, sub := range c.Commands() {
 		refuseStrayArgs(sub)
 	}
+}
+
+// noArgs refuses any positional argument, naming them.
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	quoted := make([]string, len(args))
+	for i, a := range args {
+		quoted[i] = strconv.Quote(a)
+	}
+	what := "argument"
+	if len(args) > 1 {
+		what = "arguments"
+	}
+	return fmt.Errorf("%q takes no arguments; got the %s %s (options are flags starting with --: see %s --help)",
+		cmd.CommandPath(), what, strings.Join(quoted, " "), cmd.CommandPath())
 }
 
 // errorMessage is the line a failed command prints: gRPC's "rpc error: code = NotFound desc =

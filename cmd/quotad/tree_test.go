@@ -71,3 +71,78 @@ func TestEveryParentRefusesUnknownSubcommand(t *testing.T) {
 		t.Errorf("pause lift --bogus: %v", err)
 	}
 }
+
+// TestEveryLeafWithoutArgumentsRefusesThem walks the whole command tree: every command that
+// takes no positional argument (its Use names none: words after the name are flags and their
+// values) refuses one with an error naming the command and the argument — cobra's own said
+// `unknown command "extra" for "quotad status"`, or nothing at all for a command that declared
+// no Args. Commands that take arguments accept one here (the walk checks only Args, it never
+// runs a command). A new leaf command is covered without touching this test.
+func TestEveryLeafWithoutArgumentsRefusesThem(t *testing.T) {
+	var leaves, withArgs []*cobra.Command
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		if !c.HasSubCommands() {
+			if usesPositional(c.Use) {
+				withArgs = append(withArgs, c)
+			} else {
+				leaves = append(leaves, c)
+			}
+		}
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(newRoot())
+	if len(leaves) < 20 || len(withArgs) < 5 {
+		t.Fatalf("found %d leaves without and %d with arguments; the walk is broken", len(leaves), len(withArgs))
+	}
+	for _, c := range leaves {
+		name := c.CommandPath()
+		if err := c.ValidateArgs(nil); err != nil {
+			t.Errorf("%s without arguments: %v", name, err)
+		}
+		for _, args := range [][]string{{"extra"}, {"extra", "more"}} {
+			err := c.ValidateArgs(args)
+			want := `"` + name + `" takes no arguments; got the argument`
+			if len(args) > 1 {
+				want += `s "extra" "more"`
+			} else {
+				want += ` "extra"`
+			}
+			if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), name+" --help") {
+				t.Errorf("%s %s: %v, want an error containing %q and pointing at %s --help", name, strings.Join(args, " "), err, want, name)
+			}
+		}
+	}
+	for _, c := range withArgs {
+		if err := c.ValidateArgs([]string{"extra"}); err != nil {
+			t.Errorf("%s (Use %q) takes an argument but refused one: %v", c.CommandPath(), c.Use, err)
+		}
+	}
+	// End to end, through Execute: refused before anything runs, exit 1 with the message.
+	root := newRoot()
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&out)
+	root.SetArgs([]string{"status", "extra"})
+	if err := root.Execute(); err == nil || errorMessage(err) != `quotad: "quotad status" takes no arguments; got the argument "extra" (options are flags starting with --: see quotad status --help)` {
+		t.Errorf("quotad status extra: %v", err)
+	}
+}
+
+// usesPositional reports whether a command's Use names a positional argument: a word after the
+// command's name that is neither a flag nor a flag's value.
+func usesPositional(use string) bool {
+	words := strings.Fields(use)
+	for i := 1; i < len(words); i++ {
+		if strings.HasPrefix(words[i], "-") {
+			if !strings.Contains(words[i], "=") && i+1 < len(words) && !strings.HasPrefix(words[i+1], "-") {
+				i++ // the flag's value
+			}
+			continue
+		}
+		return true
+	}
+	return false
+}

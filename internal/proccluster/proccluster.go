@@ -156,6 +156,12 @@ type Config struct {
 	Insecure bool
 	// Credentials of a secure cluster; nil: made once in Dir/credentials by Start.
 	Credentials *pkifiles.Local
+	// HTTPCredentials, if set, are what the harness's own HTTP client (State, Leader,
+	// HTTPClient) uses instead of Credentials: its CAFile may be a bundle (every certificate
+	// in it is trusted) and an empty AdminCertFile/AdminKeyFile leaves the bearer token alone.
+	// During a CA rotation: the old+new CA bundle and the token, so the harness follows nodes
+	// that serve new-CA certificates and keeps working once the old CA is dropped.
+	HTTPCredentials *pkifiles.Local
 }
 
 // ClusterName is the cluster name of the credentials Start makes.
@@ -211,7 +217,11 @@ func Start(cfg Config) (*Cluster, error) {
 	if cfg.Insecure {
 		cfg.Credentials = nil
 	}
-	hc, err := HTTPClient(cfg.Credentials, time.Second)
+	httpCreds := cfg.Credentials
+	if cfg.HTTPCredentials != nil && cfg.Credentials != nil {
+		httpCreds = cfg.HTTPCredentials
+	}
+	hc, err := HTTPClient(httpCreds, time.Second)
 	if err != nil {
 		return nil, err
 	}
@@ -651,7 +661,8 @@ func ClientEnv(creds *pkifiles.Local) []string {
 }
 
 // HTTPClient returns an HTTP client that presents creds' admin certificate and bearer token
-// (a plain client if creds is nil).
+// (a plain client if creds is nil). It trusts every CA certificate in creds.CAFile (a bundle
+// during a CA rotation).
 func HTTPClient(creds *pkifiles.Local, timeout time.Duration) (*http.Client, error) {
 	if creds == nil {
 		return &http.Client{Timeout: timeout}, nil
