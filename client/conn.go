@@ -52,7 +52,7 @@ type nodes struct {
 	nsilent  atomic.Int32
 }
 
-// staleFor is how long a node that gave no answer counts as just failed (nodes.failedAt):
+// staleFor is how long a node that failed counts as just failed (nodes.failedAt, silentAt):
 // about a leader election on a cluster with a 1 s heartbeat timeout.
 const staleFor = time.Second
 
@@ -153,8 +153,8 @@ func (ns *nodes) failed(addr string, silent bool) {
 	ns.cur = next
 }
 
-// answered records that addr answered an attempt (the call succeeded): hints naming it are
-// followed again.
+// answered records that addr answered an attempt (with a result, a leader header, or a
+// refusal such as ResourceExhausted): hints naming it are followed again.
 func (ns *nodes) answered(addr string) {
 	if ns.nsilent.Load() == 0 {
 		return
@@ -167,12 +167,11 @@ func (ns *nodes) answered(addr string) {
 
 // staleHint reports whether addr, named as the leader by a node whose forward to it failed,
 // is a hint to ignore: addr itself failed without answering just now (and has not answered
-// since). A leader that answers "overloaded" (ResourceExhausted) or names a leader is alive:
-// hints naming it are followed. After a leader dies a
-// follower keeps naming it until its own election timeout; following that hint sent every
-// retry back and forth between the dead leader and that follower, never to the node the
-// cluster was electing (a lease then lost its renewal window: client
-// TestClusterLeaseSurvivesLeaderFailover, once in CI).
+// since). A leader that answers "overloaded" (ResourceExhausted) is alive: hints naming it
+// are followed. After a leader dies a follower keeps naming it until its own election
+// timeout; following that hint sent every retry back and forth between the dead leader and
+// that follower, never to the node the cluster was electing (a lease then lost its renewal
+// window: client TestClusterLeaseSurvivesLeaderFailover, once in CI).
 func (ns *nodes) staleHint(addr string) bool {
 	ns.mu.Lock()
 	defer ns.mu.Unlock()
