@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
@@ -39,13 +40,19 @@ type nodes struct {
 	order  []string // configured addresses, then discovered ones
 	cur    int      // index into order of the current target
 	closed bool
-	// failedAt is when an attempt at an address last failed without an answer (failed). For
-	// staleFor after that, a leader hint naming it from a node whose forward failed is not
-	// followed, and moving on skips it while another node has not failed as recently.
+	// failedAt is when an attempt at an address last failed (failed): for staleFor after
+	// that, moving on skips it while another node has not failed as recently.
 	failedAt map[string]time.Time
+	// silentAt is when an attempt at an address last failed without an answer from it (no
+	// leader header, no ResourceExhausted or Aborted: refused, reset, timed out), unless it
+	// answered since (answered). For staleFor after that, a leader hint naming it from a node
+	// whose forward failed is not followed (staleHint). nsilent is len(silentAt), read
+	// without mu so that an answer costs no lock while no node is silent.
+	silentAt map[string]time.Time
+	nsilent  atomic.Int32
 }
 
-// staleFor is how long a node that gave no answer counts as just failed (nodes.failedAt):
+// staleFor is how long a node that failed counts as just failed (nodes.failedAt, silentAt):
 // about a leader election on a cluster with a 1 s heartbeat timeout.
 const staleFor = time.Second
 
@@ -60,7 +67,7 @@ func newNodes(addrs []string, cfg Config, creds []grpc.DialOption) *nodes {
 		}),
 	)
 	opts = append(opts, cfg.DialOptions...)
-	n := &nodes{dialOpts: opts, byAddr: make(map[string]*node), configuredOnly: cfg.ConfiguredAddrsOnly, failedAt: make(map[string]time.Time)}
+	n := &nodes{dialOpts: opts, byAddr: make(map[string]*node), configuredOnly: cfg.ConfiguredAddrsOnly, failedAt: make(map[string]time.Time), silentAt: make(map[string]time.Time)}
 	seen := map[string]bool{}
 	for _, a := range addrs {
 		if !seen[a] {
@@ -120,12 +127,18 @@ func (ns *nodes) follow(addr string) bool {
 
 // failed moves the target past addr after a failed attempt there, to the next node that has
 // not just failed too (the next one if all have). It does nothing if another goroutine has
-// already moved on.
-func (ns *nodes) failed(addr string) {
+// already moved on. silent: addr gave no answer (staleHint).
+func (ns *nodes) failed(addr string, silent bool) {
 	ns.mu.Lock()
 	defer ns.mu.Unlock()
 	now := time.Now()
 	ns.failedAt[addr] = now
+	if silent {
+		ns.silentAt[addr] = now
+	} else {
+		delete(ns.silentAt, addr)
+	}
+	ns.nsilent.Store(int32(len(ns.silentAt)))
 	if ns.order[ns.cur] != addr {
 		return
 	}
@@ -140,16 +153,30 @@ func (ns *nodes) failed(addr string) {
 	ns.cur = next
 }
 
+// answered records that addr answered an attempt (with a result, a leader header, or a
+// refusal such as ResourceExhausted): hints naming it are followed again.
+func (ns *nodes) answered(addr string) {
+	if ns.nsilent.Load() == 0 {
+		return
+	}
+	ns.mu.Lock()
+	defer ns.mu.Unlock()
+	delete(ns.silentAt, addr)
+	ns.nsilent.Store(int32(len(ns.silentAt)))
+}
+
 // staleHint reports whether addr, named as the leader by a node whose forward to it failed,
-// is a hint to ignore: addr itself failed without answering just now. After a leader dies a
-// follower keeps naming it until its own election timeout; following that hint sent every
-// retry back and forth between the dead leader and that follower, never to the node the
-// cluster was electing (a lease then lost its renewal window: client
-// TestClusterLeaseSurvivesLeaderFailover, once in CI).
+// is a hint to ignore: addr itself failed without answering just now (and has not answered
+// since). A leader that answers "overloaded" (ResourceExhausted) is alive: hints naming it
+// are followed. After a leader dies a follower keeps naming it until its own election
+// timeout; following that hint sent every retry back and forth between the dead leader and
+// that follower, never to the node the cluster was electing (a lease then lost its renewal
+// window: client TestClusterLeaseSurvivesLeaderFailover, once in CI).
 func (ns *nodes) staleHint(addr string) bool {
 	ns.mu.Lock()
 	defer ns.mu.Unlock()
-	return ns.failedWithinLocked(addr, time.Now())
+	at, ok := ns.silentAt[addr]
+	return ok && time.Since(at) < staleFor
 }
 
 func (ns *nodes) failedWithinLocked(addr string, now time.Time) bool {
@@ -292,13 +319,28 @@ func (c *Client) attempt(ctx context.Context, n *node, extra time.Duration, call
 		c.tlsProbes.probe(c.baseCtx, n.addr) // evidence for transportHint, gathered beside the call
 	}
 	leader := firstValue(hdr, trl)
+	quiet := err != nil && silent(status.Code(err), leader)
+	if !quiet {
+		c.nodes.answered(n.addr)
+	}
 	switch {
 	case leader != "" && leader != n.addr && (err == nil || !c.nodes.staleHint(leader)) && c.nodes.follow(leader):
 	case err != nil && retryable(status.Code(err)):
 		// No answer from this node: try the next one (a follower forwards to the leader).
-		c.nodes.failed(n.addr)
+		c.nodes.failed(n.addr, quiet)
 	}
 	return err
+}
+
+// silent reports whether a failed attempt had no answer from its node: not a refusal the
+// node sends when overloaded or busy (ResourceExhausted, Aborted), and no leader header
+// (a node that answers names the leader whenever it knows one).
+func silent(code codes.Code, leader string) bool {
+	switch code {
+	case codes.ResourceExhausted, codes.Aborted:
+		return false
+	}
+	return leader == ""
 }
 
 func firstValue(mds ...metadata.MD) string {

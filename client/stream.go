@@ -321,7 +321,7 @@ func (s *streamer) broke(addr string, answered bool, err error, md metadata.MD) 
 		if code == codes.Unavailable {
 			// The node went away or has no leader (an election): the next stream goes to
 			// the next node, which serves it or names the leader.
-			s.c.nodes.failed(addr)
+			s.c.nodes.failed(addr, silent(code, leader))
 			return true
 		}
 	}

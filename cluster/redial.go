@@ -20,7 +20,8 @@ import (
 // healthy peer (e2e TestGracefulStopLogsNoError, once in CI) — and from a leader it is a
 // failed heartbeat or AppendEntries.
 //
-// So before the first write on a connection that has been idle for probeIdle, redialConn
+// So before the first write of a request on a connection that has been idle for probeIdle
+// (never a later write of the same request: redialConn), redialConn
 // asks the kernel, without waiting or consuming anything, whether the peer closed it
 // (peerClosed: a non-blocking MSG_PEEK). An idle raft connection has nothing to read — raft
 // speaks strictly request then response, and a response is read whole before the connection
@@ -60,15 +61,28 @@ func (l *redialLayer) Dial(address raft.ServerAddress, timeout time.Duration) (n
 
 // redialConn is a connection of redialLayer. Safe for the use raft makes of it: one writer,
 // reads not concurrent with a probe (a probe happens only with no read in progress).
+//
+// Only the first write of a request may probe (and redial): the first write after a read, on a
+// connection raft took from its pool after reading the previous response whole. A later
+// write of the same request (bufio flushes a request larger than its buffer in several
+// writes; InstallSnapshot streams the snapshot from its reader and may pause longer than the
+// idle time between two writes) must go where the request's beginning went: on a new
+// connection it would reach the peer's new process as the start of a request — the rest of
+// a snapshot parsed as an RPC. Pipelined replication (off: MaxRPCsInFlight 1) would break
+// this rule; redialConn must not be used with it.
 type redialConn struct {
 	layer   *redialLayer
 	addr    raft.ServerAddress
 	timeout time.Duration
 
-	mu            sync.Mutex
-	conn          net.Conn
-	last          time.Time // end of the last read or write
-	reading       int       // reads in progress
+	mu   sync.Mutex
+	conn net.Conn
+	last time.Time // end of the last read or write
+	// atRequest: a read happened since the last write, so the next write begins a request
+	// (false on a new connection: raft writes to it at once; and a TLS session ticket
+	// pending there is not a sign of a closed peer).
+	atRequest     bool
+	reading       int // reads in progress
 	readDeadline  time.Time
 	writeDeadline time.Time
 	closed        bool
@@ -80,12 +94,13 @@ func (c *redialConn) Write(p []byte) (int, error) {
 		c.mu.Unlock()
 		return 0, net.ErrClosed
 	}
-	if c.reading == 0 && time.Since(c.last) >= c.layer.idle {
+	if c.atRequest && c.reading == 0 && time.Since(c.last) >= c.layer.idle {
 		if err := c.reviveLocked(); err != nil {
 			c.mu.Unlock()
 			return 0, err
 		}
 	}
+	c.atRequest = false
 	conn := c.conn
 	c.mu.Unlock()
 	n, err := conn.Write(p)
@@ -126,6 +141,7 @@ func (c *redialConn) Read(p []byte) (int, error) {
 	c.mu.Lock()
 	c.reading--
 	c.last = time.Now()
+	c.atRequest = true
 	c.mu.Unlock()
 	return n, err
 }
