@@ -26,6 +26,8 @@ const (
 	minLeaseRenewInterval = 10 * time.Millisecond
 	// minRenewRetry floors the cap on a renewal's retry delay (a tenth of the lease TTL).
 	minRenewRetry = 10 * time.Millisecond
+	// minRenewAttempt floors the cap on one renewal attempt (a third of the lease TTL).
+	minRenewAttempt = 50 * time.Millisecond
 	// leaderHeader is the response metadata key naming the leader's gRPC address.
 	leaderHeader = "x-quotad-leader"
 )

@@ -226,6 +226,17 @@ func withBackoffMax(ctx context.Context, d time.Duration) context.Context {
 	return context.WithValue(ctx, backoffMaxKey{}, d)
 }
 
+// attemptMaxKey is the context key of a call's own cap on one attempt's timeout
+// (withAttemptMax).
+type attemptMaxKey struct{}
+
+// withAttemptMax caps each attempt of calls made with the returned context at d (when below
+// Config.AttemptTimeout): a call that must land within a short window gives up on a node that
+// does not answer at all (a blackholed path: no reset, no refusal) in time to try another.
+func withAttemptMax(ctx context.Context, d time.Duration) context.Context {
+	return context.WithValue(ctx, attemptMaxKey{}, d)
+}
+
 // backoffFor is b with ctx's cap (withBackoffMax) applied.
 func backoffFor(ctx context.Context, b BackoffConfig) BackoffConfig {
 	if d, ok := ctx.Value(backoffMaxKey{}).(time.Duration); ok && d > 0 && d < b.Max {
@@ -310,7 +321,11 @@ type quotaConn struct {
 
 // attempt performs one try against n and updates the leader from the response metadata.
 func (c *Client) attempt(ctx context.Context, n *node, extra time.Duration, call rpcFunc) error {
-	actx, cancel := context.WithTimeout(ctx, c.cfg.AttemptTimeout+extra)
+	timeout := c.cfg.AttemptTimeout + extra
+	if d, ok := ctx.Value(attemptMaxKey{}).(time.Duration); ok && d > 0 && d < timeout {
+		timeout = d
+	}
+	actx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	actx = context.WithValue(actx, nodeAddrKey{}, n.addr)
 	var hdr, trl metadata.MD

@@ -181,6 +181,10 @@ func (l *Lease) renew() {
 		// Retries at most a tenth of the TTL apart: after the leader dies, the new one is
 		// elected within the TTL but can be late in it (TestClusterLeaseSurvivesLeaderFailover).
 		ctx = withBackoffMax(ctx, max(ttl/10, minRenewRetry))
+		// And each attempt at most a third of it: a node that never answers (a blackholed
+		// path) held an attempt for AttemptTimeout (2 s), longer than a short lease's whole
+		// remaining window (TestLeaseRenewalSurvivesBlackholedNode).
+		ctx = withAttemptMax(ctx, max(ttl/3, minRenewAttempt))
 		req := &quotadv1.RenewRequest{LeaseId: l.d.LeaseID, LeaseTtlMs: durationMillisCeil(l.ttl)}
 		var resp *quotadv1.RenewResponse
 		err := l.c.invoke(ctx, "Renew", 0, func(ctx context.Context, qc quotadv1.QuotaClient, opts ...grpc.CallOption) error {

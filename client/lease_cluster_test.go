@@ -3,7 +3,6 @@ package client
 import (
 	"context"
 	"errors"
-	"io"
 	"net"
 	"slices"
 	"strings"
@@ -17,11 +16,15 @@ import (
 // partition is a TCP relay in front of one node: the client dials it instead of the node.
 // cut drops every relayed connection and refuses new ones (the client is partitioned from
 // the node, which keeps running); heal lets connections through again.
+//
+// blackhole instead keeps every connection open and accepts new ones, but relays nothing:
+// calls through it get no answer, no reset and no refusal (a host gone without a trace).
 type partition struct {
 	ln     net.Listener
 	target string
 	mu     sync.Mutex
 	isCut  bool
+	isHole bool
 	conns  map[net.Conn]struct{}
 }
 
@@ -51,6 +54,11 @@ func (p *partition) serve() {
 			in.Close()
 			continue
 		}
+		if p.isHole {
+			p.conns[in] = struct{}{} // held open, never read: closed by cut
+			p.mu.Unlock()
+			continue
+		}
 		out, err := net.DialTimeout("tcp", p.target, time.Second)
 		if err != nil {
 			p.mu.Unlock()
@@ -60,9 +68,26 @@ func (p *partition) serve() {
 		p.conns[in], p.conns[out] = struct{}{}, struct{}{}
 		p.mu.Unlock()
 		pipe := func(dst, src net.Conn) {
-			_, _ = io.Copy(dst, src)
-			dst.Close()
-			src.Close()
+			defer dst.Close()
+			defer src.Close()
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := src.Read(buf)
+				for n > 0 && p.holed() {
+					time.Sleep(5 * time.Millisecond) // blackholed: hold the bytes
+				}
+				if p.wasCut() {
+					return
+				}
+				if n > 0 {
+					if _, err := dst.Write(buf[:n]); err != nil {
+						return
+					}
+				}
+				if err != nil {
+					return
+				}
+			}
 		}
 		go pipe(in, out)
 		go pipe(out, in)
@@ -81,8 +106,27 @@ func (p *partition) cut() {
 
 func (p *partition) heal() {
 	p.mu.Lock()
-	p.isCut = false
+	p.isCut, p.isHole = false, false
 	p.mu.Unlock()
+}
+
+func (p *partition) blackhole() {
+	p.mu.Lock()
+	p.isHole = true
+	p.mu.Unlock()
+}
+
+// holed: bytes are held (blackholed and not cut: cut ends the relay).
+func (p *partition) holed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.isHole && !p.isCut
+}
+
+func (p *partition) wasCut() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.isCut
 }
 
 // TestClusterLeaseLostWhenPartitionedPastTTL: a worker holding a lease (TTL 1s) is cut off
@@ -371,5 +415,46 @@ func TestDeadLeaderHintNotFollowed(t *testing.T) {
 				t.Errorf("client %d: first attempts %v never tried follower %s (the dead leader is %s): it followed the dead leader's name", i, first, a, addrs[old])
 			}
 		}
+	}
+}
+
+// TestLeaseRenewalSurvivesBlackholedNode: the client's path to the leader is blackholed (no
+// answer, no reset) while the leader keeps leading. A renewal attempt sent there waited the
+// client's AttemptTimeout (2 s) — with a 3 s lease renewed every second, past the lease's
+// window — before trying another node. Each renewal attempt is now capped at a third of the
+// TTL, so the next node (a follower forwarding to the same leader) renews it in time.
+func TestLeaseRenewalSurvivesBlackholedNode(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster test")
+	}
+	tc := startCluster(t)
+	var parts []*partition
+	var addrs []string
+	for _, a := range tc.addrs() {
+		p := newPartition(t, a)
+		parts = append(parts, p)
+		addrs = append(addrs, p.addr())
+	}
+	c := newTestClient(t, addrs, func(cfg *Config) { cfg.ConfiguredAddrsOnly = true })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	leader := tc.leader()
+	// Pin the client on the leader's relay: a call there is answered by the leader itself.
+	c.nodes.follow(addrs[leader])
+	l, err := c.TryAcquire(ctx, Request{Domain: "longslots"})
+	if err != nil || l.ID() == 0 {
+		t.Fatalf("TryAcquire = %v, %v; want a lease", l, err)
+	}
+	parts[leader].blackhole()
+	select {
+	case <-l.Done():
+		t.Fatalf("lease lost while one node's path was blackholed and the leader led on: %v", l.Err())
+	case <-time.After(7 * time.Second):
+	}
+	if tc.leader() != leader {
+		t.Skip("the leader changed during the test; its premise is gone")
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatalf("Release: %v", err)
 	}
 }
