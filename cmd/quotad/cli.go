@@ -381,7 +381,7 @@ default) OK, NOT rate limited; with deny OVER_LIMIT. The command warns naming ea
 stop limiting a domain Envoy still sends without letting its traffic through unlimited, keep it
 with a permissive limit instead, or run every node with --rls-unknown-domain deny.`,
 		Example: "  quotad limits delete platform --dry-run",
-		Args:    cobra.MinimumNArgs(1),
+		Args:    atLeastOneArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return changeLimits(cmd, addr, &quotadv1.ApplyLimitsRequest{DeleteDomains: args, DryRun: dryRun})
 		},

@@ -123,21 +123,58 @@ func refuseStrayArgs(c *cobra.Command) {
 	}
 }
 
+// exactArgs is cobra.ExactArgs(n) with an error naming what the command takes (the words
+// of its Use line after its name) and what it got; cobra said only "accepts 1 arg(s),
+// received 2".
+func exactArgs(n int) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) == n {
+			return nil
+		}
+		want := strings.Join(strings.Fields(cmd.Use)[1:], " ")
+		if want == "" {
+			want = "ARG"
+		}
+		what := "argument"
+		if n != 1 {
+			what = "arguments"
+		}
+		got := "none"
+		if len(args) > 0 {
+			got = fmt.Sprintf("%d: %s", len(args), quoteArgs(args))
+		}
+		return fmt.Errorf("%q takes %d %s, %s; got %s (see %s --help)", cmd.CommandPath(), n, what, want, got, cmd.CommandPath())
+	}
+}
+
+// atLeastOneArg is cobra.MinimumNArgs(1) with an error naming what the command takes.
+func atLeastOneArg(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return nil
+	}
+	return fmt.Errorf("%q takes at least one argument, %s; got none (see %s --help)",
+		cmd.CommandPath(), strings.Join(strings.Fields(cmd.Use)[1:], " "), cmd.CommandPath())
+}
+
+func quoteArgs(args []string) string {
+	quoted := make([]string, len(args))
+	for i, a := range args {
+		quoted[i] = strconv.Quote(a)
+	}
+	return strings.Join(quoted, " ")
+}
+
 // noArgs refuses any positional argument, naming them.
 func noArgs(cmd *cobra.Command, args []string) error {
 	if len(args) == 0 {
 		return nil
-	}
-	quoted := make([]string, len(args))
-	for i, a := range args {
-		quoted[i] = strconv.Quote(a)
 	}
 	what := "argument"
 	if len(args) > 1 {
 		what = "arguments"
 	}
 	return fmt.Errorf("%q takes no arguments; got the %s %s (options are flags starting with --: see %s --help)",
-		cmd.CommandPath(), what, strings.Join(quoted, " "), cmd.CommandPath())
+		cmd.CommandPath(), what, quoteArgs(args), cmd.CommandPath())
 }
 
 // errorMessage is the line a failed command prints: gRPC's "rpc error: code = NotFound desc =

@@ -265,7 +265,7 @@ The leader refuses a removal that would leave voters without a live majority by 
 contact (e.g. removing a healthy voter of three while another is down): the cluster could not
 commit and would stop leading until the down voter returns. Bring the down voter back, or
 remove it first. --force removes anyway (docs/operations.md, "Removing a member").`,
-		Args: cobra.ExactArgs(1),
+		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := context.WithTimeout(cmd.Context(), 15*time.Second)
 			defer cancel()

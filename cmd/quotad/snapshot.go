@@ -26,7 +26,7 @@ func snapshotCmd() *cobra.Command {
 	save := &cobra.Command{
 		Use:   "save FILE",
 		Short: "Save a consistent snapshot of the whole state from the leader (admin)",
-		Args:  cobra.ExactArgs(1),
+		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if !force {
 				if err := backup.CheckNew(args[0]); err != nil {
@@ -50,7 +50,7 @@ func snapshotCmd() *cobra.Command {
 	inspect := &cobra.Command{
 		Use:   "inspect FILE",
 		Short: "Check a snapshot file and print what it holds (offline)",
-		Args:  cobra.ExactArgs(1),
+		Args:  exactArgs(1),
 		RunE: func(_ *cobra.Command, args []string) error {
 			info, err := backup.Inspect(args[0])
 			if err != nil {
@@ -81,7 +81,7 @@ loss of every data dir (docs/operations.md, "Backup and restore"). The restored 
 version above both the current and the file's (a version never moves backwards). It prints what
 changed: limits version, leases and pauses dropped and added, buckets, dedup entries, tokens;
 --dry-run prints the same without restoring anything.`,
-		Args: cobra.ExactArgs(1),
+		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var resp *quotadv1.SnapshotRestoreResponse
 			err := onLeader(cmd.Context(), addr, timeout, func(ctx context.Context, conn *grpc.ClientConn) (err error) {

@@ -94,7 +94,7 @@ func tokenCmd() *cobra.Command {
 	revoke := &cobra.Command{
 		Use:   "revoke ACCESSOR",
 		Short: "Revoke a token: calls carrying it are refused from then on",
-		Args:  cobra.ExactArgs(1),
+		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := context.WithTimeout(cmd.Context(), 15*time.Second)
 			defer cancel()

@@ -146,3 +146,27 @@ func usesPositional(use string) bool {
 	}
 	return false
 }
+
+// TestArgumentCountErrorsNameWhatIsTaken: a command that takes one argument (or at least one)
+// given the wrong number says what it takes and what it got, not cobra's "accepts 1 arg(s),
+// received 2"; nothing runs.
+func TestArgumentCountErrorsNameWhatIsTaken(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"snapshot", "save", "a", "b"}, `quotad: "quotad snapshot save" takes 1 argument, FILE; got 2: "a" "b" (see quotad snapshot save --help)`},
+		{[]string{"members", "remove"}, `quotad: "quotad members remove" takes 1 argument, ID; got none (see quotad members remove --help)`},
+		{[]string{"token", "revoke", "x", "y"}, `quotad: "quotad token revoke" takes 1 argument, ACCESSOR; got 2: "x" "y" (see quotad token revoke --help)`},
+		{[]string{"limits", "delete"}, `quotad: "quotad limits delete" takes at least one argument, DOMAIN...; got none (see quotad limits delete --help)`},
+	} {
+		root := newRoot()
+		var out bytes.Buffer
+		root.SetOut(&out)
+		root.SetErr(&out)
+		root.SetArgs(tc.args)
+		if err := root.Execute(); err == nil || errorMessage(err) != tc.want {
+			t.Errorf("quotad %s: %v\nwant %s", strings.Join(tc.args, " "), err, tc.want)
+		}
+	}
+}
