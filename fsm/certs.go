@@ -44,11 +44,11 @@ type RevokedCert struct {
 	Serial  string // matched: set only for a revoke by serial
 	Subject string
 	// SerialInfo is the serial of a certificate revoked by its file: shown, not matched.
-	SerialInfo  string
-	NotAfter    int64 // Unix ms, 0 if unknown
-	RevokedBy   string
-	RevokedAt   int64 // the leader's wall clock, Unix ms (carried in the op)
-	Reason      string
+	SerialInfo string
+	NotAfter   int64 // Unix ms, 0 if unknown
+	RevokedBy  string
+	RevokedAt  int64 // the leader's wall clock, Unix ms (carried in the op)
+	Reason     string
 }
 
 // key is the entry's name: "sha256:<hex>" or "serial:<hex>" (also its sort order).

@@ -22,7 +22,9 @@ func revokeCertSerial(serial string) *fsmv1.Op {
 	return &fsmv1.Op{Op: &fsmv1.Op_RevokeCert{RevokeCert: &fsmv1.RevokeCert{Serial: serial, RevokedBy: "bootstrap"}}}
 }
 
-func keyOf(der, serial string) auth.CertKey { return auth.CertKey{SHA256: sha256.Sum256([]byte(der)), Serial: serial} }
+func keyOf(der, serial string) auth.CertKey {
+	return auth.CertKey{SHA256: sha256.Sum256([]byte(der)), Serial: serial}
+}
 
 // TestRevokeCertByCommandVersion: a RevokeCert in a version 7 entry (which no version 7
 // leader could write, and a version 7 node would stop at) is refused and changes nothing,
@@ -67,10 +69,10 @@ func TestRevokeCerts(t *testing.T) {
 	gen := l.f.CertsGeneration()
 	for name, op := range map[string]*fsmv1.Op{
 		"duplicate sha": revokeCertSHA("leaked"), "duplicate serial": revokeCertSerial("1f"),
-		"both":          {Op: &fsmv1.Op_RevokeCert{RevokeCert: &fsmv1.RevokeCert{Sha256: make([]byte, 32), Serial: "1"}}},
-		"neither":       {Op: &fsmv1.Op_RevokeCert{RevokeCert: &fsmv1.RevokeCert{}}},
-		"short sha":     {Op: &fsmv1.Op_RevokeCert{RevokeCert: &fsmv1.RevokeCert{Sha256: make([]byte, 31)}}},
-		"serial 0-led":  revokeCertSerial("01f"), "serial upper": revokeCertSerial("1F"),
+		"both":         {Op: &fsmv1.Op_RevokeCert{RevokeCert: &fsmv1.RevokeCert{Sha256: make([]byte, 32), Serial: "1"}}},
+		"neither":      {Op: &fsmv1.Op_RevokeCert{RevokeCert: &fsmv1.RevokeCert{}}},
+		"short sha":    {Op: &fsmv1.Op_RevokeCert{RevokeCert: &fsmv1.RevokeCert{Sha256: make([]byte, 31)}}},
+		"serial 0-led": revokeCertSerial("01f"), "serial upper": revokeCertSerial("1F"),
 	} {
 		if err := l.apply(time.Second, op).Ops[0].Other.Err; err == nil {
 			t.Errorf("%s: applied", name)
