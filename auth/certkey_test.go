@@ -1,8 +1,8 @@
 package auth
 
 import (
-	"encoding/hex"
 	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"strings"
 	"testing"
