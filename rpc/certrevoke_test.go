@@ -63,11 +63,20 @@ func freeCall(ctx context.Context, conn *grpc.ClientConn, id uint64) error {
 // follower) is refused on every node, on the connections it opened before the revoke, while
 // another certificate of the same CA keeps working; a revoke by fingerprint again changes
 // nothing and says so, one by serial refuses that serial; bad input and a worker's revoke are
-// refused without a change; a server certificate may not forward a revoked certificate's
+// refused without a change; a certificate reissued to the same name works; a server certificate may not forward a revoked certificate's
 // caller as a principal, nor a certificate caller without its fingerprint, and a revoked
 // server certificate forwards no one.
 func TestRevokeCertRefusedOnEveryNode(t *testing.T) {
 	c, p, _ := streamCluster(t)
+	// "wnew": a certificate reissued to the same name (the same identity, cert:w), which the
+	// revoke of w's must not touch.
+	p.client(auth.Identity{Name: "w", Role: auth.RoleWorker, Domains: []string{"free"}})
+	for _, ext := range []string{".pem", ".key"} {
+		if err := os.Rename(filepath.Join(p.dir, "w"+ext), filepath.Join(p.dir, "wnew"+ext)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.client(auth.Identity{Name: "w", Role: auth.RoleWorker, Domains: []string{"free"}})
 	p.client(auth.Identity{Name: "w2", Role: auth.RoleWorker, Domains: []string{"free"}})
 	p.client(auth.Identity{Name: "w3", Role: auth.RoleWorker, Domains: []string{"free"}})
 	p.client(auth.Identity{Name: "admin", Role: auth.RoleAdmin})
@@ -141,6 +150,9 @@ func TestRevokeCertRefusedOnEveryNode(t *testing.T) {
 		}
 	}
 	wantCode(t, freeCall(ctx, p.dialAs(c.Addrs()[follower], "w"), next()), codes.Unauthenticated, "revoked", "serial "+auth.SerialHex(w.SerialNumber))
+	if err := freeCall(ctx, p.dialAs(c.Addrs()[follower], "wnew"), next()); err != nil {
+		t.Fatalf("a certificate reissued to the same name refused: %v", err)
+	}
 
 	// Idempotent: by fingerprint as openssl prints it (upper case, colons).
 	var colons []string
