@@ -132,7 +132,7 @@ func (s *Server) RevokeCert(ctx context.Context, req *quotadv1.RevokeCertRequest
 		}
 		return resp, err
 	}
-	if err := s.certRevokeAllowed(); err != nil {
+	if err := s.certRevokeAllowed("revoking a certificate"); err != nil {
 		return nil, err
 	}
 	if e, ok := s.fsm.RevokedCertOf(op); ok {
@@ -159,9 +159,10 @@ func (s *Server) RevokeCert(ctx context.Context, req *quotadv1.RevokeCertRequest
 	return &quotadv1.RevokeCertResponse{Cert: revokedCertInfo(e), AlreadyRevoked: already}, nil
 }
 
-// certRevokeAllowed refuses (FailedPrecondition) a revoke unless this leader writes entries
-// at command version 8 or newer, naming the nodes that hold it back.
-func (s *Server) certRevokeAllowed() error {
+// certRevokeAllowed refuses (FailedPrecondition) what (a revoke, a restore of revoked
+// certificates) unless this leader writes entries at command version 8 or newer, naming the
+// nodes that hold it back.
+func (s *Server) certRevokeAllowed(what string) error {
 	if s.node.CommandVersion() >= fsm.CertRevokeVersion {
 		return nil
 	}
@@ -174,13 +175,13 @@ func (s *Server) certRevokeAllowed() error {
 		if m.CommandVersion == 0 {
 			has = "advertises no command version (a build before version 6, or not seen in gossip)"
 		}
-		old = append(old, m.ID+" "+has)
+		old = append(old, "node "+m.ID+" "+has)
 	}
 	if len(old) == 0 {
 		old = append(old, fmt.Sprintf("the cluster's command version is %d (a member not yet seen in gossip counts as an old build)", s.node.CommandVersion()))
 	}
-	return status.Errorf(codes.FailedPrecondition, "revoking a certificate needs fsm command version %d on every node, and %s; upgrade those nodes first (docs/operations.md, Upgrades), then revoke again — nothing changed",
-		fsm.CertRevokeVersion, strings.Join(old, "; "))
+	return status.Errorf(codes.FailedPrecondition, "%s needs fsm command version %d on every node, and %s; upgrade those nodes first (docs/operations.md, Upgrades), then try again — nothing changed",
+		what, fsm.CertRevokeVersion, strings.Join(old, "; "))
 }
 
 // revokeCertOp checks a request: exactly one of a fingerprint, a serial and a certificate.

@@ -407,4 +407,25 @@ func TestRevokeCertNeedsCommandVersion8(t *testing.T) {
 		}
 		return nil
 	})
+
+	// A snapshot holding the revoke (format 3) is not restored while a node is at version 7:
+	// it could not read it.
+	file := filepath.Join(t.TempDir(), "s.snap")
+	snap := func() quotadv1.SnapshotClient {
+		return quotadv1.NewSnapshotClient(p.dialAs(c.Addrs()[c.WaitLeader(10*time.Second)], ""))
+	}
+	if _, err := backup.Save(boot, snap(), file); err != nil {
+		t.Fatal(err)
+	}
+	c.Kill(2)
+	c.Reconfigure(2, func(_ int, cfg *rpc.AgentConfig) { cfg.Cluster.AdvertisedCommandVersion = fsm.CertRevokeVersion - 1 })
+	c.Restart(2)
+	clustertest.Eventually(t, 15*time.Second, func() error {
+		_, err := backup.Restore(boot, snap(), file, false)
+		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "restoring a snapshot that holds revoked certificates") ||
+			!strings.Contains(err.Error(), old+" advertises command version 7") {
+			return fmt.Errorf("restore with a version 7 node: %v", err)
+		}
+		return nil
+	})
 }
