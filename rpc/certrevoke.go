@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -44,7 +45,7 @@ func (c certCreds) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInf
 		return out, ai, err
 	}
 	if info, ok := ai.(credentials.TLSInfo); ok && len(info.State.VerifiedChains) > 0 && len(info.State.PeerCertificates) > 0 {
-		return out, certInfo{TLSInfo: info, key: auth.KeyOf(info.State.PeerCertificates[0])}, nil
+		return out, certInfo{TLSInfo: info, key: certKeyOf(info.State.PeerCertificates[0])}, nil
 	}
 	return out, ai, nil
 }
@@ -75,10 +76,21 @@ func verifiedPeerCert(ctx context.Context) (*x509.Certificate, auth.CertKey) {
 	}
 	cert := info.State.PeerCertificates[0]
 	if key == nil {
-		k := auth.KeyOf(cert)
+		k := certKeyOf(cert)
 		key = &k
 	}
 	return cert, *key
+}
+
+// certKeyHook, if set, is called each time a certificate's key is computed (tests count them:
+// once per connection).
+var certKeyHook atomic.Pointer[func()]
+
+func certKeyOf(cert *x509.Certificate) auth.CertKey {
+	if hook := certKeyHook.Load(); hook != nil {
+		(*hook)()
+	}
+	return auth.KeyOf(cert)
 }
 
 // revokedCertError is the refusal of a call whose certificate is on the deny-list.

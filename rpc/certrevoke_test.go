@@ -2,20 +2,24 @@ package rpc_test
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -24,6 +28,7 @@ import (
 	"github.com/quotad/quotad/backup"
 	"github.com/quotad/quotad/cluster/clustertest"
 	"github.com/quotad/quotad/fsm"
+	"github.com/quotad/quotad/internal/pkifiles"
 	"github.com/quotad/quotad/rpc"
 )
 
@@ -428,4 +433,58 @@ func TestRevokeCertNeedsCommandVersion8(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestCertKeyOncePerConnection: the deny-list is checked on every call, but the certificate's
+// key (a SHA-256 of its DER) is computed once per connection, at the handshake.
+func TestCertKeyOncePerConnection(t *testing.T) {
+	c, p, _ := streamCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var n atomic.Int64
+	rpc.SetCertKeyHook(func() { n.Add(1) })
+	defer rpc.SetCertKeyHook(nil)
+	conn := p.dialAs(c.Addrs()[c.Leader()], "w")
+	for i := range 50 {
+		if err := freeCall(ctx, conn, uint64(i+1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := n.Load(); got != 1 {
+		t.Fatalf("the certificate's key was computed %d times for 50 calls on one connection, want once", got)
+	}
+}
+
+// TestRevokedCertRefusedOnHTTPDebug: the HTTP debug endpoints, which take an admin
+// certificate, refuse a revoked one; another admin certificate still gets in.
+func TestRevokedCertRefusedOnHTTPDebug(t *testing.T) {
+	c, creds := secureCluster(t, 1, true)
+	if _, _, err := pkifiles.CreateCert(creds.Dir, creds.CAFile, filepath.Join(creds.Dir, pkifiles.CAKeyFile), auth.CertOptions{
+		Cluster: rpc.DefaultClusterName, Name: "ops2", Identity: auth.Identity{Role: auth.RoleAdmin}}); err != nil {
+		t.Fatal(err)
+	}
+	base := "https://" + c.Agent(0).HTTPAddr() + "/debug/state"
+	leaked := httpsClient(t, creds, "ops2")
+	if code, body := get(t, leaked, base, ""); code != http.StatusOK {
+		t.Fatalf("before the revoke: %d %s", code, body)
+	}
+	pem, err := os.ReadFile(filepath.Join(creds.Dir, pkifiles.CertFile("ops2")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+creds.Token)
+	cc, err := grpc.NewClient(c.Addrs()[0], grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: caPool(t, creds.CAFile)})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	if _, err := quotadv1.NewAdminClient(cc).RevokeCert(ctx, &quotadv1.RevokeCertRequest{CertPem: pem}); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := get(t, leaked, base, ""); code != http.StatusUnauthorized || !strings.Contains(body, "revoked") {
+		t.Fatalf("the revoked admin certificate on the open connection: %d %q, want 401 saying revoked", code, body)
+	}
+	if code, _ := get(t, httpsClient(t, creds, pkifiles.AdminName), base, ""); code != http.StatusOK {
+		t.Fatalf("another admin certificate: %d", code)
+	}
 }
