@@ -56,6 +56,10 @@ type Identity struct {
 	Domains []string
 	// Tenant, if set, is the only value of descriptor key TenantKey a worker may use.
 	Tenant string
+	// Cert names the client (or server) certificate the identity came from, which the
+	// cluster's deny-list is checked against (zero for other credentials). Not part of who
+	// the identity is: a certificate reissued with the same common name is the same identity.
+	Cert CertKey
 }
 
 // IsZero reports whether id is the zero Identity (no credential was presented).

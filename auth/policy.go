@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/url"
@@ -64,6 +65,8 @@ var Methods = map[string]Access{
 	"/quotad.v1.Admin/CreateToken":        adminOnly,
 	"/quotad.v1.Admin/ListTokens":         adminOnly,
 	"/quotad.v1.Admin/RevokeToken":        adminOnly,
+	"/quotad.v1.Admin/RevokeCert":         adminOnly,
+	"/quotad.v1.Admin/ListRevokedCerts":   adminOnly,
 	"/quotad.v1.Admin/LiftPause":          adminOnly,
 
 	// quotad.v1.Snapshot: the whole state, tokens' hashes included, out and in.
@@ -164,6 +167,10 @@ func EncodePrincipal(id Identity) string {
 	if id.Tenant != "" {
 		q.Set("tenant", id.Tenant)
 	}
+	if !id.Cert.IsZero() {
+		q.Set("cert", hex.EncodeToString(id.Cert.SHA256[:]))
+		q.Set("serial", id.Cert.Serial)
+	}
 	return q.Encode()
 }
 
@@ -181,6 +188,14 @@ func DecodePrincipal(s string) (Identity, error) {
 	id := Identity{Name: q.Get("name"), Role: role, Domains: q["domain"], Tenant: q.Get("tenant")}
 	if id.Name == "" {
 		return Identity{}, fmt.Errorf("auth: principal %.60q has no name", s)
+	}
+	if c := q.Get("cert"); c != "" {
+		b, err := hex.DecodeString(c)
+		if err != nil || len(b) != len(id.Cert.SHA256) {
+			return Identity{}, fmt.Errorf("auth: principal %.60q: cert is not a hex SHA-256", s)
+		}
+		copy(id.Cert.SHA256[:], b)
+		id.Cert.Serial = q.Get("serial")
 	}
 	return id, nil
 }

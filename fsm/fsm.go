@@ -68,7 +68,14 @@ import (
 // max_keys or a level's max_keys_per_parent (quota.ShareRequest.KeyCaps). Version 1–6
 // entries are decided as their leaders decided them; older nodes stop at their first version
 // 7 entry.
-const CommandVersion = 7
+//
+// Version 8: RevokeCert, the certificate deny-list (certs.go): an older build does not know
+// the op and stops at it. A RevokeCert in a version 1–7 entry is refused (ErrInvalidCertRevoke),
+// as no leader of those versions could have written it; leaders write it only once every node
+// advertises version 8 (rpc's RevokeCert). Nothing else is decided differently: entries of
+// every version apply alike on a version 8 node, and a state without revoked certificates
+// snapshots and hashes as before (snapshot format 3 only with some).
+const CommandVersion = 8
 
 // MaxKeysPerParentVersion is the first command version whose nodes decide
 // max_keys_per_parent.
@@ -114,6 +121,10 @@ type FSM struct {
 	tokens atomic.Pointer[tokenSet]
 	// tokensGen counts the token table's replacements (TokensGeneration).
 	tokensGen atomic.Uint64
+	// certs is the certificate deny-list (certs.go), read without the lock; certsGen counts
+	// its replacements (CertsGeneration).
+	certs    atomic.Pointer[certSet]
+	certsGen atomic.Uint64
 
 	// scratch is decoding space reused across entries (guarded by mu; not replicated state).
 	scratch struct {
@@ -139,6 +150,7 @@ func New(opts Options) *FSM {
 	}
 	f := &FSM{dedupWindow: opts.DedupWindow, engine: quota.NewEngine(), dedup: newDedupTable()}
 	f.storeTokens(emptyTokens)
+	f.storeCerts(emptyCerts)
 	return f
 }
 
@@ -176,7 +188,7 @@ type OtherResult struct {
 	Matcher       *quota.Matcher       // RateLimit: the limits it was decided under (statistics keys)
 	Share         *quota.ShareGrant    // Share (nil with Err)
 	Returned      uint64               // ReleaseShare: micro-units put back
-	Err           error                // Release, Renew, Pause, Feedback, SetLimits, CreateToken, RevokeToken, LiftPause, Share, ReleaseShare
+	Err           error                // Release, Renew, Pause, Feedback, SetLimits, CreateToken, RevokeToken, RevokeCert, LiftPause, Share, ReleaseShare
 }
 
 // RefundOutcome is what became of a Refund (quotad.v1.RefundResponse.outcome).
@@ -400,6 +412,8 @@ func (f *FSM) applyOp(now quota.Time, op *fsmv1.Op) OpResult {
 		return other(OtherResult{Err: f.applyCreateToken(o.CreateToken)})
 	case *fsmv1.Op_RevokeToken:
 		return other(OtherResult{Err: f.applyRevokeToken(o.RevokeToken)})
+	case *fsmv1.Op_RevokeCert:
+		return other(OtherResult{Err: f.applyRevokeCert(o.RevokeCert)})
 	case *fsmv1.Op_RateLimit:
 		rl := o.RateLimit
 		req := quota.RLSRequest{Domain: rl.Domain, Hits: rl.Hits, Descriptors: make([]quota.RLSDescriptor, len(rl.Descriptors)),
@@ -571,6 +585,7 @@ func (f *FSM) Hash() StateHash {
 	putU64(b[:], uint64(f.lastSweep))
 	h.Write(b[:])
 	f.tokens.Load().hashInto(h)
+	f.certs.Load().hashInto(h)
 	dedup := f.dedup.capture()
 	out := StateHash{AppliedIndex: f.applied, Clock: int64(f.engine.Clock())}
 	f.mu.Unlock()
@@ -606,7 +621,7 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fsm: snapshot of the engine: %w", err)
 	}
-	return &snapshot{applied: f.applied, lastSweep: int64(f.lastSweep), engine: engine, dedup: f.dedup.capture(), tokens: f.tokens.Load()}, nil
+	return &snapshot{applied: f.applied, lastSweep: int64(f.lastSweep), engine: engine, dedup: f.dedup.capture(), tokens: f.tokens.Load(), certs: f.certs.Load()}, nil
 }
 
 // Restore replaces the whole state with a snapshot's (never merges). Nothing is replaced
@@ -638,6 +653,19 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 		}
 		tokens, tokensErr = decodeTokens(b) // reported after the checksum: a corrupt file first
 	}
+	certs := emptyCerts
+	var certsErr error
+	if s.format >= snapshotFormatCerts {
+		n, err := s.sectionLen("certs")
+		if err != nil {
+			return err
+		}
+		b, err := s.readSection(n, "certs")
+		if err != nil {
+			return err
+		}
+		certs, certsErr = decodeCerts(b)
+	}
 	// The two sections are independent: decode the engine on another goroutine while the
 	// dedup section is read and decoded here. Both start before the checksum at the end is
 	// checked, and both take any bytes (UnmarshalBinary is fuzzed to return an error or a
@@ -656,10 +684,13 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 		return dedupErr
 	case tokensErr != nil:
 		return tokensErr
+	case certsErr != nil:
+		return certsErr
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.engine, f.dedup, f.applied, f.lastSweep = engine, dedup, s.applied, quota.Time(s.lastSweep)
 	f.storeTokens(tokens)
+	f.storeCerts(certs)
 	return nil
 }

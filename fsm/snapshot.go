@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
@@ -15,15 +16,20 @@ import (
 // Snapshot file layout (all little endian):
 //
 //	magic "QSNP" | format u32 | applied u64 | lastSweep i64 | len(engine) u64 | engine |
-//	[format 2: len(tokens) u64 | tokens] | len(dedup) u64 | dedup | crc32c of everything before it u32
+//	[format ≥ 2: len(tokens) u64 | tokens] | [format 3: len(certs) u64 | certs] |
+//	len(dedup) u64 | dedup | crc32c of everything before it u32
 //
-// Format 2 adds the token table. A state without tokens is still written as format 1, which
-// older builds read.
+// Format 2 adds the token table, format 3 the certificate deny-list (certs.go). A state is
+// written in the oldest format that holds it: without tokens and revoked certificates as
+// format 1, without revoked certificates as format 2, so older builds read it (a deny-list
+// exists only once every node applies command version 8, and so reads format 3).
 const (
 	snapshotMagic  = "QSNP"
 	snapshotFormat = 1
 	// snapshotFormatTokens is the format with the tokens section.
 	snapshotFormatTokens = 2
+	// snapshotFormatCerts is the format with the tokens and the certificates sections.
+	snapshotFormatCerts = 3
 	// snapshotHeader is the bytes before the engine section.
 	snapshotHeader = 4 + 4 + 8 + 8 + 8
 	// maxSection bounds a section's claimed length, so a corrupt one is refused before any
@@ -42,6 +48,18 @@ type snapshot struct {
 	engine    *quota.Capture
 	dedup     *dedupCapture
 	tokens    *tokenSet // immutable: captured by reference
+	certs     *certSet  // immutable: captured by reference
+}
+
+// snapshotFormatFor is the oldest format that holds tokens and certs (nil: none).
+func snapshotFormatFor(tokens, certs []byte) uint32 {
+	switch {
+	case certs != nil:
+		return snapshotFormatCerts
+	case tokens != nil:
+		return snapshotFormatTokens
+	}
+	return snapshotFormat
 }
 
 // appendSnapshotHeader starts a snapshot file; the engine section follows, closed by
@@ -96,8 +114,8 @@ func (s *snapshotReader) readHeader() error {
 		return fmt.Errorf("fsm: not a quotad snapshot (header: %v)", err)
 	}
 	s.format = binary.LittleEndian.Uint32(hdr[4:])
-	if s.format != snapshotFormat && s.format != snapshotFormatTokens {
-		return fmt.Errorf("fsm: snapshot format %d unknown (this build reads %d and %d); upgrade this node", s.format, snapshotFormat, snapshotFormatTokens)
+	if s.format < snapshotFormat || s.format > snapshotFormatCerts {
+		return fmt.Errorf("fsm: snapshot format %d unknown (this build reads %d to %d); upgrade this node", s.format, snapshotFormat, snapshotFormatCerts)
 	}
 	s.applied = binary.LittleEndian.Uint64(hdr[8:])
 	s.lastSweep = int64(binary.LittleEndian.Uint64(hdr[16:]))
@@ -189,21 +207,15 @@ func (s *snapshot) Persist(sink raft.SnapshotSink) error {
 // of the state (hundreds of MB), and fresh memory is what a snapshot costs most.
 func (s *snapshot) writeTo(w io.Writer) error {
 	engineCh := make(chan []byte, 1)
-	format := uint32(snapshotFormat)
+	var tokens, certs []byte
 	if s.tokens != nil && len(s.tokens.byAccessor) > 0 {
-		format = snapshotFormatTokens
+		tokens = s.tokens.appendTo(nil)
+	}
+	if s.certs != nil && s.certs.len() > 0 {
+		certs = s.certs.appendTo(nil)
 	}
 	go func() {
-		b := appendSnapshotHeaderFormat(make([]byte, 0, snapshotHeader), format, s.applied, s.lastSweep)
-		b, start := beginSection(b)
-		b = s.engine.AppendBinary(b)
-		endSection(b, start)
-		if format == snapshotFormatTokens {
-			b, start = beginSection(b)
-			b = s.tokens.appendTo(b)
-			endSection(b, start)
-		}
-		engineCh <- b
+		engineCh <- appendStateSections(make([]byte, 0, snapshotHeader), s.applied, s.lastSweep, s.engine.AppendBinary, tokens, certs)
 	}()
 	dedupSize := s.dedup.sectionSize()
 	cw := &checksumWriter{w: w}
@@ -223,6 +235,31 @@ func (s *snapshot) writeTo(w io.Writer) error {
 	}
 	_, err := w.Write(binary.LittleEndian.AppendUint32(nil, cw.crc))
 	return err
+}
+
+// appendStateSections appends a snapshot file's header and its sections before the dedup
+// section, in the oldest format that holds tokens and certs (nil: none; an empty tokens
+// section is written when certs needs format 3).
+func appendStateSections(b []byte, applied uint64, lastSweep int64, engine func([]byte) []byte, tokens, certs []byte) []byte {
+	format := snapshotFormatFor(tokens, certs)
+	b = appendSnapshotHeaderFormat(b, format, applied, lastSweep)
+	b, start := beginSection(b)
+	b = engine(b)
+	endSection(b, start)
+	if format >= snapshotFormatTokens {
+		b, start = beginSection(b)
+		if tokens == nil {
+			tokens = emptyTokens.appendTo(nil)
+		}
+		b = append(b, tokens...)
+		endSection(b, start)
+	}
+	if format >= snapshotFormatCerts {
+		b, start = beginSection(b)
+		b = append(b, certs...)
+		endSection(b, start)
+	}
+	return b
 }
 
 // Release lets the state shared with the captures change in place again.
@@ -311,7 +348,7 @@ func (f *FSM) WriteRestoreSnapshot(w io.Writer, r io.Reader, rw RestoreRewrite) 
 			return 0, fmt.Errorf("fsm: snapshot engine section: %w", err)
 		}
 	}
-	var fileTokens []byte
+	var fileTokens, fileCerts []byte
 	if s.format >= snapshotFormatTokens {
 		n, err := s.sectionLen("tokens")
 		if err != nil {
@@ -321,26 +358,33 @@ func (f *FSM) WriteRestoreSnapshot(w io.Writer, r io.Reader, rw RestoreRewrite) 
 			return 0, err
 		}
 	}
-	format := s.format
+	if s.format >= snapshotFormatCerts {
+		n, err := s.sectionLen("certs")
+		if err != nil {
+			return 0, err
+		}
+		if fileCerts, err = s.readSection(n, "certs"); err != nil {
+			return 0, err
+		}
+	}
+	if bytes.Equal(fileTokens, emptyTokens.appendTo(nil)) {
+		fileTokens = nil // format 3 without tokens
+	}
 	if rw.KeepTokens {
 		fileTokens = nil
 		if tokens := f.tokens.Load(); len(tokens.byAccessor) > 0 {
 			fileTokens = tokens.appendTo(nil)
 		}
-		format = snapshotFormat
-		if fileTokens != nil {
-			format = snapshotFormatTokens
-		}
 	}
-	b := appendSnapshotHeaderFormat(make([]byte, 0, snapshotHeader+len(engine)+len(fileTokens)), format, s.applied, s.lastSweep)
-	b, start := beginSection(b)
-	b = append(b, engine...)
-	endSection(b, start)
-	if format == snapshotFormatTokens {
-		b, start = beginSection(b)
-		b = append(b, fileTokens...)
-		endSection(b, start)
+	// Revoked certificates are kept whatever the file holds, and the file's are kept too: a
+	// restore never takes a revoke back (an operator who revoked a leaked certificate must not
+	// see it come back with last week's backup). A file whose section does not decode is
+	// refused here, before anything is restored.
+	if fileCerts, err = unionCerts(f.certs.Load(), fileCerts); err != nil {
+		return 0, err
 	}
+	b := appendStateSections(make([]byte, 0, snapshotHeader+len(engine)+len(fileTokens)+len(fileCerts)), s.applied, s.lastSweep,
+		func(b []byte) []byte { return append(b, engine...) }, fileTokens, fileCerts)
 	dedupLen, err := s.sectionLen("dedup")
 	if err != nil {
 		return 0, err

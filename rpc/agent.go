@@ -123,7 +123,8 @@ func newAuthenticator(cfg AgentConfig, f *fsm.FSM, bootstrapToken string) *authe
 	a := &authenticator{insecure: cfg.Insecure, cluster: cfg.ClusterName, token: func(h [32]byte) (auth.Identity, bool) {
 		t, ok := f.TokenByHash(h)
 		return t.Identity(), ok
-	}, generation: f.TokensGeneration, calls: newCallCounter(cfg.MaxCallsPerIdentity)}
+	}, generation: f.TokensGeneration, calls: newCallCounter(cfg.MaxCallsPerIdentity),
+		certRevoked: f.CertRevoked, anyCertRevoked: f.AnyCertRevoked, certGeneration: f.CertsGeneration}
 	if a.cluster == "" {
 		a.cluster = DefaultClusterName
 	}
@@ -226,7 +227,7 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 		}
 		a.metrics.Registry.MustRegister(certExpiryGauge(nodeEnd, caEnd))
 		warnCertExpiry(log, cfg.TLS, nodeEnd, caEnd, time.Now())
-		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(serverTLS)))
+		grpcOpts = append(grpcOpts, grpc.Creds(certCreds{credentials.NewTLS(serverTLS)}))
 		forwardCreds = credentials.NewTLS(clientTLS)
 		httpTLS = serverTLS
 		if cfg.Cluster.PeerTLS == nil {

@@ -574,6 +574,11 @@ func (r *rlsServer) forwardedCaller(outer caller, call *quotadv1.ForwardedCall) 
 			if id, err = auth.DecodePrincipal(call.Principal); err != nil {
 				return auth.Identity{}, status.Errorf(codes.Unauthenticated, "%s: server %s forwarded a bad principal: %v", method, outer.id.Name, err)
 			}
+			if r.authn != nil {
+				if err := r.authn.checkPrincipalCert(method, outer.id.Name, id); err != nil {
+					return auth.Identity{}, err
+				}
+			}
 		}
 	}
 	if err := auth.Authorize(id, auth.RateLimitMethod); err != nil {

@@ -126,6 +126,16 @@ func SetTokenHashHook(fn func()) {
 	tokenHashHook.Store(&fn)
 }
 
+// SetCertKeyHook makes every computation of a client certificate's deny-list key call fn
+// (nil: stop).
+func SetCertKeyHook(fn func()) {
+	if fn == nil {
+		certKeyHook.Store(nil)
+		return
+	}
+	certKeyHook.Store(&fn)
+}
+
 // MetricsText returns a's /metrics page.
 func MetricsText(a *Agent) string {
 	rec := httptest.NewRecorder()

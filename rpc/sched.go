@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"github.com/quotad/quotad/auth"
 	"github.com/quotad/quotad/fsm"
 	"github.com/quotad/quotad/quota"
 	"github.com/quotad/quotad/sched"
@@ -125,9 +126,10 @@ type fair struct {
 	appliedConc map[string]uint64
 	seq         uint64
 	relSeq      uint64 // waiters released so far: the next one's place in release order
-	// tokensGen is the FSM's token table generation the queued waiters were last checked
-	// against (dropRevokedLocked).
+	// tokensGen and certsGen are the FSM's token table and certificate deny-list generations
+	// the queued waiters were last checked against (dropRevokedLocked).
 	tokensGen  uint64
+	certsGen   uint64
 	limits     *quota.Limits
 	limitsAt   time.Time
 	usage      map[string]*shareWindow // by bucket key: who got the capacity lately
@@ -166,7 +168,8 @@ type fairQueue struct {
 // waiter is one waiting admission.
 type waiter struct {
 	id       uint64
-	owner    string // the caller's identity name (fsmv1.Acquire.owner)
+	owner    string       // the caller's identity name (fsmv1.Acquire.owner)
+	cert     auth.CertKey // the caller's certificate, if it called with one (its deny-list key)
 	clientID string
 	adm      *quotadv1.Admission
 	cost     uint64
@@ -191,8 +194,9 @@ type waiter struct {
 	concKeys      []string // concurrency-limited keys on its path
 	arrived       time.Time
 	ready         chan struct{} // released by the pump (buffered)
-	failed        chan struct{} // closed when leadership is lost, or its token revoked
-	// revoked: failed was closed because the caller's token was revoked (set before, f.mu).
+	failed        chan struct{} // closed when leadership is lost, or its credential revoked
+	// revoked: failed was closed because the caller's token or certificate was revoked (set
+	// before, f.mu).
 	revoked bool
 	// Set by the pump before ready: the proposer call carrying its admission (op idx), or
 	// the error submitting it; releasedAt is the leader's FSM time at release.
@@ -355,7 +359,7 @@ func (f *fair) wake() {
 }
 
 // acquire is Server.Acquire on the leader when the scheduler is involved.
-func (f *fair) acquire(ctx context.Context, req *quotadv1.AcquireRequest, owner string) (*quotadv1.AcquireResponse, error) {
+func (f *fair) acquire(ctx context.Context, req *quotadv1.AcquireRequest, owner string, cert auth.CertKey) (*quotadv1.AcquireResponse, error) {
 	s := f.s
 	start := time.Now()
 	resp := &quotadv1.AcquireResponse{Decisions: make([]*quotadv1.Decision, len(req.Admissions))}
@@ -384,7 +388,7 @@ func (f *fair) acquire(ctx context.Context, req *quotadv1.AcquireRequest, owner 
 				slot.identity = "" // everyone's name: count by client_id only
 			}
 			wg.Go(func() {
-				resp.Decisions[i], errs[i] = f.wait(ctx, owner, slot, adm)
+				resp.Decisions[i], errs[i] = f.wait(ctx, owner, cert, slot, adm)
 			})
 			continue
 		}
@@ -725,7 +729,7 @@ func itoa(u uint64) string {
 // returns: an admission its buckets can pay now with nobody queued on its path is decided at
 // once, as a non-waiting one would be (the gate's rule: only capacity no waiter is entitled
 // to), so it never needs a slot, and a full domain does not refuse it.
-func (f *fair) wait(ctx context.Context, owner string, slot waiterSlot, adm *quotadv1.Admission) (*quotadv1.Decision, error) {
+func (f *fair) wait(ctx context.Context, owner string, cert auth.CertKey, slot waiterSlot, adm *quotadv1.Admission) (*quotadv1.Decision, error) {
 	clientID := slot.clientID
 	slotted := false
 	defer func() {
@@ -735,7 +739,7 @@ func (f *fair) wait(ctx context.Context, owner string, slot waiterSlot, adm *quo
 	}()
 	arrived := time.Now()
 	deadline := arrived.Add(time.Duration(adm.MaxWaitMs) * time.Millisecond)
-	w := &waiter{owner: owner, clientID: clientID, adm: adm, cost: max(adm.Cost, 1), pathKey: pathKey(adm),
+	w := &waiter{owner: owner, cert: cert, clientID: clientID, adm: adm, cost: max(adm.Cost, 1), pathKey: pathKey(adm),
 		arrived: arrived, class: adm.WorkClass, ready: make(chan struct{}, 1), failed: make(chan struct{})}
 	es := entries(adm.Descriptors)
 	requeue := false
@@ -746,14 +750,14 @@ func (f *fair) wait(ctx context.Context, owner string, slot waiterSlot, adm *quo
 			return nil, f.s.applyError(err)
 		}
 		f.mu.Lock()
-		if f.ownerRevoked(owner) {
+		if f.waiterRevoked(w) {
 			// Checked under f.mu, where it queues: a revoke applied before this is seen here,
 			// one applied after finds it queued (dropRevokedLocked).
 			f.mu.Unlock()
 			if last != nil {
 				return last, nil
 			}
-			return nil, revokedWhileWaiting(owner)
+			return nil, revokedWhileWaiting(w)
 		}
 		if !slotted && !requeue && f.queuedPaths[w.pathKey] > 0 {
 			// Waiters are queued on this very path, so it would queue too (not go straight
@@ -894,7 +898,7 @@ func (f *fair) wait(ctx context.Context, owner string, slot waiterSlot, adm *quo
 					if last != nil {
 						return last, nil
 					}
-					return nil, revokedWhileWaiting(owner)
+					return nil, revokedWhileWaiting(w)
 				}
 				return nil, status.Error(codes.Unavailable, "leadership changed while the admission waited; it was not decided — retry with the same request ID")
 			default:
@@ -1674,25 +1678,30 @@ func (f *fair) passLocked(now int64, wall time.Time) time.Duration {
 	return max(time.Duration(wake-now), fairPassMin)
 }
 
-// ownerRevoked reports whether owner is the identity of a token that is no longer stored.
-func (f *fair) ownerRevoked(owner string) bool {
-	accessor, ok := strings.CutPrefix(owner, fsm.TokenIdentityPrefix)
+// waiterRevoked reports whether w's caller called with a token that is no longer stored, or
+// with a certificate on the deny-list.
+func (f *fair) waiterRevoked(w *waiter) bool {
+	if f.s.certRevokedOwner(w.cert) {
+		return true
+	}
+	accessor, ok := strings.CutPrefix(w.owner, fsm.TokenIdentityPrefix)
 	return ok && !f.s.fsm.TokenStored(accessor)
 }
 
-// dropRevokedLocked fails the queued waiters whose token was revoked since they were checked:
+// dropRevokedLocked fails the queued waiters whose token (or certificate) was revoked since
+// they were checked:
 // a revoke stops a caller's waiting admissions too, not only its next calls (before, a
 // waiter queued for max_wait_ms — uncapped — kept being granted after the revoke). Waiters
 // already released are in the log's hands, like any call in flight. A map lookup per
 // waiter, only when the token table changed. f.mu held.
 func (f *fair) dropRevokedLocked() {
-	gen := f.s.fsm.TokensGeneration()
-	if gen == f.tokensGen {
+	gen, certGen := f.s.fsm.TokensGeneration(), f.s.fsm.CertsGeneration()
+	if gen == f.tokensGen && certGen == f.certsGen {
 		return
 	}
-	f.tokensGen = gen
+	f.tokensGen, f.certsGen = gen, certGen
 	for _, w := range f.waiters {
-		if !f.ownerRevoked(w.owner) {
+		if !f.waiterRevoked(w) {
 			continue
 		}
 		if w.queue != nil {
@@ -1705,11 +1714,15 @@ func (f *fair) dropRevokedLocked() {
 	}
 }
 
-// revokedWhileWaiting is the answer to an admission whose caller's token was revoked before it
-// was decided.
-func revokedWhileWaiting(owner string) error {
+// revokedWhileWaiting is the answer to an admission whose caller's token or certificate was
+// revoked before it was decided.
+func revokedWhileWaiting(w *waiter) error {
+	if !w.cert.IsZero() {
+		return status.Errorf(codes.Unauthenticated, "the client certificate of %s (serial %s) was revoked while this admission waited; it was not decided — ask an admin for a new certificate (quotad tls cert create) or a token",
+			w.owner, w.cert.Serial)
+	}
 	return status.Errorf(codes.Unauthenticated, "the bearer token with accessor %s was revoked while this admission waited; it was not decided — ask an admin for a token (quotad token create)",
-		strings.TrimPrefix(owner, fsm.TokenIdentityPrefix))
+		strings.TrimPrefix(w.owner, fsm.TokenIdentityPrefix))
 }
 
 // failAll fails every waiter: this node no longer leads (or is stopping).

@@ -115,6 +115,10 @@ func (a *Agent) httpAdmin(r *http.Request) (int, error) {
 	}
 	if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 {
 		leaf := r.TLS.VerifiedChains[0][0]
+		// Hashed per request: only pprof and /debug/ take certificates, never a hot path.
+		if k := auth.KeyOf(leaf); a.fsm.CertRevoked(k) {
+			return http.StatusUnauthorized, fmt.Errorf("the client certificate %q (serial %s) was revoked (quotad tls cert revoked lists it)", leaf.Subject.CommonName, k.Serial)
+		}
 		id, err := auth.IdentityFromCert(leaf, a.cfg.ClusterName)
 		if err != nil {
 			return http.StatusForbidden, err

@@ -13,9 +13,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
 
@@ -103,14 +101,22 @@ type authenticator struct {
 	// calls caps each identity's calls in flight on this node (--max-calls-per-identity);
 	// nil: no cap.
 	calls *callCounter
+	// certRevoked reports whether a certificate is on the deny-list (fsm.FSM.CertRevoked),
+	// anyCertRevoked whether any is, certGeneration the deny-list's generation (a call the
+	// tap identified by its certificate is checked again by the interceptor only if it
+	// changed). nil: no deny-list.
+	certRevoked    func(auth.CertKey) bool
+	anyCertRevoked func() bool
+	certGeneration func() uint64
 }
 
 // tapped is what the tap found for a call, handed to the interceptors in its context so the
 // token is hashed and looked up once per call.
 type tapped struct {
 	c caller
-	// gen is the token table's generation before the tap looked the token up.
-	gen uint64
+	// gen is the token table's generation before the tap looked the token up, certGen the
+	// deny-list's.
+	gen, certGen uint64
 	// slot is the call's place in its identity's in-flight count (nil: not counted).
 	slot *callSlot
 }
@@ -156,7 +162,11 @@ func (a *authenticator) identify(ctx context.Context, method string) (caller, er
 		id, err := a.fromToken(vals, method)
 		return caller{id: id, viaToken: true}, err
 	}
-	if cert := verifiedPeerCert(ctx); cert != nil {
+	if cert, key := verifiedPeerCert(ctx); cert != nil {
+		// Revoked first: a revoked server certificate forwards no one.
+		if a.certRevoked != nil && a.certRevoked(key) {
+			return caller{}, revokedCertError(method, cert.Subject.CommonName, key)
+		}
 		id, err := auth.IdentityFromCert(cert, a.cluster)
 		if err != nil {
 			return caller{}, status.Errorf(codes.Unauthenticated, "%s: the client certificate (subject %q) carries no quotad role for cluster %q; issue it with quotad tls cert create --client --role ... or send a bearer token", method, cert.Subject.CommonName, a.cluster)
@@ -169,9 +179,13 @@ func (a *authenticator) identify(ctx context.Context, method string) (caller, er
 				if err != nil {
 					return caller{}, status.Errorf(codes.Unauthenticated, "%s: server %s forwarded a bad principal: %v", method, id.Name, err)
 				}
+				if err := a.checkPrincipalCert(method, id.Name, fwd); err != nil {
+					return caller{}, err
+				}
 				return caller{id: fwd}, nil
 			}
 		}
+		id.Cert = key
 		return caller{id: id}, nil
 	}
 	if a.insecure {
@@ -206,32 +220,20 @@ func (a *authenticator) fromToken(vals []string, method string) (auth.Identity, 
 	return auth.Identity{}, status.Errorf(codes.Unauthenticated, "%s: %s is not known to this cluster: revoked, mistyped, or from another cluster; ask an admin for a token (quotad token create)", method, which)
 }
 
-// verifiedPeerCert returns the caller's certificate if it verified against the CA.
-func verifiedPeerCert(ctx context.Context) *x509.Certificate {
-	p, ok := peer.FromContext(ctx)
-	if !ok {
-		return nil
-	}
-	info, ok := p.AuthInfo.(credentials.TLSInfo)
-	if !ok || len(info.State.VerifiedChains) == 0 || len(info.State.PeerCertificates) == 0 {
-		return nil
-	}
-	return info.State.PeerCertificates[0]
-}
-
 // tokenHashHook, if set, is called each time a bearer token is hashed (tests count them).
 var tokenHashHook atomic.Pointer[func()]
 
 // authorize authenticates and authorizes one call and returns the context its handler gets.
 // t is what the tap found (nil: nothing, e.g. a Server without an agent): its identity is
-// used unless it came from a token and the token table changed since (a revoke between the
-// call's headers and its message is not missed).
+// used unless the table its credential was checked against (tokens, or the certificate
+// deny-list) changed since (a revoke between the call's headers and its message is not
+// missed).
 func (a *authenticator) authorize(ctx context.Context, t *tapped, fullMethod string) (context.Context, error) {
 	if auth.AccessOf(fullMethod).Open {
 		return ctx, nil
 	}
 	var c caller
-	if t != nil && (!t.c.viaToken || (a.generation != nil && a.generation() == t.gen)) {
+	if t != nil && a.unchangedSince(t) {
 		c = t.c
 	} else {
 		var err error
@@ -270,9 +272,12 @@ func (a *authenticator) tap(ctx context.Context, info *tap.Info) (context.Contex
 		ctx, slot := a.calls.takeOpen(ctx)
 		return context.WithValue(ctx, tappedKey{}, &tapped{slot: slot}), nil
 	}
-	var gen uint64
+	var gen, certGen uint64
 	if a.generation != nil {
 		gen = a.generation() // before the lookup: a revoke after it changes the generation
+	}
+	if a.certGeneration != nil {
+		certGen = a.certGeneration()
 	}
 	method := auth.MethodName(info.FullMethodName)
 	c, err := a.identify(ctx, method)
@@ -282,13 +287,22 @@ func (a *authenticator) tap(ctx context.Context, info *tap.Info) (context.Contex
 	if c.id.IsZero() {
 		return nil, status.Error(codes.Unauthenticated, auth.Authorize(auth.Identity{}, info.FullMethodName).Error())
 	}
-	t := &tapped{c: c, gen: gen}
+	t := &tapped{c: c, gen: gen, certGen: certGen}
 	if a.calls != nil && counted(c.id) {
 		if t.slot, err = a.calls.take(ctx, c.id.Name, method); err != nil {
 			return nil, err
 		}
 	}
 	return context.WithValue(ctx, tappedKey{}, t), nil
+}
+
+// unchangedSince reports whether what the tap found for a call still holds: its token table,
+// or its certificate deny-list, is the one the tap checked.
+func (a *authenticator) unchangedSince(t *tapped) bool {
+	if t.c.viaToken {
+		return a.generation != nil && a.generation() == t.gen
+	}
+	return a.certGeneration == nil || a.certGeneration() == t.certGen
 }
 
 func (a *authenticator) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {

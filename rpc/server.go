@@ -261,10 +261,10 @@ func (s *Server) decideLeader(ctx context.Context, req *quotadv1.AcquireRequest,
 		// lock, so a check that skips the gate wrongly shows in the trace.
 		var handled bool
 		if handled, seen = s.fair.handlesSeen(req); handled {
-			return s.fair.acquire(ctx, req, id.Name)
+			return s.fair.acquire(ctx, req, id.Name, id.Cert)
 		}
 	} else if s.fair.handles(req) {
-		return s.fair.acquire(ctx, req, id.Name)
+		return s.fair.acquire(ctx, req, id.Name, id.Cert)
 	}
 	start := time.Now()
 	n := len(req.Admissions)

@@ -203,6 +203,13 @@ func (x *snapshotService) restore(stream grpc.ClientStreamingServer[quotadv1.Sna
 			return err
 		}
 	}
+	// A file with revoked certificates is snapshot format 3, which a node before command
+	// version 8 cannot restore (raft would stop it).
+	if decoded.AnyCertRevoked() {
+		if err := x.s.certRevokeAllowed("restoring a snapshot that holds revoked certificates"); err != nil {
+			return err
+		}
+	}
 	fileTokens := accessorSet(decoded.Tokens())
 	file := decoded.RestoreView()
 	decoded = nil // garbage from here

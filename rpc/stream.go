@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -378,11 +379,17 @@ func (st *acquireStream) serve() error {
 	}
 }
 
-// reauthenticate checks the stream's token again: one revoked since the stream opened ends it
-// (UNAUTHENTICATED). A certificate is checked once, by the TLS handshake.
+// reauthenticate checks the stream's credential again: a token revoked since the stream
+// opened, or a certificate put on the deny-list since, ends it (UNAUTHENTICATED).
 func (st *acquireStream) reauthenticate() error {
 	c := callerFrom(st.ctx)
-	if !c.viaToken || st.s.authn == nil {
+	if !c.viaToken {
+		if st.s.certRevokedOwner(c.id.Cert) {
+			return revokedCertError("AcquireStream", strings.TrimPrefix(c.id.Name, "cert:"), c.id.Cert)
+		}
+		return nil
+	}
+	if st.s.authn == nil {
 		return nil
 	}
 	md, _ := metadata.FromIncomingContext(st.ctx)

@@ -16,9 +16,10 @@ import (
 func tlsCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "tls", Short: "Make the cluster's CA and its node and client certificates"}
 	ca := &cobra.Command{Use: "ca", Short: "The cluster's certificate authority"}
-	cert := &cobra.Command{Use: "cert", Short: "Node and client certificates"}
+	cert := &cobra.Command{Use: "cert", Short: "Node and client certificates: create, revoke, list the revoked"}
 	ca.AddCommand(caCreateCmd())
 	cert.AddCommand(certCreateCmd())
+	cert.AddCommand(certRevokeCmds()...)
 	cmd.AddCommand(ca, cert)
 	return cmd
 }

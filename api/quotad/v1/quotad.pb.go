@@ -2784,6 +2784,314 @@ func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
 	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{41}
 }
 
+// RevokeCertRequest names one certificate by exactly one of sha256 (hex SHA-256 fingerprint of
+// its DER; colons and a "sha256:" prefix allowed), serial (hex serial number, as openssl x509
+// -serial prints it; colons and a "0x" prefix allowed) or cert_pem (the certificate itself:
+// it is revoked by its fingerprint).
+type RevokeCertRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sha256        string                 `protobuf:"bytes,1,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	Serial        string                 `protobuf:"bytes,2,opt,name=serial,proto3" json:"serial,omitempty"`
+	CertPem       []byte                 `protobuf:"bytes,3,opt,name=cert_pem,json=certPem,proto3" json:"cert_pem,omitempty"`
+	Reason        string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeCertRequest) Reset() {
+	*x = RevokeCertRequest{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeCertRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeCertRequest) ProtoMessage() {}
+
+func (x *RevokeCertRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeCertRequest.ProtoReflect.Descriptor instead.
+func (*RevokeCertRequest) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *RevokeCertRequest) GetSha256() string {
+	if x != nil {
+		return x.Sha256
+	}
+	return ""
+}
+
+func (x *RevokeCertRequest) GetSerial() string {
+	if x != nil {
+		return x.Serial
+	}
+	return ""
+}
+
+func (x *RevokeCertRequest) GetCertPem() []byte {
+	if x != nil {
+		return x.CertPem
+	}
+	return nil
+}
+
+func (x *RevokeCertRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type RevokedCert struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sha256 (hex) names a certificate revoked by fingerprint or file; serial (hex) one revoked
+	// by serial number. For a file, serial_info is its serial (shown, not matched).
+	Sha256         string `protobuf:"bytes,1,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	Serial         string `protobuf:"bytes,2,opt,name=serial,proto3" json:"serial,omitempty"`
+	Subject        string `protobuf:"bytes,3,opt,name=subject,proto3" json:"subject,omitempty"`
+	NotAfterUnixMs int64  `protobuf:"varint,4,opt,name=not_after_unix_ms,json=notAfterUnixMs,proto3" json:"not_after_unix_ms,omitempty"`
+	RevokedBy      string `protobuf:"bytes,5,opt,name=revoked_by,json=revokedBy,proto3" json:"revoked_by,omitempty"`
+	RevokedUnixMs  int64  `protobuf:"varint,6,opt,name=revoked_unix_ms,json=revokedUnixMs,proto3" json:"revoked_unix_ms,omitempty"`
+	Reason         string `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
+	SerialInfo     string `protobuf:"bytes,8,opt,name=serial_info,json=serialInfo,proto3" json:"serial_info,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *RevokedCert) Reset() {
+	*x = RevokedCert{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokedCert) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokedCert) ProtoMessage() {}
+
+func (x *RevokedCert) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokedCert.ProtoReflect.Descriptor instead.
+func (*RevokedCert) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *RevokedCert) GetSha256() string {
+	if x != nil {
+		return x.Sha256
+	}
+	return ""
+}
+
+func (x *RevokedCert) GetSerial() string {
+	if x != nil {
+		return x.Serial
+	}
+	return ""
+}
+
+func (x *RevokedCert) GetSubject() string {
+	if x != nil {
+		return x.Subject
+	}
+	return ""
+}
+
+func (x *RevokedCert) GetNotAfterUnixMs() int64 {
+	if x != nil {
+		return x.NotAfterUnixMs
+	}
+	return 0
+}
+
+func (x *RevokedCert) GetRevokedBy() string {
+	if x != nil {
+		return x.RevokedBy
+	}
+	return ""
+}
+
+func (x *RevokedCert) GetRevokedUnixMs() int64 {
+	if x != nil {
+		return x.RevokedUnixMs
+	}
+	return 0
+}
+
+func (x *RevokedCert) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *RevokedCert) GetSerialInfo() string {
+	if x != nil {
+		return x.SerialInfo
+	}
+	return ""
+}
+
+type RevokeCertResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Cert  *RevokedCert           `protobuf:"bytes,1,opt,name=cert,proto3" json:"cert,omitempty"`
+	// already_revoked: the certificate was on the deny-list before (cert is that entry);
+	// nothing changed.
+	AlreadyRevoked bool `protobuf:"varint,2,opt,name=already_revoked,json=alreadyRevoked,proto3" json:"already_revoked,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *RevokeCertResponse) Reset() {
+	*x = RevokeCertResponse{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeCertResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeCertResponse) ProtoMessage() {}
+
+func (x *RevokeCertResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeCertResponse.ProtoReflect.Descriptor instead.
+func (*RevokeCertResponse) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *RevokeCertResponse) GetCert() *RevokedCert {
+	if x != nil {
+		return x.Cert
+	}
+	return nil
+}
+
+func (x *RevokeCertResponse) GetAlreadyRevoked() bool {
+	if x != nil {
+		return x.AlreadyRevoked
+	}
+	return false
+}
+
+type ListRevokedCertsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRevokedCertsRequest) Reset() {
+	*x = ListRevokedCertsRequest{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRevokedCertsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRevokedCertsRequest) ProtoMessage() {}
+
+func (x *ListRevokedCertsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRevokedCertsRequest.ProtoReflect.Descriptor instead.
+func (*ListRevokedCertsRequest) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{45}
+}
+
+type ListRevokedCertsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Certs         []*RevokedCert         `protobuf:"bytes,1,rep,name=certs,proto3" json:"certs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRevokedCertsResponse) Reset() {
+	*x = ListRevokedCertsResponse{}
+	mi := &file_quotad_v1_quotad_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRevokedCertsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRevokedCertsResponse) ProtoMessage() {}
+
+func (x *ListRevokedCertsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_v1_quotad_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRevokedCertsResponse.ProtoReflect.Descriptor instead.
+func (*ListRevokedCertsResponse) Descriptor() ([]byte, []int) {
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *ListRevokedCertsResponse) GetCerts() []*RevokedCert {
+	if x != nil {
+		return x.Certs
+	}
+	return nil
+}
+
 type LiftPauseRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Domain string                 `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
@@ -2795,7 +3103,7 @@ type LiftPauseRequest struct {
 
 func (x *LiftPauseRequest) Reset() {
 	*x = LiftPauseRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[42]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2807,7 +3115,7 @@ func (x *LiftPauseRequest) String() string {
 func (*LiftPauseRequest) ProtoMessage() {}
 
 func (x *LiftPauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[42]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2820,7 +3128,7 @@ func (x *LiftPauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LiftPauseRequest.ProtoReflect.Descriptor instead.
 func (*LiftPauseRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{42}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *LiftPauseRequest) GetDomain() string {
@@ -2848,7 +3156,7 @@ type LiftPauseResponse struct {
 
 func (x *LiftPauseResponse) Reset() {
 	*x = LiftPauseResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[43]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2860,7 +3168,7 @@ func (x *LiftPauseResponse) String() string {
 func (*LiftPauseResponse) ProtoMessage() {}
 
 func (x *LiftPauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[43]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2873,7 +3181,7 @@ func (x *LiftPauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LiftPauseResponse.ProtoReflect.Descriptor instead.
 func (*LiftPauseResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{43}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *LiftPauseResponse) GetLifted() bool {
@@ -2909,7 +3217,7 @@ type ShareRequest struct {
 
 func (x *ShareRequest) Reset() {
 	*x = ShareRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[44]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2921,7 +3229,7 @@ func (x *ShareRequest) String() string {
 func (*ShareRequest) ProtoMessage() {}
 
 func (x *ShareRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[44]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2934,7 +3242,7 @@ func (x *ShareRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShareRequest.ProtoReflect.Descriptor instead.
 func (*ShareRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{44}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ShareRequest) GetHolderId() string {
@@ -2987,7 +3295,7 @@ type SharePath struct {
 
 func (x *SharePath) Reset() {
 	*x = SharePath{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[45]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2999,7 +3307,7 @@ func (x *SharePath) String() string {
 func (*SharePath) ProtoMessage() {}
 
 func (x *SharePath) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[45]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3012,7 +3320,7 @@ func (x *SharePath) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SharePath.ProtoReflect.Descriptor instead.
 func (*SharePath) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{45}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *SharePath) GetDomain() string {
@@ -3064,7 +3372,7 @@ type ShareResponse struct {
 
 func (x *ShareResponse) Reset() {
 	*x = ShareResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[46]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3076,7 +3384,7 @@ func (x *ShareResponse) String() string {
 func (*ShareResponse) ProtoMessage() {}
 
 func (x *ShareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[46]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3089,7 +3397,7 @@ func (x *ShareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShareResponse.ProtoReflect.Descriptor instead.
 func (*ShareResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{46}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ShareResponse) GetSeq() uint64 {
@@ -3154,7 +3462,7 @@ type PathShare struct {
 
 func (x *PathShare) Reset() {
 	*x = PathShare{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[47]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3166,7 +3474,7 @@ func (x *PathShare) String() string {
 func (*PathShare) ProtoMessage() {}
 
 func (x *PathShare) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[47]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3179,7 +3487,7 @@ func (x *PathShare) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PathShare.ProtoReflect.Descriptor instead.
 func (*PathShare) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{47}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *PathShare) GetStatus() string {
@@ -3234,7 +3542,7 @@ type LevelShare struct {
 
 func (x *LevelShare) Reset() {
 	*x = LevelShare{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[48]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3246,7 +3554,7 @@ func (x *LevelShare) String() string {
 func (*LevelShare) ProtoMessage() {}
 
 func (x *LevelShare) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[48]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3259,7 +3567,7 @@ func (x *LevelShare) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LevelShare.ProtoReflect.Descriptor instead.
 func (*LevelShare) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{48}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *LevelShare) GetKey() string {
@@ -3318,7 +3626,7 @@ type ReleaseShareRequest struct {
 
 func (x *ReleaseShareRequest) Reset() {
 	*x = ReleaseShareRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[49]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3330,7 +3638,7 @@ func (x *ReleaseShareRequest) String() string {
 func (*ReleaseShareRequest) ProtoMessage() {}
 
 func (x *ReleaseShareRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[49]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3343,7 +3651,7 @@ func (x *ReleaseShareRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseShareRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseShareRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{49}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ReleaseShareRequest) GetHolderId() string {
@@ -3384,7 +3692,7 @@ type LevelTokens struct {
 
 func (x *LevelTokens) Reset() {
 	*x = LevelTokens{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[50]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3396,7 +3704,7 @@ func (x *LevelTokens) String() string {
 func (*LevelTokens) ProtoMessage() {}
 
 func (x *LevelTokens) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[50]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3409,7 +3717,7 @@ func (x *LevelTokens) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LevelTokens.ProtoReflect.Descriptor instead.
 func (*LevelTokens) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{50}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *LevelTokens) GetKey() string {
@@ -3436,7 +3744,7 @@ type ReleaseShareResponse struct {
 
 func (x *ReleaseShareResponse) Reset() {
 	*x = ReleaseShareResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[51]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3448,7 +3756,7 @@ func (x *ReleaseShareResponse) String() string {
 func (*ReleaseShareResponse) ProtoMessage() {}
 
 func (x *ReleaseShareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[51]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3461,7 +3769,7 @@ func (x *ReleaseShareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseShareResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseShareResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{51}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ReleaseShareResponse) GetReturned() uint64 {
@@ -3483,7 +3791,7 @@ type ShareStatusRequest struct {
 
 func (x *ShareStatusRequest) Reset() {
 	*x = ShareStatusRequest{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[52]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3495,7 +3803,7 @@ func (x *ShareStatusRequest) String() string {
 func (*ShareStatusRequest) ProtoMessage() {}
 
 func (x *ShareStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[52]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3508,7 +3816,7 @@ func (x *ShareStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShareStatusRequest.ProtoReflect.Descriptor instead.
 func (*ShareStatusRequest) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{52}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ShareStatusRequest) GetDomain() string {
@@ -3545,7 +3853,7 @@ type LendStatus struct {
 
 func (x *LendStatus) Reset() {
 	*x = LendStatus{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[53]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3557,7 +3865,7 @@ func (x *LendStatus) String() string {
 func (*LendStatus) ProtoMessage() {}
 
 func (x *LendStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[53]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3570,7 +3878,7 @@ func (x *LendStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LendStatus.ProtoReflect.Descriptor instead.
 func (*LendStatus) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{53}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *LendStatus) GetKey() string {
@@ -3664,7 +3972,7 @@ type HolderShare struct {
 
 func (x *HolderShare) Reset() {
 	*x = HolderShare{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[54]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3676,7 +3984,7 @@ func (x *HolderShare) String() string {
 func (*HolderShare) ProtoMessage() {}
 
 func (x *HolderShare) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[54]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3689,7 +3997,7 @@ func (x *HolderShare) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HolderShare.ProtoReflect.Descriptor instead.
 func (*HolderShare) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{54}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *HolderShare) GetKey() string {
@@ -3795,7 +4103,7 @@ type ShareStatusResponse struct {
 
 func (x *ShareStatusResponse) Reset() {
 	*x = ShareStatusResponse{}
-	mi := &file_quotad_v1_quotad_proto_msgTypes[55]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3807,7 +4115,7 @@ func (x *ShareStatusResponse) String() string {
 func (*ShareStatusResponse) ProtoMessage() {}
 
 func (x *ShareStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_v1_quotad_proto_msgTypes[55]
+	mi := &file_quotad_v1_quotad_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3820,7 +4128,7 @@ func (x *ShareStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShareStatusResponse.ProtoReflect.Descriptor instead.
 func (*ShareStatusResponse) Descriptor() ([]byte, []int) {
-	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{55}
+	return file_quotad_v1_quotad_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ShareStatusResponse) GetBuckets() []*LendStatus {
@@ -4054,7 +4362,29 @@ const file_quotad_v1_quotad_proto_rawDesc = "" +
 	"\x06tokens\x18\x01 \x03(\v2\x14.quotad.v1.TokenInfoR\x06tokens\"0\n" +
 	"\x12RevokeTokenRequest\x12\x1a\n" +
 	"\baccessor\x18\x01 \x01(\tR\baccessor\"\x15\n" +
-	"\x13RevokeTokenResponse\"^\n" +
+	"\x13RevokeTokenResponse\"v\n" +
+	"\x11RevokeCertRequest\x12\x16\n" +
+	"\x06sha256\x18\x01 \x01(\tR\x06sha256\x12\x16\n" +
+	"\x06serial\x18\x02 \x01(\tR\x06serial\x12\x19\n" +
+	"\bcert_pem\x18\x03 \x01(\fR\acertPem\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"\x82\x02\n" +
+	"\vRevokedCert\x12\x16\n" +
+	"\x06sha256\x18\x01 \x01(\tR\x06sha256\x12\x16\n" +
+	"\x06serial\x18\x02 \x01(\tR\x06serial\x12\x18\n" +
+	"\asubject\x18\x03 \x01(\tR\asubject\x12)\n" +
+	"\x11not_after_unix_ms\x18\x04 \x01(\x03R\x0enotAfterUnixMs\x12\x1d\n" +
+	"\n" +
+	"revoked_by\x18\x05 \x01(\tR\trevokedBy\x12&\n" +
+	"\x0frevoked_unix_ms\x18\x06 \x01(\x03R\rrevokedUnixMs\x12\x16\n" +
+	"\x06reason\x18\a \x01(\tR\x06reason\x12\x1f\n" +
+	"\vserial_info\x18\b \x01(\tR\n" +
+	"serialInfo\"i\n" +
+	"\x12RevokeCertResponse\x12*\n" +
+	"\x04cert\x18\x01 \x01(\v2\x16.quotad.v1.RevokedCertR\x04cert\x12'\n" +
+	"\x0falready_revoked\x18\x02 \x01(\bR\x0ealreadyRevoked\"\x19\n" +
+	"\x17ListRevokedCertsRequest\"H\n" +
+	"\x18ListRevokedCertsResponse\x12,\n" +
+	"\x05certs\x18\x01 \x03(\v2\x16.quotad.v1.RevokedCertR\x05certs\"^\n" +
 	"\x10LiftPauseRequest\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x122\n" +
 	"\vdescriptors\x18\x02 \x03(\v2\x10.quotad.v1.EntryR\vdescriptors\"A\n" +
@@ -4151,7 +4481,7 @@ const file_quotad_v1_quotad_proto_rawDesc = "" +
 	"\bFeedback\x12\x1a.quotad.v1.FeedbackRequest\x1a\x1b.quotad.v1.FeedbackResponse\x12:\n" +
 	"\x05Share\x12\x17.quotad.v1.ShareRequest\x1a\x18.quotad.v1.ShareResponse\x12O\n" +
 	"\fReleaseShare\x12\x1e.quotad.v1.ReleaseShareRequest\x1a\x1f.quotad.v1.ReleaseShareResponse\x12L\n" +
-	"\vShareStatus\x12\x1d.quotad.v1.ShareStatusRequest\x1a\x1e.quotad.v1.ShareStatusResponse2\xc2\x05\n" +
+	"\vShareStatus\x12\x1d.quotad.v1.ShareStatusRequest\x1a\x1e.quotad.v1.ShareStatusResponse2\xea\x06\n" +
 	"\x05Admin\x12L\n" +
 	"\vApplyLimits\x12\x1d.quotad.v1.ApplyLimitsRequest\x1a\x1e.quotad.v1.ApplyLimitsResponse\x12F\n" +
 	"\tGetLimits\x12\x1b.quotad.v1.GetLimitsRequest\x1a\x1c.quotad.v1.GetLimitsResponse\x12@\n" +
@@ -4161,7 +4491,10 @@ const file_quotad_v1_quotad_proto_rawDesc = "" +
 	"\vCreateToken\x12\x1d.quotad.v1.CreateTokenRequest\x1a\x1e.quotad.v1.CreateTokenResponse\x12I\n" +
 	"\n" +
 	"ListTokens\x12\x1c.quotad.v1.ListTokensRequest\x1a\x1d.quotad.v1.ListTokensResponse\x12L\n" +
-	"\vRevokeToken\x12\x1d.quotad.v1.RevokeTokenRequest\x1a\x1e.quotad.v1.RevokeTokenResponse\x12F\n" +
+	"\vRevokeToken\x12\x1d.quotad.v1.RevokeTokenRequest\x1a\x1e.quotad.v1.RevokeTokenResponse\x12I\n" +
+	"\n" +
+	"RevokeCert\x12\x1c.quotad.v1.RevokeCertRequest\x1a\x1d.quotad.v1.RevokeCertResponse\x12[\n" +
+	"\x10ListRevokedCerts\x12\".quotad.v1.ListRevokedCertsRequest\x1a#.quotad.v1.ListRevokedCertsResponse\x12F\n" +
 	"\tLiftPause\x12\x1b.quotad.v1.LiftPauseRequest\x1a\x1c.quotad.v1.LiftPauseResponse2c\n" +
 	"\x04Peer\x12[\n" +
 	"\x10ForwardRateLimit\x12\".quotad.v1.ForwardRateLimitRequest\x1a#.quotad.v1.ForwardRateLimitResponseB1Z/github.com/quotad/quotad/api/quotad/v1;quotadv1b\x06proto3"
@@ -4178,7 +4511,7 @@ func file_quotad_v1_quotad_proto_rawDescGZIP() []byte {
 	return file_quotad_v1_quotad_proto_rawDescData
 }
 
-var file_quotad_v1_quotad_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
+var file_quotad_v1_quotad_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
 var file_quotad_v1_quotad_proto_goTypes = []any{
 	(*ForwardedCall)(nil),              // 0: quotad.v1.ForwardedCall
 	(*ForwardRateLimitRequest)(nil),    // 1: quotad.v1.ForwardRateLimitRequest
@@ -4222,20 +4555,25 @@ var file_quotad_v1_quotad_proto_goTypes = []any{
 	(*ListTokensResponse)(nil),         // 39: quotad.v1.ListTokensResponse
 	(*RevokeTokenRequest)(nil),         // 40: quotad.v1.RevokeTokenRequest
 	(*RevokeTokenResponse)(nil),        // 41: quotad.v1.RevokeTokenResponse
-	(*LiftPauseRequest)(nil),           // 42: quotad.v1.LiftPauseRequest
-	(*LiftPauseResponse)(nil),          // 43: quotad.v1.LiftPauseResponse
-	(*ShareRequest)(nil),               // 44: quotad.v1.ShareRequest
-	(*SharePath)(nil),                  // 45: quotad.v1.SharePath
-	(*ShareResponse)(nil),              // 46: quotad.v1.ShareResponse
-	(*PathShare)(nil),                  // 47: quotad.v1.PathShare
-	(*LevelShare)(nil),                 // 48: quotad.v1.LevelShare
-	(*ReleaseShareRequest)(nil),        // 49: quotad.v1.ReleaseShareRequest
-	(*LevelTokens)(nil),                // 50: quotad.v1.LevelTokens
-	(*ReleaseShareResponse)(nil),       // 51: quotad.v1.ReleaseShareResponse
-	(*ShareStatusRequest)(nil),         // 52: quotad.v1.ShareStatusRequest
-	(*LendStatus)(nil),                 // 53: quotad.v1.LendStatus
-	(*HolderShare)(nil),                // 54: quotad.v1.HolderShare
-	(*ShareStatusResponse)(nil),        // 55: quotad.v1.ShareStatusResponse
+	(*RevokeCertRequest)(nil),          // 42: quotad.v1.RevokeCertRequest
+	(*RevokedCert)(nil),                // 43: quotad.v1.RevokedCert
+	(*RevokeCertResponse)(nil),         // 44: quotad.v1.RevokeCertResponse
+	(*ListRevokedCertsRequest)(nil),    // 45: quotad.v1.ListRevokedCertsRequest
+	(*ListRevokedCertsResponse)(nil),   // 46: quotad.v1.ListRevokedCertsResponse
+	(*LiftPauseRequest)(nil),           // 47: quotad.v1.LiftPauseRequest
+	(*LiftPauseResponse)(nil),          // 48: quotad.v1.LiftPauseResponse
+	(*ShareRequest)(nil),               // 49: quotad.v1.ShareRequest
+	(*SharePath)(nil),                  // 50: quotad.v1.SharePath
+	(*ShareResponse)(nil),              // 51: quotad.v1.ShareResponse
+	(*PathShare)(nil),                  // 52: quotad.v1.PathShare
+	(*LevelShare)(nil),                 // 53: quotad.v1.LevelShare
+	(*ReleaseShareRequest)(nil),        // 54: quotad.v1.ReleaseShareRequest
+	(*LevelTokens)(nil),                // 55: quotad.v1.LevelTokens
+	(*ReleaseShareResponse)(nil),       // 56: quotad.v1.ReleaseShareResponse
+	(*ShareStatusRequest)(nil),         // 57: quotad.v1.ShareStatusRequest
+	(*LendStatus)(nil),                 // 58: quotad.v1.LendStatus
+	(*HolderShare)(nil),                // 59: quotad.v1.HolderShare
+	(*ShareStatusResponse)(nil),        // 60: quotad.v1.ShareStatusResponse
 }
 var file_quotad_v1_quotad_proto_depIdxs = []int32{
 	0,  // 0: quotad.v1.ForwardRateLimitRequest.calls:type_name -> quotad.v1.ForwardedCall
@@ -4253,60 +4591,66 @@ var file_quotad_v1_quotad_proto_depIdxs = []int32{
 	28, // 12: quotad.v1.MembersResponse.members:type_name -> quotad.v1.Member
 	30, // 13: quotad.v1.MembersResponse.region_shares:type_name -> quotad.v1.RegionShare
 	38, // 14: quotad.v1.ListTokensResponse.tokens:type_name -> quotad.v1.TokenInfo
-	4,  // 15: quotad.v1.LiftPauseRequest.descriptors:type_name -> quotad.v1.Entry
-	45, // 16: quotad.v1.ShareRequest.paths:type_name -> quotad.v1.SharePath
-	4,  // 17: quotad.v1.SharePath.descriptors:type_name -> quotad.v1.Entry
-	47, // 18: quotad.v1.ShareResponse.paths:type_name -> quotad.v1.PathShare
-	48, // 19: quotad.v1.PathShare.levels:type_name -> quotad.v1.LevelShare
-	50, // 20: quotad.v1.ReleaseShareRequest.tokens:type_name -> quotad.v1.LevelTokens
-	4,  // 21: quotad.v1.ShareStatusRequest.descriptors:type_name -> quotad.v1.Entry
-	53, // 22: quotad.v1.ShareStatusResponse.buckets:type_name -> quotad.v1.LendStatus
-	54, // 23: quotad.v1.ShareStatusResponse.holders:type_name -> quotad.v1.HolderShare
-	6,  // 24: quotad.v1.Quota.Acquire:input_type -> quotad.v1.AcquireRequest
-	7,  // 25: quotad.v1.Quota.AcquireStream:input_type -> quotad.v1.AcquireStreamRequest
-	12, // 26: quotad.v1.Quota.Release:input_type -> quotad.v1.ReleaseRequest
-	14, // 27: quotad.v1.Quota.Renew:input_type -> quotad.v1.RenewRequest
-	16, // 28: quotad.v1.Quota.Refund:input_type -> quotad.v1.RefundRequest
-	18, // 29: quotad.v1.Quota.Status:input_type -> quotad.v1.StatusRequest
-	21, // 30: quotad.v1.Quota.Feedback:input_type -> quotad.v1.FeedbackRequest
-	44, // 31: quotad.v1.Quota.Share:input_type -> quotad.v1.ShareRequest
-	49, // 32: quotad.v1.Quota.ReleaseShare:input_type -> quotad.v1.ReleaseShareRequest
-	52, // 33: quotad.v1.Quota.ShareStatus:input_type -> quotad.v1.ShareStatusRequest
-	23, // 34: quotad.v1.Admin.ApplyLimits:input_type -> quotad.v1.ApplyLimitsRequest
-	25, // 35: quotad.v1.Admin.GetLimits:input_type -> quotad.v1.GetLimitsRequest
-	27, // 36: quotad.v1.Admin.Members:input_type -> quotad.v1.MembersRequest
-	31, // 37: quotad.v1.Admin.TransferLeadership:input_type -> quotad.v1.TransferLeadershipRequest
-	33, // 38: quotad.v1.Admin.RemoveServer:input_type -> quotad.v1.RemoveServerRequest
-	35, // 39: quotad.v1.Admin.CreateToken:input_type -> quotad.v1.CreateTokenRequest
-	37, // 40: quotad.v1.Admin.ListTokens:input_type -> quotad.v1.ListTokensRequest
-	40, // 41: quotad.v1.Admin.RevokeToken:input_type -> quotad.v1.RevokeTokenRequest
-	42, // 42: quotad.v1.Admin.LiftPause:input_type -> quotad.v1.LiftPauseRequest
-	1,  // 43: quotad.v1.Peer.ForwardRateLimit:input_type -> quotad.v1.ForwardRateLimitRequest
-	11, // 44: quotad.v1.Quota.Acquire:output_type -> quotad.v1.AcquireResponse
-	9,  // 45: quotad.v1.Quota.AcquireStream:output_type -> quotad.v1.AcquireStreamResponse
-	13, // 46: quotad.v1.Quota.Release:output_type -> quotad.v1.ReleaseResponse
-	15, // 47: quotad.v1.Quota.Renew:output_type -> quotad.v1.RenewResponse
-	17, // 48: quotad.v1.Quota.Refund:output_type -> quotad.v1.RefundResponse
-	20, // 49: quotad.v1.Quota.Status:output_type -> quotad.v1.StatusResponse
-	22, // 50: quotad.v1.Quota.Feedback:output_type -> quotad.v1.FeedbackResponse
-	46, // 51: quotad.v1.Quota.Share:output_type -> quotad.v1.ShareResponse
-	51, // 52: quotad.v1.Quota.ReleaseShare:output_type -> quotad.v1.ReleaseShareResponse
-	55, // 53: quotad.v1.Quota.ShareStatus:output_type -> quotad.v1.ShareStatusResponse
-	24, // 54: quotad.v1.Admin.ApplyLimits:output_type -> quotad.v1.ApplyLimitsResponse
-	26, // 55: quotad.v1.Admin.GetLimits:output_type -> quotad.v1.GetLimitsResponse
-	29, // 56: quotad.v1.Admin.Members:output_type -> quotad.v1.MembersResponse
-	32, // 57: quotad.v1.Admin.TransferLeadership:output_type -> quotad.v1.TransferLeadershipResponse
-	34, // 58: quotad.v1.Admin.RemoveServer:output_type -> quotad.v1.RemoveServerResponse
-	36, // 59: quotad.v1.Admin.CreateToken:output_type -> quotad.v1.CreateTokenResponse
-	39, // 60: quotad.v1.Admin.ListTokens:output_type -> quotad.v1.ListTokensResponse
-	41, // 61: quotad.v1.Admin.RevokeToken:output_type -> quotad.v1.RevokeTokenResponse
-	43, // 62: quotad.v1.Admin.LiftPause:output_type -> quotad.v1.LiftPauseResponse
-	3,  // 63: quotad.v1.Peer.ForwardRateLimit:output_type -> quotad.v1.ForwardRateLimitResponse
-	44, // [44:64] is the sub-list for method output_type
-	24, // [24:44] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	43, // 15: quotad.v1.RevokeCertResponse.cert:type_name -> quotad.v1.RevokedCert
+	43, // 16: quotad.v1.ListRevokedCertsResponse.certs:type_name -> quotad.v1.RevokedCert
+	4,  // 17: quotad.v1.LiftPauseRequest.descriptors:type_name -> quotad.v1.Entry
+	50, // 18: quotad.v1.ShareRequest.paths:type_name -> quotad.v1.SharePath
+	4,  // 19: quotad.v1.SharePath.descriptors:type_name -> quotad.v1.Entry
+	52, // 20: quotad.v1.ShareResponse.paths:type_name -> quotad.v1.PathShare
+	53, // 21: quotad.v1.PathShare.levels:type_name -> quotad.v1.LevelShare
+	55, // 22: quotad.v1.ReleaseShareRequest.tokens:type_name -> quotad.v1.LevelTokens
+	4,  // 23: quotad.v1.ShareStatusRequest.descriptors:type_name -> quotad.v1.Entry
+	58, // 24: quotad.v1.ShareStatusResponse.buckets:type_name -> quotad.v1.LendStatus
+	59, // 25: quotad.v1.ShareStatusResponse.holders:type_name -> quotad.v1.HolderShare
+	6,  // 26: quotad.v1.Quota.Acquire:input_type -> quotad.v1.AcquireRequest
+	7,  // 27: quotad.v1.Quota.AcquireStream:input_type -> quotad.v1.AcquireStreamRequest
+	12, // 28: quotad.v1.Quota.Release:input_type -> quotad.v1.ReleaseRequest
+	14, // 29: quotad.v1.Quota.Renew:input_type -> quotad.v1.RenewRequest
+	16, // 30: quotad.v1.Quota.Refund:input_type -> quotad.v1.RefundRequest
+	18, // 31: quotad.v1.Quota.Status:input_type -> quotad.v1.StatusRequest
+	21, // 32: quotad.v1.Quota.Feedback:input_type -> quotad.v1.FeedbackRequest
+	49, // 33: quotad.v1.Quota.Share:input_type -> quotad.v1.ShareRequest
+	54, // 34: quotad.v1.Quota.ReleaseShare:input_type -> quotad.v1.ReleaseShareRequest
+	57, // 35: quotad.v1.Quota.ShareStatus:input_type -> quotad.v1.ShareStatusRequest
+	23, // 36: quotad.v1.Admin.ApplyLimits:input_type -> quotad.v1.ApplyLimitsRequest
+	25, // 37: quotad.v1.Admin.GetLimits:input_type -> quotad.v1.GetLimitsRequest
+	27, // 38: quotad.v1.Admin.Members:input_type -> quotad.v1.MembersRequest
+	31, // 39: quotad.v1.Admin.TransferLeadership:input_type -> quotad.v1.TransferLeadershipRequest
+	33, // 40: quotad.v1.Admin.RemoveServer:input_type -> quotad.v1.RemoveServerRequest
+	35, // 41: quotad.v1.Admin.CreateToken:input_type -> quotad.v1.CreateTokenRequest
+	37, // 42: quotad.v1.Admin.ListTokens:input_type -> quotad.v1.ListTokensRequest
+	40, // 43: quotad.v1.Admin.RevokeToken:input_type -> quotad.v1.RevokeTokenRequest
+	42, // 44: quotad.v1.Admin.RevokeCert:input_type -> quotad.v1.RevokeCertRequest
+	45, // 45: quotad.v1.Admin.ListRevokedCerts:input_type -> quotad.v1.ListRevokedCertsRequest
+	47, // 46: quotad.v1.Admin.LiftPause:input_type -> quotad.v1.LiftPauseRequest
+	1,  // 47: quotad.v1.Peer.ForwardRateLimit:input_type -> quotad.v1.ForwardRateLimitRequest
+	11, // 48: quotad.v1.Quota.Acquire:output_type -> quotad.v1.AcquireResponse
+	9,  // 49: quotad.v1.Quota.AcquireStream:output_type -> quotad.v1.AcquireStreamResponse
+	13, // 50: quotad.v1.Quota.Release:output_type -> quotad.v1.ReleaseResponse
+	15, // 51: quotad.v1.Quota.Renew:output_type -> quotad.v1.RenewResponse
+	17, // 52: quotad.v1.Quota.Refund:output_type -> quotad.v1.RefundResponse
+	20, // 53: quotad.v1.Quota.Status:output_type -> quotad.v1.StatusResponse
+	22, // 54: quotad.v1.Quota.Feedback:output_type -> quotad.v1.FeedbackResponse
+	51, // 55: quotad.v1.Quota.Share:output_type -> quotad.v1.ShareResponse
+	56, // 56: quotad.v1.Quota.ReleaseShare:output_type -> quotad.v1.ReleaseShareResponse
+	60, // 57: quotad.v1.Quota.ShareStatus:output_type -> quotad.v1.ShareStatusResponse
+	24, // 58: quotad.v1.Admin.ApplyLimits:output_type -> quotad.v1.ApplyLimitsResponse
+	26, // 59: quotad.v1.Admin.GetLimits:output_type -> quotad.v1.GetLimitsResponse
+	29, // 60: quotad.v1.Admin.Members:output_type -> quotad.v1.MembersResponse
+	32, // 61: quotad.v1.Admin.TransferLeadership:output_type -> quotad.v1.TransferLeadershipResponse
+	34, // 62: quotad.v1.Admin.RemoveServer:output_type -> quotad.v1.RemoveServerResponse
+	36, // 63: quotad.v1.Admin.CreateToken:output_type -> quotad.v1.CreateTokenResponse
+	39, // 64: quotad.v1.Admin.ListTokens:output_type -> quotad.v1.ListTokensResponse
+	41, // 65: quotad.v1.Admin.RevokeToken:output_type -> quotad.v1.RevokeTokenResponse
+	44, // 66: quotad.v1.Admin.RevokeCert:output_type -> quotad.v1.RevokeCertResponse
+	46, // 67: quotad.v1.Admin.ListRevokedCerts:output_type -> quotad.v1.ListRevokedCertsResponse
+	48, // 68: quotad.v1.Admin.LiftPause:output_type -> quotad.v1.LiftPauseResponse
+	3,  // 69: quotad.v1.Peer.ForwardRateLimit:output_type -> quotad.v1.ForwardRateLimitResponse
+	48, // [48:70] is the sub-list for method output_type
+	26, // [26:48] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_quotad_v1_quotad_proto_init() }
@@ -4320,7 +4664,7 @@ func file_quotad_v1_quotad_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quotad_v1_quotad_proto_rawDesc), len(file_quotad_v1_quotad_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   56,
+			NumMessages:   61,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -543,6 +543,8 @@ const (
 	Admin_CreateToken_FullMethodName        = "/quotad.v1.Admin/CreateToken"
 	Admin_ListTokens_FullMethodName         = "/quotad.v1.Admin/ListTokens"
 	Admin_RevokeToken_FullMethodName        = "/quotad.v1.Admin/RevokeToken"
+	Admin_RevokeCert_FullMethodName         = "/quotad.v1.Admin/RevokeCert"
+	Admin_ListRevokedCerts_FullMethodName   = "/quotad.v1.Admin/ListRevokedCerts"
 	Admin_LiftPause_FullMethodName          = "/quotad.v1.Admin/LiftPause"
 )
 
@@ -566,6 +568,12 @@ type AdminClient interface {
 	ListTokens(ctx context.Context, in *ListTokensRequest, opts ...grpc.CallOption) (*ListTokensResponse, error)
 	// RevokeToken deletes a token by accessor; calls carrying it are refused from then on.
 	RevokeToken(ctx context.Context, in *RevokeTokenRequest, opts ...grpc.CallOption) (*RevokeTokenResponse, error)
+	// RevokeCert adds a client (or node) certificate to the cluster's deny-list: every node
+	// refuses its calls once it applied the revoke, on connections already open too. Needs fsm
+	// command version 8 on every node. Revoking one already revoked changes nothing.
+	RevokeCert(ctx context.Context, in *RevokeCertRequest, opts ...grpc.CallOption) (*RevokeCertResponse, error)
+	// ListRevokedCerts lists the deny-list, linearizably.
+	ListRevokedCerts(ctx context.Context, in *ListRevokedCertsRequest, opts ...grpc.CallOption) (*ListRevokedCertsResponse, error)
 	// LiftPause ends a pause set by provider feedback on exactly the scope named.
 	LiftPause(ctx context.Context, in *LiftPauseRequest, opts ...grpc.CallOption) (*LiftPauseResponse, error)
 }
@@ -658,6 +666,26 @@ func (c *adminClient) RevokeToken(ctx context.Context, in *RevokeTokenRequest, o
 	return out, nil
 }
 
+func (c *adminClient) RevokeCert(ctx context.Context, in *RevokeCertRequest, opts ...grpc.CallOption) (*RevokeCertResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RevokeCertResponse)
+	err := c.cc.Invoke(ctx, Admin_RevokeCert_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) ListRevokedCerts(ctx context.Context, in *ListRevokedCertsRequest, opts ...grpc.CallOption) (*ListRevokedCertsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListRevokedCertsResponse)
+	err := c.cc.Invoke(ctx, Admin_ListRevokedCerts_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *adminClient) LiftPause(ctx context.Context, in *LiftPauseRequest, opts ...grpc.CallOption) (*LiftPauseResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(LiftPauseResponse)
@@ -688,6 +716,12 @@ type AdminServer interface {
 	ListTokens(context.Context, *ListTokensRequest) (*ListTokensResponse, error)
 	// RevokeToken deletes a token by accessor; calls carrying it are refused from then on.
 	RevokeToken(context.Context, *RevokeTokenRequest) (*RevokeTokenResponse, error)
+	// RevokeCert adds a client (or node) certificate to the cluster's deny-list: every node
+	// refuses its calls once it applied the revoke, on connections already open too. Needs fsm
+	// command version 8 on every node. Revoking one already revoked changes nothing.
+	RevokeCert(context.Context, *RevokeCertRequest) (*RevokeCertResponse, error)
+	// ListRevokedCerts lists the deny-list, linearizably.
+	ListRevokedCerts(context.Context, *ListRevokedCertsRequest) (*ListRevokedCertsResponse, error)
 	// LiftPause ends a pause set by provider feedback on exactly the scope named.
 	LiftPause(context.Context, *LiftPauseRequest) (*LiftPauseResponse, error)
 	mustEmbedUnimplementedAdminServer()
@@ -723,6 +757,12 @@ func (UnimplementedAdminServer) ListTokens(context.Context, *ListTokensRequest) 
 }
 func (UnimplementedAdminServer) RevokeToken(context.Context, *RevokeTokenRequest) (*RevokeTokenResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method RevokeToken not implemented")
+}
+func (UnimplementedAdminServer) RevokeCert(context.Context, *RevokeCertRequest) (*RevokeCertResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method RevokeCert not implemented")
+}
+func (UnimplementedAdminServer) ListRevokedCerts(context.Context, *ListRevokedCertsRequest) (*ListRevokedCertsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListRevokedCerts not implemented")
 }
 func (UnimplementedAdminServer) LiftPause(context.Context, *LiftPauseRequest) (*LiftPauseResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method LiftPause not implemented")
@@ -892,6 +932,42 @@ func _Admin_RevokeToken_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_RevokeCert_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RevokeCertRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).RevokeCert(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_RevokeCert_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).RevokeCert(ctx, req.(*RevokeCertRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_ListRevokedCerts_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListRevokedCertsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ListRevokedCerts(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ListRevokedCerts_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ListRevokedCerts(ctx, req.(*ListRevokedCertsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Admin_LiftPause_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(LiftPauseRequest)
 	if err := dec(in); err != nil {
@@ -948,6 +1024,14 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RevokeToken",
 			Handler:    _Admin_RevokeToken_Handler,
+		},
+		{
+			MethodName: "RevokeCert",
+			Handler:    _Admin_RevokeCert_Handler,
+		},
+		{
+			MethodName: "ListRevokedCerts",
+			Handler:    _Admin_ListRevokedCerts_Handler,
 		},
 		{
 			MethodName: "LiftPause",

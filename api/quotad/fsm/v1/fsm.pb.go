@@ -104,6 +104,7 @@ type Op struct {
 	//	*Op_RateLimit
 	//	*Op_Share
 	//	*Op_ReleaseShare
+	//	*Op_RevokeCert
 	Op            isOp_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -263,6 +264,15 @@ func (x *Op) GetReleaseShare() *ReleaseShare {
 	return nil
 }
 
+func (x *Op) GetRevokeCert() *RevokeCert {
+	if x != nil {
+		if x, ok := x.Op.(*Op_RevokeCert); ok {
+			return x.RevokeCert
+		}
+	}
+	return nil
+}
+
 type isOp_Op interface {
 	isOp_Op()
 }
@@ -320,6 +330,11 @@ type Op_ReleaseShare struct {
 	ReleaseShare *ReleaseShare `protobuf:"bytes,12,opt,name=release_share,json=releaseShare,proto3,oneof"`
 }
 
+type Op_RevokeCert struct {
+	// Command version 8.
+	RevokeCert *RevokeCert `protobuf:"bytes,13,opt,name=revoke_cert,json=revokeCert,proto3,oneof"`
+}
+
 func (*Op_Acquire) isOp_Op() {}
 
 func (*Op_Release) isOp_Op() {}
@@ -345,6 +360,8 @@ func (*Op_RateLimit) isOp_Op() {}
 func (*Op_Share) isOp_Op() {}
 
 func (*Op_ReleaseShare) isOp_Op() {}
+
+func (*Op_RevokeCert) isOp_Op() {}
 
 // owner, in Acquire, Release, Renew and Refund, is the authenticated caller's identity name,
 // set by the leader (never taken from a client). Leases belong to their owner and request IDs
@@ -913,6 +930,114 @@ func (x *RevokeToken) GetAccessor() string {
 	return ""
 }
 
+// RevokeCert adds a certificate to the cluster's deny-list (command version 8; an older entry
+// carrying it is refused): calls presenting it are refused once the entry is applied. Exactly
+// one of sha256 (the SHA-256 of the certificate's DER, 32 bytes) and serial (its serial number,
+// lower-case hex without leading zeros) names it; the other fields describe it for listings.
+type RevokeCert struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Sha256 []byte                 `protobuf:"bytes,1,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	Serial string                 `protobuf:"bytes,2,opt,name=serial,proto3" json:"serial,omitempty"`
+	// subject is the certificate's common name, when the revoke named it by its file.
+	Subject        string `protobuf:"bytes,3,opt,name=subject,proto3" json:"subject,omitempty"`
+	NotAfterUnixMs int64  `protobuf:"varint,4,opt,name=not_after_unix_ms,json=notAfterUnixMs,proto3" json:"not_after_unix_ms,omitempty"`
+	// revoked_by is the admin's identity name; revoked_unix_ms the leader's wall clock.
+	RevokedBy     string `protobuf:"bytes,5,opt,name=revoked_by,json=revokedBy,proto3" json:"revoked_by,omitempty"`
+	RevokedUnixMs int64  `protobuf:"varint,6,opt,name=revoked_unix_ms,json=revokedUnixMs,proto3" json:"revoked_unix_ms,omitempty"`
+	Reason        string `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
+	// serial_info is the serial of a certificate revoked by its file (sha256 set): shown, not
+	// matched.
+	SerialInfo    string `protobuf:"bytes,8,opt,name=serial_info,json=serialInfo,proto3" json:"serial_info,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeCert) Reset() {
+	*x = RevokeCert{}
+	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeCert) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeCert) ProtoMessage() {}
+
+func (x *RevokeCert) ProtoReflect() protoreflect.Message {
+	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeCert.ProtoReflect.Descriptor instead.
+func (*RevokeCert) Descriptor() ([]byte, []int) {
+	return file_quotad_fsm_v1_fsm_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *RevokeCert) GetSha256() []byte {
+	if x != nil {
+		return x.Sha256
+	}
+	return nil
+}
+
+func (x *RevokeCert) GetSerial() string {
+	if x != nil {
+		return x.Serial
+	}
+	return ""
+}
+
+func (x *RevokeCert) GetSubject() string {
+	if x != nil {
+		return x.Subject
+	}
+	return ""
+}
+
+func (x *RevokeCert) GetNotAfterUnixMs() int64 {
+	if x != nil {
+		return x.NotAfterUnixMs
+	}
+	return 0
+}
+
+func (x *RevokeCert) GetRevokedBy() string {
+	if x != nil {
+		return x.RevokedBy
+	}
+	return ""
+}
+
+func (x *RevokeCert) GetRevokedUnixMs() int64 {
+	if x != nil {
+		return x.RevokedUnixMs
+	}
+	return 0
+}
+
+func (x *RevokeCert) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *RevokeCert) GetSerialInfo() string {
+	if x != nil {
+		return x.SerialInfo
+	}
+	return ""
+}
+
 // LiftPause ends a pause on exactly the scope named (quota.Engine.Resume).
 type LiftPause struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -924,7 +1049,7 @@ type LiftPause struct {
 
 func (x *LiftPause) Reset() {
 	*x = LiftPause{}
-	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[11]
+	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -936,7 +1061,7 @@ func (x *LiftPause) String() string {
 func (*LiftPause) ProtoMessage() {}
 
 func (x *LiftPause) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[11]
+	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -949,7 +1074,7 @@ func (x *LiftPause) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LiftPause.ProtoReflect.Descriptor instead.
 func (*LiftPause) Descriptor() ([]byte, []int) {
-	return file_quotad_fsm_v1_fsm_proto_rawDescGZIP(), []int{11}
+	return file_quotad_fsm_v1_fsm_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *LiftPause) GetDomain() string {
@@ -980,7 +1105,7 @@ type RateLimit struct {
 
 func (x *RateLimit) Reset() {
 	*x = RateLimit{}
-	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[12]
+	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -992,7 +1117,7 @@ func (x *RateLimit) String() string {
 func (*RateLimit) ProtoMessage() {}
 
 func (x *RateLimit) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[12]
+	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1005,7 +1130,7 @@ func (x *RateLimit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RateLimit.ProtoReflect.Descriptor instead.
 func (*RateLimit) Descriptor() ([]byte, []int) {
-	return file_quotad_fsm_v1_fsm_proto_rawDescGZIP(), []int{12}
+	return file_quotad_fsm_v1_fsm_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RateLimit) GetDomain() string {
@@ -1046,7 +1171,7 @@ type RateLimitDescriptor struct {
 
 func (x *RateLimitDescriptor) Reset() {
 	*x = RateLimitDescriptor{}
-	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[13]
+	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1058,7 +1183,7 @@ func (x *RateLimitDescriptor) String() string {
 func (*RateLimitDescriptor) ProtoMessage() {}
 
 func (x *RateLimitDescriptor) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[13]
+	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1071,7 +1196,7 @@ func (x *RateLimitDescriptor) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RateLimitDescriptor.ProtoReflect.Descriptor instead.
 func (*RateLimitDescriptor) Descriptor() ([]byte, []int) {
-	return file_quotad_fsm_v1_fsm_proto_rawDescGZIP(), []int{13}
+	return file_quotad_fsm_v1_fsm_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RateLimitDescriptor) GetEntries() []*v1.Entry {
@@ -1128,7 +1253,7 @@ type Share struct {
 
 func (x *Share) Reset() {
 	*x = Share{}
-	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[14]
+	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1140,7 +1265,7 @@ func (x *Share) String() string {
 func (*Share) ProtoMessage() {}
 
 func (x *Share) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[14]
+	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1153,7 +1278,7 @@ func (x *Share) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Share.ProtoReflect.Descriptor instead.
 func (*Share) Descriptor() ([]byte, []int) {
-	return file_quotad_fsm_v1_fsm_proto_rawDescGZIP(), []int{14}
+	return file_quotad_fsm_v1_fsm_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Share) GetOwner() string {
@@ -1181,7 +1306,7 @@ type ReleaseShare struct {
 
 func (x *ReleaseShare) Reset() {
 	*x = ReleaseShare{}
-	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[15]
+	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1193,7 +1318,7 @@ func (x *ReleaseShare) String() string {
 func (*ReleaseShare) ProtoMessage() {}
 
 func (x *ReleaseShare) ProtoReflect() protoreflect.Message {
-	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[15]
+	mi := &file_quotad_fsm_v1_fsm_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1206,7 +1331,7 @@ func (x *ReleaseShare) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseShare.ProtoReflect.Descriptor instead.
 func (*ReleaseShare) Descriptor() ([]byte, []int) {
-	return file_quotad_fsm_v1_fsm_proto_rawDescGZIP(), []int{15}
+	return file_quotad_fsm_v1_fsm_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReleaseShare) GetOwner() string {
@@ -1231,7 +1356,7 @@ const file_quotad_fsm_v1_fsm_proto_rawDesc = "" +
 	"\aCommand\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x0e\n" +
 	"\x02ts\x18\x02 \x01(\x03R\x02ts\x12#\n" +
-	"\x03ops\x18\x03 \x03(\v2\x11.quotad.fsm.v1.OpR\x03ops\"\xdb\x05\n" +
+	"\x03ops\x18\x03 \x03(\v2\x11.quotad.fsm.v1.OpR\x03ops\"\x99\x06\n" +
 	"\x02Op\x122\n" +
 	"\aacquire\x18\x01 \x01(\v2\x16.quotad.fsm.v1.AcquireH\x00R\aacquire\x122\n" +
 	"\arelease\x18\x02 \x01(\v2\x16.quotad.fsm.v1.ReleaseH\x00R\arelease\x12,\n" +
@@ -1249,7 +1374,9 @@ const file_quotad_fsm_v1_fsm_proto_rawDesc = "" +
 	"\n" +
 	"rate_limit\x18\x14 \x01(\v2\x18.quotad.fsm.v1.RateLimitH\x00R\trateLimit\x12,\n" +
 	"\x05share\x18\v \x01(\v2\x14.quotad.fsm.v1.ShareH\x00R\x05share\x12B\n" +
-	"\rrelease_share\x18\f \x01(\v2\x1b.quotad.fsm.v1.ReleaseShareH\x00R\freleaseShareB\x04\n" +
+	"\rrelease_share\x18\f \x01(\v2\x1b.quotad.fsm.v1.ReleaseShareH\x00R\freleaseShare\x12<\n" +
+	"\vrevoke_cert\x18\r \x01(\v2\x19.quotad.fsm.v1.RevokeCertH\x00R\n" +
+	"revokeCertB\x04\n" +
 	"\x02op\"p\n" +
 	"\aAcquire\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x122\n" +
@@ -1291,7 +1418,19 @@ const file_quotad_fsm_v1_fsm_proto_rawDesc = "" +
 	"\vdescription\x18\x06 \x01(\tR\vdescription\x12&\n" +
 	"\x0fcreated_unix_ms\x18\a \x01(\x03R\rcreatedUnixMs\")\n" +
 	"\vRevokeToken\x12\x1a\n" +
-	"\baccessor\x18\x01 \x01(\tR\baccessor\"M\n" +
+	"\baccessor\x18\x01 \x01(\tR\baccessor\"\x81\x02\n" +
+	"\n" +
+	"RevokeCert\x12\x16\n" +
+	"\x06sha256\x18\x01 \x01(\fR\x06sha256\x12\x16\n" +
+	"\x06serial\x18\x02 \x01(\tR\x06serial\x12\x18\n" +
+	"\asubject\x18\x03 \x01(\tR\asubject\x12)\n" +
+	"\x11not_after_unix_ms\x18\x04 \x01(\x03R\x0enotAfterUnixMs\x12\x1d\n" +
+	"\n" +
+	"revoked_by\x18\x05 \x01(\tR\trevokedBy\x12&\n" +
+	"\x0frevoked_unix_ms\x18\x06 \x01(\x03R\rrevokedUnixMs\x12\x16\n" +
+	"\x06reason\x18\a \x01(\tR\x06reason\x12\x1f\n" +
+	"\vserial_info\x18\b \x01(\tR\n" +
+	"serialInfo\"M\n" +
 	"\tLiftPause\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12(\n" +
 	"\x06prefix\x18\x02 \x03(\v2\x10.quotad.v1.EntryR\x06prefix\"}\n" +
@@ -1325,7 +1464,7 @@ func file_quotad_fsm_v1_fsm_proto_rawDescGZIP() []byte {
 	return file_quotad_fsm_v1_fsm_proto_rawDescData
 }
 
-var file_quotad_fsm_v1_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_quotad_fsm_v1_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_quotad_fsm_v1_fsm_proto_goTypes = []any{
 	(*Command)(nil),                // 0: quotad.fsm.v1.Command
 	(*Op)(nil),                     // 1: quotad.fsm.v1.Op
@@ -1338,15 +1477,16 @@ var file_quotad_fsm_v1_fsm_proto_goTypes = []any{
 	(*Feedback)(nil),               // 8: quotad.fsm.v1.Feedback
 	(*CreateToken)(nil),            // 9: quotad.fsm.v1.CreateToken
 	(*RevokeToken)(nil),            // 10: quotad.fsm.v1.RevokeToken
-	(*LiftPause)(nil),              // 11: quotad.fsm.v1.LiftPause
-	(*RateLimit)(nil),              // 12: quotad.fsm.v1.RateLimit
-	(*RateLimitDescriptor)(nil),    // 13: quotad.fsm.v1.RateLimitDescriptor
-	(*Share)(nil),                  // 14: quotad.fsm.v1.Share
-	(*ReleaseShare)(nil),           // 15: quotad.fsm.v1.ReleaseShare
-	(*v1.Admission)(nil),           // 16: quotad.v1.Admission
-	(*v1.Entry)(nil),               // 17: quotad.v1.Entry
-	(*v1.ShareRequest)(nil),        // 18: quotad.v1.ShareRequest
-	(*v1.ReleaseShareRequest)(nil), // 19: quotad.v1.ReleaseShareRequest
+	(*RevokeCert)(nil),             // 11: quotad.fsm.v1.RevokeCert
+	(*LiftPause)(nil),              // 12: quotad.fsm.v1.LiftPause
+	(*RateLimit)(nil),              // 13: quotad.fsm.v1.RateLimit
+	(*RateLimitDescriptor)(nil),    // 14: quotad.fsm.v1.RateLimitDescriptor
+	(*Share)(nil),                  // 15: quotad.fsm.v1.Share
+	(*ReleaseShare)(nil),           // 16: quotad.fsm.v1.ReleaseShare
+	(*v1.Admission)(nil),           // 17: quotad.v1.Admission
+	(*v1.Entry)(nil),               // 18: quotad.v1.Entry
+	(*v1.ShareRequest)(nil),        // 19: quotad.v1.ShareRequest
+	(*v1.ReleaseShareRequest)(nil), // 20: quotad.v1.ReleaseShareRequest
 }
 var file_quotad_fsm_v1_fsm_proto_depIdxs = []int32{
 	1,  // 0: quotad.fsm.v1.Command.ops:type_name -> quotad.fsm.v1.Op
@@ -1359,23 +1499,24 @@ var file_quotad_fsm_v1_fsm_proto_depIdxs = []int32{
 	8,  // 7: quotad.fsm.v1.Op.feedback:type_name -> quotad.fsm.v1.Feedback
 	9,  // 8: quotad.fsm.v1.Op.create_token:type_name -> quotad.fsm.v1.CreateToken
 	10, // 9: quotad.fsm.v1.Op.revoke_token:type_name -> quotad.fsm.v1.RevokeToken
-	11, // 10: quotad.fsm.v1.Op.lift_pause:type_name -> quotad.fsm.v1.LiftPause
-	12, // 11: quotad.fsm.v1.Op.rate_limit:type_name -> quotad.fsm.v1.RateLimit
-	14, // 12: quotad.fsm.v1.Op.share:type_name -> quotad.fsm.v1.Share
-	15, // 13: quotad.fsm.v1.Op.release_share:type_name -> quotad.fsm.v1.ReleaseShare
-	16, // 14: quotad.fsm.v1.Acquire.admission:type_name -> quotad.v1.Admission
-	17, // 15: quotad.fsm.v1.Pause.prefix:type_name -> quotad.v1.Entry
-	17, // 16: quotad.fsm.v1.Feedback.prefix:type_name -> quotad.v1.Entry
-	17, // 17: quotad.fsm.v1.LiftPause.prefix:type_name -> quotad.v1.Entry
-	13, // 18: quotad.fsm.v1.RateLimit.descriptors:type_name -> quotad.fsm.v1.RateLimitDescriptor
-	17, // 19: quotad.fsm.v1.RateLimitDescriptor.entries:type_name -> quotad.v1.Entry
-	18, // 20: quotad.fsm.v1.Share.request:type_name -> quotad.v1.ShareRequest
-	19, // 21: quotad.fsm.v1.ReleaseShare.request:type_name -> quotad.v1.ReleaseShareRequest
-	22, // [22:22] is the sub-list for method output_type
-	22, // [22:22] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	12, // 10: quotad.fsm.v1.Op.lift_pause:type_name -> quotad.fsm.v1.LiftPause
+	13, // 11: quotad.fsm.v1.Op.rate_limit:type_name -> quotad.fsm.v1.RateLimit
+	15, // 12: quotad.fsm.v1.Op.share:type_name -> quotad.fsm.v1.Share
+	16, // 13: quotad.fsm.v1.Op.release_share:type_name -> quotad.fsm.v1.ReleaseShare
+	11, // 14: quotad.fsm.v1.Op.revoke_cert:type_name -> quotad.fsm.v1.RevokeCert
+	17, // 15: quotad.fsm.v1.Acquire.admission:type_name -> quotad.v1.Admission
+	18, // 16: quotad.fsm.v1.Pause.prefix:type_name -> quotad.v1.Entry
+	18, // 17: quotad.fsm.v1.Feedback.prefix:type_name -> quotad.v1.Entry
+	18, // 18: quotad.fsm.v1.LiftPause.prefix:type_name -> quotad.v1.Entry
+	14, // 19: quotad.fsm.v1.RateLimit.descriptors:type_name -> quotad.fsm.v1.RateLimitDescriptor
+	18, // 20: quotad.fsm.v1.RateLimitDescriptor.entries:type_name -> quotad.v1.Entry
+	19, // 21: quotad.fsm.v1.Share.request:type_name -> quotad.v1.ShareRequest
+	20, // 22: quotad.fsm.v1.ReleaseShare.request:type_name -> quotad.v1.ReleaseShareRequest
+	23, // [23:23] is the sub-list for method output_type
+	23, // [23:23] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_quotad_fsm_v1_fsm_proto_init() }
@@ -1397,6 +1538,7 @@ func file_quotad_fsm_v1_fsm_proto_init() {
 		(*Op_RateLimit)(nil),
 		(*Op_Share)(nil),
 		(*Op_ReleaseShare)(nil),
+		(*Op_RevokeCert)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1404,7 +1546,7 @@ func file_quotad_fsm_v1_fsm_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quotad_fsm_v1_fsm_proto_rawDesc), len(file_quotad_fsm_v1_fsm_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
