@@ -161,15 +161,17 @@ func (l *Limiter) AllowN(n uint64) bool {
 			return l.central(n, st)
 		}
 		slow, fast := l.h.clock.now()
+		if slow < st.pausedUntil {
+			// A provider pause the cluster reported binds the fallback too: the cluster being
+			// unreachable does not make the provider's Retry-After shorter.
+			return false
+		}
 		if fast >= st.endFast {
 			if st.fallback == nil {
 				return false
 			}
 			ok, _ := st.fallback.take(n, slow)
 			return ok
-		}
-		if slow < st.pausedUntil {
-			return false
 		}
 		ok, reload := st.takeAll(n, slow)
 		if !reload {
@@ -223,12 +225,12 @@ func (l *Limiter) WaitN(ctx context.Context, n uint64) error {
 		default:
 			slow, fast := l.h.clock.now()
 			switch {
+			case slow < st.pausedUntil:
+				wait = time.Duration(st.pausedUntil - slow)
 			case fast >= st.endFast && st.fallback == nil:
 				wait = time.Second // until a renewal lands (changed wakes us)
 			case fast >= st.endFast:
 				wait = time.Duration(st.fallback.wait(n, slow))
-			case slow < st.pausedUntil:
-				wait = time.Duration(st.pausedUntil - slow)
 			default:
 				for _, g := range st.levels {
 					wait = max(wait, time.Duration(g.wait(n, slow)))
@@ -412,6 +414,7 @@ func (c *Client) shareHolder() (*shareHolder, error) {
 			paths: map[string]*sharePath{}, levels: map[string]*gcra{},
 			wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 		c.shares = h
+		c.sharesLive.Store(h)
 		go h.run()
 	})
 	if c.shares == nil {
