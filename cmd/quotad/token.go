@@ -30,6 +30,9 @@ func tokenCmd() *cobra.Command {
   quotad token create --role worker --domain provider --tenant acme
   quotad token create --role reader`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkTenantFlag(cmd, tenant, "no token was created"); err != nil {
+				return err
+			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), 15*time.Second)
 			defer cancel()
 			return callOnce(ctx, addr, "check `quotad token list` (and revoke a token nobody holds) before creating it again", func(ctx context.Context, conn *grpc.ClientConn) error {
@@ -113,6 +116,16 @@ func tokenCmd() *cobra.Command {
 	}
 	cmd.AddCommand(create, list, revoke)
 	return cmd
+}
+
+// checkTenantFlag refuses a --tenant given but empty: an empty tenant means "every tenant",
+// so `--tenant "$TENANT"` with TENANT unset made a worker of every tenant — the widest scope
+// from a flag meant to narrow it (trial).
+func checkTenantFlag(cmd *cobra.Command, tenant, nothing string) error {
+	if cmd.Flags().Changed("tenant") && strings.TrimSpace(tenant) == "" {
+		return fmt.Errorf("--tenant %q is empty; name the one tenant the worker acts for, or leave --tenant out for a worker of every tenant (%s)", tenant, nothing)
+	}
+	return nil
 }
 
 func created(t *quotadv1.TokenInfo) string {

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -51,5 +53,48 @@ func TestTokenCreateNotRetriedOnLostAnswer(t *testing.T) {
 	list, err := quotadv1.NewAdminClient(cc).ListTokens(context.Background(), &quotadv1.ListTokensRequest{})
 	if err != nil || len(list.Tokens) != 1 {
 		t.Fatalf("tokens after one lost create: %v %v, want exactly 1", list, err)
+	}
+}
+
+// TestEmptyTenantFlagRefused: `--tenant ""` (a script's `--tenant "$TENANT"` with TENANT unset)
+// is refused, naming the flag, and creates nothing — an empty tenant means "every tenant", so
+// it made a worker token (or certificate) of every tenant (trial).
+func TestEmptyTenantFlagRefused(t *testing.T) {
+	c := rpctest.Start(t, 1, "domain: provider\nrate_limit: {unit: second, requests_per_unit: 10}\n")
+	for _, tenant := range []string{"", " "} {
+		cmd := tokenCmd()
+		cmd.SetArgs([]string{"create", "--role", "worker", "--domain", "provider", "--tenant", tenant, "--addr", c.Addrs()[0]})
+		cmd.SilenceUsage, cmd.SilenceErrors = true, true
+		err := cmd.Execute()
+		if err == nil || !strings.Contains(err.Error(), "--tenant") || !strings.Contains(err.Error(), "no token was created") {
+			t.Fatalf("token create --tenant %q: %v, want a refusal naming --tenant", tenant, err)
+		}
+	}
+	cc, err := grpc.NewClient(c.Addrs()[0], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	list, err := quotadv1.NewAdminClient(cc).ListTokens(context.Background(), &quotadv1.ListTokensRequest{})
+	if err != nil || len(list.Tokens) != 0 {
+		t.Fatalf("tokens after refused creates: %v %v, want none", list, err)
+	}
+
+	dir := t.TempDir()
+	run := func(args ...string) error {
+		cmd := tlsCmd()
+		cmd.SetArgs(args)
+		cmd.SilenceUsage, cmd.SilenceErrors = true, true
+		return cmd.Execute()
+	}
+	if err := run("ca", "create", "--dir", dir); err != nil {
+		t.Fatal(err)
+	}
+	err = run("cert", "create", "--client", "--name", "w", "--role", "worker", "--domain", "provider", "--tenant", "", "--dir", dir)
+	if err == nil || !strings.Contains(err.Error(), "--tenant") {
+		t.Fatalf("tls cert create --tenant \"\": %v, want a refusal naming --tenant", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "w.pem")); !os.IsNotExist(err) {
+		t.Fatalf("a certificate was written for a refused --tenant: %v", err)
 	}
 }
