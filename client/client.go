@@ -430,6 +430,9 @@ func (c *Client) Status(ctx context.Context, domain string, descriptors ...Entry
 			MaxInFlight: b.GetMaxInFlight(),
 			PausedFor:   millis(b.GetPausedForMs()),
 			Window:      millis(b.GetWindowMs()),
+			LentLimit:   b.GetLentLimit(),
+			LentBurst:   b.GetLentBurst(),
+			Ceiling:     b.GetCeiling(),
 		})
 	}
 	return s, nil
