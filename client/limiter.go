@@ -98,7 +98,8 @@ type ShareInfo struct {
 	// FallbackRate (units per second) is this holder's slice of the level's
 	// shares.fallback_rate, used once the grant has ended unrenewed; 0: it fails closed then.
 	FallbackRate float64
-	// Message explains a central or invalid status.
+	// Message explains a central, too_small or invalid status (and, once a grant has ended,
+	// what the Limiter does meanwhile).
 	Message string
 }
 
@@ -730,6 +731,12 @@ func (h *shareHolder) apply(resp *shareResponse, paths []*sharePath, sentFast in
 			// Starved only if the path would be lent with room: r·term ≥ 20 × its cost.
 			cost := float64(max(p.maxCost.Load(), 1))
 			starved = starved || p.observed && p.ewma*1.25*resp.term.Seconds() >= 20*cost
+			if st.info.Message == "" {
+				// The cluster sends no message for it: a user watching Share saw only
+				// "too_small" while every Allow became an RPC.
+				st.info.Message = fmt.Sprintf("not lent: this holder's fair share of the path (from its demand, the other holders' and the central callers') is under the lend threshold — 20 × its largest cost (%.0f) per %v term, and a bucket of 2 × it — or nothing is left to lend now; decided centrally (each Allow is a call to the cluster) until it grows",
+					cost, resp.term)
+			}
 		}
 		if _, ok := h.paths[p.key]; ok || p.refs > 0 {
 			p.setState(st)

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -91,5 +92,24 @@ func TestLimiterFallbackHonoursAKnownPause(t *testing.T) {
 	defer wcancel()
 	if err := lim.Wait(wctx); err == nil {
 		t.Fatal("Wait's fallback admitted through a provider pause")
+	}
+}
+
+// TestLimiterTooSmallSaysWhy: a path whose share is under the lend threshold reports
+// too_small with a message naming the threshold (it had none: a user saw only "too_small"
+// while every Allow became a call to the cluster).
+func TestLimiterTooSmallSaysWhy(t *testing.T) {
+	tc := startShareCluster(t)
+	c := newTestClient(t, tc.Addrs(), nil)
+	// 900/s lendable × a 3 s term = 2700 < 20 × 200: too small to lend.
+	lim := c.Limiter(Request{Domain: "shared"}, LimiterOptions{MaxCost: 200})
+	defer lim.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for lim.Share().Status == "pending" && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	s := lim.Share()
+	if s.Status != "too_small" || !strings.Contains(s.Message, "20 × its largest cost (200)") {
+		t.Fatalf("share of a path too small to lend: %+v, want too_small with a message naming the threshold", s)
 	}
 }
