@@ -74,3 +74,31 @@ func TestBucketStatusSaysWhatIsLent(t *testing.T) {
 		t.Fatalf("bucket status of a day bucket one unit short: want full in about 24h as a duration:\n%s", out)
 	}
 }
+
+// TestFeedbackNamesThePausedBucket: `quotad feedback` names the bucket it paused, not only
+// its level — a typo in a value (endpoint=chrages) matches the wildcard endpoint level and
+// pauses a bucket nobody spends from, and "paused scope endpoint for 3000ms" read as the
+// endpoint meant being paused (user trial, session 12).
+func TestFeedbackNamesThePausedBucket(t *testing.T) {
+	c := rpctest.Start(t, 1, `
+domain: provider
+strict_keys: true
+descriptors:
+  - key: endpoint
+    value: charges
+    rate_limit: {unit: second, requests_per_unit: 10}
+  - key: endpoint
+    rate_limit: {unit: second, requests_per_unit: 50}
+`)
+	cmd := feedbackCmd()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetArgs([]string{"--addr", c.Addrs()[0], "--domain", "provider", "--descriptor", "endpoint=chrages", "--status", "429", "--retry-after", "3s"})
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	if err := cmd.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	if got := out.String(); !strings.Contains(got, "paused provider/endpoint=chrages (scope endpoint) for 3000ms") {
+		t.Fatalf("feedback output does not name the paused bucket:\n%s", got)
+	}
+}

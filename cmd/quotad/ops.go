@@ -180,22 +180,26 @@ func feedbackCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
+				out := cmd.OutOrStdout()
 				switch {
 				case resp.PausedForMs > 0:
-					fmt.Printf("paused scope %s for %dms", resp.Scope, resp.PausedForMs)
+					// Name the bucket, not only its level: a typo in a value (endpoint=chrages)
+					// matches a wildcard level and pauses a bucket nobody spends from, while
+					// "paused scope endpoint" read as success for the endpoint meant.
+					fmt.Fprintf(out, "paused %s (scope %s) for %dms", pausedPath(domain, entries, resp.Scope), resp.Scope, resp.PausedForMs)
 					if resp.ClampedToMaxPauseMs > 0 {
-						fmt.Printf(" (--retry-after %v was clamped to the domain's max_pause %v; raise the domain's max_pause in the limits to pause longer)",
+						fmt.Fprintf(out, " (--retry-after %v was clamped to the domain's max_pause %v; raise the domain's max_pause in the limits to pause longer)",
 							retryAfter, time.Duration(resp.ClampedToMaxPauseMs)*time.Millisecond)
 					}
 				case resp.Attributed:
-					fmt.Printf("recorded against scope %s (no pause)", resp.Scope)
+					fmt.Fprintf(out, "recorded against %s (scope %s; no pause)", pausedPath(domain, entries, resp.Scope), resp.Scope)
 				default:
-					fmt.Printf("recorded as evidence only: a 429 without a reason for the whole domain is not assumed global (add --reason or a --descriptor)")
+					fmt.Fprintf(out, "recorded as evidence only: a 429 without a reason for the whole domain is not assumed global (add --reason or a --descriptor)")
 				}
 				if resp.Decreased {
-					fmt.Printf("; adaptive rate decreased to %d", resp.Limit)
+					fmt.Fprintf(out, "; adaptive rate decreased to %d", resp.Limit)
 				}
-				fmt.Println()
+				fmt.Fprintln(out)
 				return nil
 			})
 		},
@@ -338,4 +342,24 @@ func humanMs(ms int64) string {
 		return fmt.Sprintf("%dms", ms)
 	}
 	return (time.Duration(ms) * time.Millisecond).Round(time.Second).String()
+}
+
+// pausedPath is the bucket a feedback paused: the domain and the descriptors up to the last
+// one whose key is scope (the engine pauses that prefix of the path sent).
+func pausedPath(domain string, entries []*quotadv1.Entry, scope string) string {
+	var b strings.Builder
+	b.WriteString(domain)
+	if scope == "domain" {
+		return b.String()
+	}
+	last := -1
+	for i, e := range entries {
+		if e.Key == scope {
+			last = i
+		}
+	}
+	for _, e := range entries[:last+1] {
+		fmt.Fprintf(&b, "/%s=%s", e.Key, e.Value)
+	}
+	return b.String()
 }
