@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"math"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"github.com/quotad/quotad/client"
+	"github.com/quotad/quotad/internal/pkifiles"
 	"github.com/quotad/quotad/rpc/rpctest"
 )
 
@@ -100,5 +103,39 @@ descriptors:
 	}
 	if got := out.String(); !strings.Contains(got, "paused provider/endpoint=chrages (scope endpoint) for 3000ms") {
 		t.Fatalf("feedback output does not name the paused bucket:\n%s", got)
+	}
+}
+
+// TestTopOnceErrorPrintedOnce: `quotad top --once` that cannot fetch its frame returns the
+// error (printed once, on stderr, by main) and writes nothing to stdout; it printed
+// "quotad top: <error>" on stdout and then the same error again on stderr (trial: a reader
+// token's 403).
+func TestTopOnceErrorPrintedOnce(t *testing.T) {
+	creds, err := pkifiles.EnsureLocal(filepath.Join(t.TempDir(), "creds"), "quotad")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := rpctest.Start(t, 1, "domain: d\nrate_limit: {unit: second, requests_per_unit: 10}\n", rpctest.Secure(t, creds))
+	t.Setenv(client.EnvCACert, creds.CAFile)
+	t.Setenv(client.EnvToken, creds.Token)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	admin := workerConn(t, c.Addrs()[0], creds.Token)
+	tok, err := quotadv1.NewAdminClient(admin).CreateToken(ctx, &quotadv1.CreateTokenRequest{Role: "reader"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(client.EnvToken, tok.Token) // a reader (and no --enable-debug): /debug/fair refuses
+	cmd := topCmd()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetArgs([]string{"--addr", c.Addrs()[0], "--once"})
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	err = cmd.Execute()
+	if err == nil || !strings.Contains(err.Error(), "/debug/fair") {
+		t.Fatalf("top --once as a reader without --enable-debug: %v, want /debug/fair's refusal", err)
+	}
+	if out.Len() != 0 {
+		t.Fatalf("top --once failed with %v and also wrote to stdout:\n%s", err, out.String())
 	}
 }
