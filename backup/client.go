@@ -169,6 +169,14 @@ func RestoreSummary(path string, r *quotadv1.SnapshotRestoreResponse) string {
 	} else {
 		fmt.Fprintf(&b, "restored %s at index %d:\n", path, r.Index)
 	}
+	switch {
+	case r.ClusterId == "" || r.FileClusterId == "":
+	case r.ClusterId != r.FileClusterId:
+		fmt.Fprintf(&b, "  cluster         the file was saved by cluster %s; this is cluster %s: ANOTHER cluster's backup (expected when restoring into a new cluster after losing every data dir; otherwise check you named the right file and cluster)\n",
+			r.FileClusterId, r.ClusterId)
+	default:
+		fmt.Fprintf(&b, "  cluster         %s (the file is this cluster's own backup)\n", r.ClusterId)
+	}
 	fmt.Fprintf(&b, "  limits version  %d -> %d (the file's %d, numbered above the current one so no version names two sets of limits)\n",
 		r.LimitsVersionBefore, r.LimitsVersion, r.FileLimitsVersion)
 	fmt.Fprintf(&b, "  leases          %d -> %d: %d dropped (held now, not in the file: their holders lose their permits), %d added (from the file, held until their TTL)\n",

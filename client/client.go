@@ -38,6 +38,8 @@ type Client struct {
 
 	sharesOnce sync.Once
 	shares     *shareHolder // Limiters' share holder, started by the first Limiter
+	// sharesLive is shares once started, for readers outside sharesOnce (Feedback).
+	sharesLive atomic.Pointer[shareHolder]
 
 	tlsProbes tlsProbes // nodes found speaking TLS to this plaintext client (tlsprobe.go)
 
@@ -428,6 +430,9 @@ func (c *Client) Status(ctx context.Context, domain string, descriptors ...Entry
 			MaxInFlight: b.GetMaxInFlight(),
 			PausedFor:   millis(b.GetPausedForMs()),
 			Window:      millis(b.GetWindowMs()),
+			LentLimit:   b.GetLentLimit(),
+			LentBurst:   b.GetLentBurst(),
+			Ceiling:     b.GetCeiling(),
 		})
 	}
 	return s, nil
@@ -461,6 +466,14 @@ func (c *Client) Feedback(ctx context.Context, f Feedback) (FeedbackResult, erro
 	})
 	if err != nil {
 		return FeedbackResult{}, err
+	}
+	if resp.GetPausedForMs() > 0 {
+		// This client's Limiters learn of pauses from their share renewals, every term/3
+		// (5 s for a 15 s lease, minutes for long ones): renew now, so they stop spending
+		// within a round trip rather than through the provider's Retry-After.
+		if h := c.sharesLive.Load(); h != nil {
+			h.poke()
+		}
 	}
 	return FeedbackResult{PausedFor: millis(resp.GetPausedForMs()), Scope: resp.GetScope(),
 		Attributed: resp.GetAttributed(), Decreased: resp.GetDecreased(), Limit: resp.GetLimit()}, nil

@@ -98,7 +98,8 @@ type ShareInfo struct {
 	// FallbackRate (units per second) is this holder's slice of the level's
 	// shares.fallback_rate, used once the grant has ended unrenewed; 0: it fails closed then.
 	FallbackRate float64
-	// Message explains a central or invalid status.
+	// Message explains a central, too_small or invalid status (and, once a grant has ended,
+	// what the Limiter does meanwhile).
 	Message string
 	// Refused is the cluster's refusal of the last renewal (Unauthenticated or
 	// PermissionDenied: a revoked token, a credential without the path's domain), "" when the
@@ -166,15 +167,17 @@ func (l *Limiter) AllowN(n uint64) bool {
 			return l.central(n, st)
 		}
 		slow, fast := l.h.clock.now()
+		if slow < st.pausedUntil {
+			// A provider pause the cluster reported binds the fallback too: the cluster being
+			// unreachable does not make the provider's Retry-After shorter.
+			return false
+		}
 		if fast >= st.endFast {
 			if st.fallback == nil {
 				return false
 			}
 			ok, _ := st.fallback.take(n, slow)
 			return ok
-		}
-		if slow < st.pausedUntil {
-			return false
 		}
 		ok, reload := st.takeAll(n, slow)
 		if !reload {
@@ -236,12 +239,12 @@ func (l *Limiter) WaitN(ctx context.Context, n uint64) error {
 				// until it accepts one again, which a revoked credential never sees — waiting
 				// for that blocked a caller without a deadline forever. Say so instead.
 				return fmt.Errorf("quotad: Limiter: the share ended and the cluster refused its renewal: %w", st.refusedErr)
+			case slow < st.pausedUntil:
+				wait = time.Duration(st.pausedUntil - slow)
 			case fast >= st.endFast && st.fallback == nil:
 				wait = time.Second // until a renewal lands (changed wakes us)
 			case fast >= st.endFast:
 				wait = time.Duration(st.fallback.wait(n, slow))
-			case slow < st.pausedUntil:
-				wait = time.Duration(st.pausedUntil - slow)
 			default:
 				for _, g := range st.levels {
 					wait = max(wait, time.Duration(g.wait(n, slow)))
@@ -427,6 +430,7 @@ func (c *Client) shareHolder() (*shareHolder, error) {
 			paths: map[string]*sharePath{}, levels: map[string]*gcra{},
 			wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 		c.shares = h
+		c.sharesLive.Store(h)
 		go h.run()
 	})
 	if c.shares == nil {
@@ -750,6 +754,12 @@ func (h *shareHolder) apply(resp *shareResponse, paths []*sharePath, sentFast in
 			// Starved only if the path would be lent with room: r·term ≥ 20 × its cost.
 			cost := float64(max(p.maxCost.Load(), 1))
 			starved = starved || p.observed && p.ewma*1.25*resp.term.Seconds() >= 20*cost
+			if st.info.Message == "" {
+				// The cluster sends no message for it: a user watching Share saw only
+				// "too_small" while every Allow became an RPC.
+				st.info.Message = fmt.Sprintf("not lent: this holder's fair share of the path (from its demand, the other holders' and the central callers') is under the lend threshold — 20 × its largest cost (%.0f) per %v term, and a bucket of 2 × it — or nothing is left to lend now; decided centrally (each Allow is a call to the cluster) until it grows",
+					cost, resp.term)
+			}
 		}
 		if _, ok := h.paths[p.key]; ok || p.refs > 0 {
 			p.setState(st)

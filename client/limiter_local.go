@@ -29,6 +29,9 @@ func (l *Limiter) AllowLocalN(n uint64) (ok bool, undo func()) {
 			return false, nil
 		}
 		slow, fast := l.h.clock.now()
+		if slow < st.pausedUntil {
+			return false, nil // a pause binds the fallback too (AllowN)
+		}
 		if fast >= st.endFast && !plantedIgnoreShareEnd {
 			if st.fallback == nil {
 				return false, nil
@@ -36,9 +39,6 @@ func (l *Limiter) AllowLocalN(n uint64) (ok bool, undo func()) {
 			if ok, _ := st.fallback.take(n, slow); ok {
 				return true, func() { st.fallback.untake(n) }
 			}
-			return false, nil
-		}
-		if slow < st.pausedUntil {
 			return false, nil
 		}
 		ok, reload := st.takeAll(n, slow)

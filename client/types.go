@@ -206,6 +206,13 @@ type BucketStatus struct {
 	PausedFor time.Duration
 	// Window is the level's unit of time.
 	Window time.Duration
+	// LentLimit and LentBurst are the part of the level's rate (per Window) and capacity
+	// lent to share holders (Limiters); Limit, Burst and Remaining are then the central part
+	// only, and the configured limit is Limit + LentLimit.
+	LentLimit, LentBurst uint64
+	// Ceiling is an adaptive level's configured requests_per_unit (Limit is the effective
+	// one); 0 for a fixed level.
+	Ceiling uint64
 }
 
 // Status is the answer of Client.Status: the buckets on a path, read linearizably.

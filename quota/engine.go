@@ -1095,7 +1095,13 @@ func (e *Engine) status(lv *level, key string, now Time) BucketStatus {
 			r = e.rateOf(key, lv, last)
 			st.Ceiling = lv.rate.rpu
 		}
+		full := r
 		r = e.lentRate([]byte(key), r)
+		if r != full {
+			// Lent to share holders: what follows is the central part only; say how much is
+			// lent, or an operator reads a 100/s limit as 10/s.
+			st.LentLimit, st.LentBurst = full.rpu-min(full.rpu, r.rpu), full.capUnits-min(full.capUnits, r.capUnits)
+		}
 		refilled, _ := r.refill(tokens, last, now)
 		st.Limit, st.Burst, st.Window = r.rpu, r.capUnits, r.window
 		st.Remaining = refilled / microPerUnit

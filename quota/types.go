@@ -420,4 +420,7 @@ type BucketStatus struct {
 	// RetryTokens is, on the domain level of a domain with a retry budget, the whole retry
 	// tokens left.
 	RetryTokens uint64
+	// LentLimit and LentBurst are the part of the rate (per Window) and capacity lent to
+	// share holders; Limit, Burst and Remaining are then the central part only.
+	LentLimit, LentBurst uint64
 }

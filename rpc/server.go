@@ -583,6 +583,7 @@ func (s *Server) Status(ctx context.Context, req *quotadv1.StatusRequest) (*quot
 			Scope: b.Scope, Key: b.Key, Limit: b.Limit, Burst: b.Burst, Remaining: b.Remaining,
 			ResetAfterMs: ceilMs(b.ResetAfter), InFlight: b.InFlight, MaxInFlight: b.MaxInFlight,
 			PausedForMs: ceilMs(b.PausedFor), WindowMs: b.Window.Milliseconds(),
+			LentLimit: b.LentLimit, LentBurst: b.LentBurst, Ceiling: b.Ceiling,
 		})
 	}
 	return resp, nil

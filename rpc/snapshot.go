@@ -215,7 +215,7 @@ func (x *snapshotService) restore(stream grpc.ClientStreamingServer[quotadv1.Sna
 	decoded = nil // garbage from here
 	resp := &quotadv1.SnapshotRestoreResponse{Buckets: uint64(info.Buckets), Leases: uint64(info.Leases), Pauses: uint64(info.Pauses),
 		DedupEntries: uint64(info.DedupEntries), FileTokens: uint64(len(fileTokens)), TokensRestored: first.RestoreTokens,
-		FileLimitsVersion: file.LimitsVersion, DryRun: dryRun}
+		FileLimitsVersion: file.LimitsVersion, DryRun: dryRun, ClusterId: x.node.ClusterID(), FileClusterId: h.ClusterID}
 	// compare fills in what the restore changes, against the state it replaces, and returns
 	// how the file is rewritten: the limits version and lease counter continue above the
 	// current ones (fsm.FSM.RestoreVersions) — decided here, on the leader, once: every

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -425,10 +426,32 @@ func changeLimits(cmd *cobra.Command, addr string, req *quotadv1.ApplyLimitsRequ
 	ctx, cancel := context.WithTimeout(cmd.Context(), 15*time.Second)
 	defer cancel()
 	out := cmd.OutOrStdout()
+	// lost: a try answered Unavailable or DeadlineExceeded, which call retries — also one that
+	// committed, so the retry of a delete can find its domains gone.
+	var lost error
+	// inForce: the domains in force before the first try of a delete, so that a retry finding
+	// them gone is told apart from a delete of a domain that never was (a typo).
+	var inForce []string
 	return call(ctx, addr, func(ctx context.Context, conn *grpc.ClientConn) error {
+		if len(req.DeleteDomains) > 0 && !req.DryRun && inForce == nil && lost == nil {
+			if names, _, err := domainsInForce(ctx, conn); err == nil {
+				inForce = names
+			}
+		}
 		resp, err := quotadv1.NewAdminClient(conn).ApplyLimits(ctx, req)
 		if err != nil {
 			switch {
+			case status.Code(err) == codes.Unavailable || status.Code(err) == codes.DeadlineExceeded:
+				lost = err
+			case status.Code(err) == codes.NotFound && lost != nil && len(req.DeleteDomains) > 0 && !req.DryRun:
+				// One delete removes all its domains in one entry: if none is in force now,
+				// the lost try removed them (exit 0, as pause lift and members remove).
+				if v, gone := allGone(ctx, conn, inForce, req.DeleteDomains); gone {
+					fmt.Fprintf(out, "removed %s: an earlier try whose answer was lost (%s) removed it; limits version %d (quotad limits get)\n",
+						strings.Join(req.DeleteDomains, ", "), status.Convert(lost).Message(), v)
+					return nil
+				}
+				return fmt.Errorf("%s", status.Convert(err).Message())
 			case status.Code(err) == codes.InvalidArgument || status.Code(err) == codes.NotFound:
 				return fmt.Errorf("%s", status.Convert(err).Message())
 			case client.IsMessageTooLarge(err):
@@ -448,6 +471,9 @@ func changeLimits(cmd *cobra.Command, addr string, req *quotadv1.ApplyLimitsRequ
 			fmt.Fprintf(out, "dry run: no changes to limits version %d (domains: %s)\n", resp.Version, domains)
 		case !resp.Applied:
 			fmt.Fprintf(out, "dry run: %d changes to limits version %d; nothing applied (domains would be: %s)\n", len(resp.Changes), resp.Version, domains)
+		case len(resp.Changes) == 0 && lost != nil:
+			fmt.Fprintf(out, "applied limits version %d: no changes left to make — an earlier try whose answer was lost (%s) may have made them (domains: %s)\n",
+				resp.Version, status.Convert(lost).Message(), domains)
 		case len(resp.Changes) == 0:
 			fmt.Fprintf(out, "applied limits version %d: no changes (domains: %s)\n", resp.Version, domains)
 		default:
@@ -455,6 +481,43 @@ func changeLimits(cmd *cobra.Command, addr string, req *quotadv1.ApplyLimitsRequ
 		}
 		return nil
 	})
+}
+
+// allGone reports whether every one of domains was in force before the first try (inForce)
+// and none is now, and the limits version now.
+func allGone(ctx context.Context, conn *grpc.ClientConn, inForce, domains []string) (uint64, bool) {
+	for _, d := range domains {
+		if !slices.Contains(inForce, d) {
+			return 0, false // never there (or not known to have been): a real NotFound
+		}
+	}
+	now, v, err := domainsInForce(ctx, conn)
+	if err != nil {
+		return 0, false
+	}
+	for _, d := range domains {
+		if slices.Contains(now, d) {
+			return 0, false
+		}
+	}
+	return v, true
+}
+
+// domainsInForce lists the domains of the limits in force and their version.
+func domainsInForce(ctx context.Context, conn *grpc.ClientConn) ([]string, uint64, error) {
+	resp, err := quotadv1.NewAdminClient(conn).GetLimits(ctx, &quotadv1.GetLimitsRequest{})
+	if err != nil {
+		return nil, 0, err
+	}
+	limits, err := config.Parse("limits in force", []byte(resp.Yaml))
+	if err != nil {
+		return nil, 0, err
+	}
+	names := []string{}
+	for _, d := range limits.Domains {
+		names = append(names, d.Name)
+	}
+	return names, resp.Version, nil
 }
 
 // statusMember is one node as `quotad status` shows it.

@@ -6,14 +6,18 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
+	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 	"github.com/quotad/quotad/rpc"
 	"github.com/quotad/quotad/rpc/rpctest"
 )
@@ -137,4 +141,64 @@ func writeFile(t *testing.T, content string) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// TestLimitsDeleteAnswerLostThenRetried: `quotad limits delete` retries a call answered
+// Unavailable (call does, 2 s a try), also one that committed; the retry then found the
+// domain gone and exited 1 "not in force; nothing was changed" while the first try had removed
+// it (trial, as pause lift's df06d14). It now says the lost try removed it, exit 0 — and a
+// domain that was never there still fails.
+func TestLimitsDeleteAnswerLostThenRetried(t *testing.T) {
+	var applies atomic.Int32
+	var loseAny atomic.Bool // lose the first answer even when it is an error
+	lose := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		resp, err := handler(ctx, req)
+		if strings.HasSuffix(info.FullMethod, "/ApplyLimits") && applies.Add(1) == 1 && (err == nil || loseAny.Load()) {
+			return nil, status.Error(codes.Unavailable, "the answer was lost (test)")
+		}
+		return resp, err
+	}
+	c := rpctest.Start(t, 1, twoDomains, func(_ int, cfg *rpc.AgentConfig) {
+		cfg.UnaryInterceptors = append(cfg.UnaryInterceptors, lose)
+	})
+	out, _ := runLimits(t, c.Addrs()[0], "delete", "gone")
+	if !strings.Contains(out, "gone") || !strings.Contains(out, "answer was lost") {
+		t.Fatalf("limits delete whose first answer was lost after it removed the domain:\n%s", out)
+	}
+	if n := applies.Load(); n != 2 {
+		t.Fatalf("%d ApplyLimits calls, want the lost one and its retry", n)
+	}
+	cc, err := grpc.NewClient(c.Addrs()[0], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	got, err := quotadv1.NewAdminClient(cc).GetLimits(context.Background(), &quotadv1.GetLimitsRequest{})
+	if err != nil || strings.Contains(got.Yaml, "domain: gone") || !strings.Contains(got.Yaml, "domain: keep") {
+		t.Fatalf("limits after the delete: %v\n%s", err, got.GetYaml())
+	}
+	// A domain never there (a typo) still fails, its first answer lost too.
+	applies.Store(0)
+	loseAny.Store(true)
+	cmd := limitsCmd()
+	cmd.SetArgs([]string{"delete", "kep", "--addr", c.Addrs()[0]})
+	cmd.SetOut(&bytes.Buffer{})
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), "kep") {
+		t.Fatalf("limits delete of a domain not in force, its first answer lost: %v, want it refused", err)
+	}
+	if n := applies.Load(); n != 2 {
+		t.Fatalf("%d ApplyLimits calls for the typo, want the lost one and its retry", n)
+	}
+	// An apply whose first answer was lost: the retry finds nothing left to change and says
+	// why instead of a bare "no changes".
+	applies.Store(0)
+	loseAny.Store(false)
+	file := filepath.Join(t.TempDir(), "keep.yaml")
+	if err := os.WriteFile(file, []byte("domain: keep\nrate_limit: {unit: second, requests_per_unit: 7}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := runLimits(t, c.Addrs()[0], "apply", file); !strings.Contains(out, "no changes left to make") || !strings.Contains(out, "answer was lost") {
+		t.Fatalf("limits apply whose first answer was lost:\n%s", out)
+	}
 }

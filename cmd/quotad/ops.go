@@ -95,6 +95,9 @@ func bucketCmd() *cobra.Command {
 					InFlight     uint64 `json:"in_flight"`
 					MaxInFlight  uint64 `json:"max_in_flight"`
 					PausedForMs  int64  `json:"paused_for_ms"`
+					LentLimit    uint64 `json:"lent_limit,omitempty"`
+					LentBurst    uint64 `json:"lent_burst,omitempty"`
+					Ceiling      uint64 `json:"ceiling,omitempty"`
 				}
 				out := struct {
 					AppliedIndex uint64   `json:"applied_index"`
@@ -102,23 +105,34 @@ func bucketCmd() *cobra.Command {
 					Buckets      []bucket `json:"buckets"`
 				}{resp.AppliedIndex, resp.LeaderId, []bucket{}}
 				for _, b := range resp.Buckets {
-					out.Buckets = append(out.Buckets, bucket{b.Scope, b.Key, b.Limit, b.Burst, b.Remaining, b.WindowMs, b.ResetAfterMs, b.InFlight, b.MaxInFlight, b.PausedForMs})
+					out.Buckets = append(out.Buckets, bucket{b.Scope, b.Key, b.Limit, b.Burst, b.Remaining, b.WindowMs, b.ResetAfterMs, b.InFlight, b.MaxInFlight, b.PausedForMs, b.LentLimit, b.LentBurst, b.Ceiling})
 				}
 				return printJSON(out)
 			}
+			out := cmd.OutOrStdout()
 			for _, b := range resp.Buckets {
-				fmt.Printf("%-10s %s\n", b.Scope, b.Key)
-				if b.Limit > 0 {
-					fmt.Printf("  rate        %d per %s, burst %d: remaining %d, full in %dms\n", b.Limit, time.Duration(b.WindowMs)*time.Millisecond, b.Burst, b.Remaining, b.ResetAfterMs)
+				fmt.Fprintf(out, "%-10s %s\n", b.Scope, b.Key)
+				window := time.Duration(b.WindowMs) * time.Millisecond
+				if b.Limit > 0 || b.LentLimit > 0 {
+					fmt.Fprintf(out, "  rate        %d per %s, burst %d: remaining %d, full in %s\n", b.Limit, window, b.Burst, b.Remaining, humanMs(b.ResetAfterMs))
+				}
+				if b.LentLimit > 0 || b.LentBurst > 0 {
+					// The line above is the central part: without this an operator read a
+					// 100/s level that lends 90/s as a 10/s limit.
+					fmt.Fprintf(out, "  lent        %d per %s, burst %d to share holders (quotad shares); the rate above is what is left for central callers of %d per %s, burst %d\n",
+						b.LentLimit, window, b.LentBurst, b.Limit+b.LentLimit, window, b.Burst+b.LentBurst)
+				}
+				if b.Ceiling > 0 && b.Ceiling != b.Limit+b.LentLimit {
+					fmt.Fprintf(out, "  adaptive    configured requests_per_unit %d; lowered by provider feedback to %d\n", b.Ceiling, b.Limit+b.LentLimit)
 				}
 				if b.MaxInFlight > 0 {
-					fmt.Printf("  concurrency %d of %d in flight\n", b.InFlight, b.MaxInFlight)
+					fmt.Fprintf(out, "  concurrency %d of %d in flight\n", b.InFlight, b.MaxInFlight)
 				}
 				if b.PausedForMs > 0 {
-					fmt.Printf("  paused      for %dms more\n", b.PausedForMs)
+					fmt.Fprintf(out, "  paused      for %s more\n", humanMs(b.PausedForMs))
 				}
-				if b.Limit == 0 && b.MaxInFlight == 0 && b.PausedForMs == 0 {
-					fmt.Println("  no limit at this level")
+				if b.Limit == 0 && b.LentLimit == 0 && b.MaxInFlight == 0 && b.PausedForMs == 0 {
+					fmt.Fprintln(out, "  no limit at this level")
 				}
 			}
 			return nil
@@ -166,22 +180,26 @@ func feedbackCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
+				out := cmd.OutOrStdout()
 				switch {
 				case resp.PausedForMs > 0:
-					fmt.Printf("paused scope %s for %dms", resp.Scope, resp.PausedForMs)
+					// Name the bucket, not only its level: a typo in a value (endpoint=chrages)
+					// matches a wildcard level and pauses a bucket nobody spends from, while
+					// "paused scope endpoint" read as success for the endpoint meant.
+					fmt.Fprintf(out, "paused %s (scope %s) for %dms", pausedPath(domain, entries, resp.Scope), resp.Scope, resp.PausedForMs)
 					if resp.ClampedToMaxPauseMs > 0 {
-						fmt.Printf(" (--retry-after %v was clamped to the domain's max_pause %v; raise the domain's max_pause in the limits to pause longer)",
+						fmt.Fprintf(out, " (--retry-after %v was clamped to the domain's max_pause %v; raise the domain's max_pause in the limits to pause longer)",
 							retryAfter, time.Duration(resp.ClampedToMaxPauseMs)*time.Millisecond)
 					}
 				case resp.Attributed:
-					fmt.Printf("recorded against scope %s (no pause)", resp.Scope)
+					fmt.Fprintf(out, "recorded against %s (scope %s; no pause)", pausedPath(domain, entries, resp.Scope), resp.Scope)
 				default:
-					fmt.Printf("recorded as evidence only: a 429 without a reason for the whole domain is not assumed global (add --reason or a --descriptor)")
+					fmt.Fprintf(out, "recorded as evidence only: a 429 without a reason for the whole domain is not assumed global (add --reason or a --descriptor)")
 				}
 				if resp.Decreased {
-					fmt.Printf("; adaptive rate decreased to %d", resp.Limit)
+					fmt.Fprintf(out, "; adaptive rate decreased to %d", resp.Limit)
 				}
-				fmt.Println()
+				fmt.Fprintln(out)
 				return nil
 			})
 		},
@@ -314,4 +332,34 @@ remove it first. --force removes anyway (docs/operations.md, "Removing a member"
 	remove.Flags().BoolVar(&force, "force", false, "remove even if the voters left have no live majority (the cluster stops committing until enough of them return)")
 	cmd.AddCommand(remove)
 	return cmd
+}
+
+// humanMs prints a duration in milliseconds as such below a minute and as a Go duration
+// rounded to the second above: a day bucket's "full in 259199965178ms" said nothing at a
+// glance.
+func humanMs(ms int64) string {
+	if ms < 60_000 {
+		return fmt.Sprintf("%dms", ms)
+	}
+	return (time.Duration(ms) * time.Millisecond).Round(time.Second).String()
+}
+
+// pausedPath is the bucket a feedback paused: the domain and the descriptors up to the last
+// one whose key is scope (the engine pauses that prefix of the path sent).
+func pausedPath(domain string, entries []*quotadv1.Entry, scope string) string {
+	var b strings.Builder
+	b.WriteString(domain)
+	if scope == "domain" {
+		return b.String()
+	}
+	last := -1
+	for i, e := range entries {
+		if e.Key == scope {
+			last = i
+		}
+	}
+	for _, e := range entries[:last+1] {
+		fmt.Fprintf(&b, "/%s=%s", e.Key, e.Value)
+	}
+	return b.String()
 }

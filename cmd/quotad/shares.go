@@ -71,9 +71,9 @@ func sharesCmd() *cobra.Command {
 					if !h.Acknowledged {
 						ack = fmt.Sprintf("%d grants unacknowledged (acknowledged through seq %d)", h.Unacked, h.AckSeq)
 					}
-					fmt.Fprintf(w, "  %s/%s#%d  r %s/s  b %s  expires in %dms  demand %s/s  seq %d  %s\n",
+					fmt.Fprintf(w, "  %s/%s#%d  r %s/s  b %s  expires in %dms  demand %s  seq %d  %s\n",
 						h.Owner, h.HolderId, h.Incarnation, units(h.RateMicro), units(h.BurstMicro), h.ExpiresInMs,
-						units(h.DemandMicro), h.Seq, ack)
+						perSecond(h.DemandMicro), h.Seq, ack)
 					if h.OwnerRevoked {
 						// Renewals are refused, but the grant in hand is honoured until it ends.
 						fmt.Fprintf(w, "    revoked — grant valid until %s (renewals refused; it may still be spent until then)\n",
@@ -90,6 +90,15 @@ func sharesCmd() *cobra.Command {
 	f.StringArrayVar(&descs, "descriptor", nil, "descriptor entry key=value, outermost first (repeatable); none: every lendable bucket of the domain")
 	f.BoolVar(&asJSON, "json", false, "print JSON (rates and bursts in units, demand null when unknown)")
 	return cmd
+}
+
+// perSecond formats a rate in micro-units per second as "N/s", or "unknown" ("unknown/s" read
+// as a unit).
+func perSecond(micro uint64) string {
+	if micro == math.MaxUint64 {
+		return "unknown"
+	}
+	return units(micro) + "/s"
 }
 
 // units formats micro-units as units (3 decimals at most), "unknown" for the max value.

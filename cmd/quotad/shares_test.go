@@ -87,6 +87,9 @@ func TestSharesAllDomainsAndRevoked(t *testing.T) {
 			t.Fatalf("shares without --domain lacks %q:\n%s", w, all)
 		}
 	}
+	if !strings.Contains(all, "demand unknown  seq") || strings.Contains(all, "unknown/s") {
+		t.Fatalf("an unknown demand should print as \"demand unknown\":\n%s", all)
+	}
 	if strings.Contains(all, "revoked") {
 		t.Fatalf("a holder marked revoked before the revoke:\n%s", all)
 	}

@@ -83,8 +83,11 @@ func certCreateCmd() *cobra.Command {
 				if err != nil {
 					return fmt.Errorf("--role: %v", err)
 				}
+				if err := checkTenantFlag(cmd, tenant, "no certificate was written"); err != nil {
+					return err
+				}
 				opts.Identity = auth.Identity{Role: r, Domains: domains, Tenant: tenant}
-			} else if cmd.Flags().Changed("role") || len(domains) > 0 || tenant != "" {
+			} else if cmd.Flags().Changed("role") || len(domains) > 0 || cmd.Flags().Changed("tenant") {
 				return fmt.Errorf("--role, --domain and --tenant are for --client certificates")
 			}
 			if caFile == "" {

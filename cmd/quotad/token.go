@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
@@ -30,6 +31,9 @@ func tokenCmd() *cobra.Command {
   quotad token create --role worker --domain provider --tenant acme
   quotad token create --role reader`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkTenantFlag(cmd, tenant, "no token was created"); err != nil {
+				return err
+			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), 15*time.Second)
 			defer cancel()
 			return callOnce(ctx, addr, "check `quotad token list` (and revoke a token nobody holds) before creating it again", func(ctx context.Context, conn *grpc.ClientConn) error {
@@ -98,11 +102,34 @@ func tokenCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := context.WithTimeout(cmd.Context(), 15*time.Second)
 			defer cancel()
+			// lost: a try answered Unavailable/DeadlineExceeded, which call retries — also one
+			// that committed, whose retry then finds the token already revoked. listed: the
+			// token was live before the first try (a typo'd accessor never was).
+			var lost error
+			listed, known := false, false
 			return call(ctx, addr, func(ctx context.Context, conn *grpc.ClientConn) error {
-				if _, err := quotadv1.NewAdminClient(conn).RevokeToken(ctx, &quotadv1.RevokeTokenRequest{Accessor: args[0]}); err != nil {
-					return err
+				admin := quotadv1.NewAdminClient(conn)
+				if !known && lost == nil {
+					if l, err := admin.ListTokens(ctx, &quotadv1.ListTokensRequest{}); err == nil {
+						known = true
+						for _, t := range l.Tokens {
+							listed = listed || t.Accessor == args[0]
+						}
+					}
 				}
-				fmt.Printf("revoked %s\n", args[0])
+				if _, err := admin.RevokeToken(ctx, &quotadv1.RevokeTokenRequest{Accessor: args[0]}); err != nil {
+					c := status.Code(err)
+					switch {
+					case c == codes.Unavailable || c == codes.DeadlineExceeded:
+						lost = err
+						return err
+					case c != codes.NotFound || lost == nil || !listed:
+						return err
+					}
+					fmt.Printf("revoked %s: an earlier try whose answer was lost (%s) revoked it\n", args[0], status.Convert(lost).Message())
+				} else {
+					fmt.Printf("revoked %s\n", args[0])
+				}
 				// What the revoke does not take back (docs/security.md): the operator should
 				// not take the worker for cut off yet.
 				fmt.Println("note: shares it holds are not taken back: a Limiter may spend its grant in hand until the grant ends\n" +
@@ -113,6 +140,16 @@ func tokenCmd() *cobra.Command {
 	}
 	cmd.AddCommand(create, list, revoke)
 	return cmd
+}
+
+// checkTenantFlag refuses a --tenant given but empty: an empty tenant means "every tenant",
+// so `--tenant "$TENANT"` with TENANT unset made a worker of every tenant — the widest scope
+// from a flag meant to narrow it (trial).
+func checkTenantFlag(cmd *cobra.Command, tenant, nothing string) error {
+	if cmd.Flags().Changed("tenant") && strings.TrimSpace(tenant) == "" {
+		return fmt.Errorf("--tenant %q is empty; name the one tenant the worker acts for, or leave --tenant out for a worker of every tenant (%s)", tenant, nothing)
+	}
+	return nil
 }
 
 func created(t *quotadv1.TokenInfo) string {

@@ -171,6 +171,11 @@ func Run(ctx context.Context, w io.Writer, src Source, maxRatio float64, interva
 		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		v, l, err := src.Fetch(fctx)
 		cancel()
+		if err != nil && interval <= 0 {
+			// One frame: the caller prints the error (quotad's main, on stderr); writing it
+			// here too printed it twice, once on stdout.
+			return err
+		}
 		var b strings.Builder
 		if interval > 0 {
 			b.WriteString("\x1b[H\x1b[2J") // home, clear

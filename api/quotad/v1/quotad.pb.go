@@ -1228,15 +1228,23 @@ type BucketStatus struct {
 	// scope is "domain" or the descriptor key of the level.
 	Scope string `protobuf:"bytes,1,opt,name=scope,proto3" json:"scope,omitempty"`
 	// key is the bucket's full key, e.g. "platform/tenant=acme".
-	Key           string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
-	Limit         uint64 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
-	Burst         uint64 `protobuf:"varint,4,opt,name=burst,proto3" json:"burst,omitempty"`
-	Remaining     uint64 `protobuf:"varint,5,opt,name=remaining,proto3" json:"remaining,omitempty"`
-	ResetAfterMs  int64  `protobuf:"varint,6,opt,name=reset_after_ms,json=resetAfterMs,proto3" json:"reset_after_ms,omitempty"`
-	InFlight      uint64 `protobuf:"varint,7,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
-	MaxInFlight   uint64 `protobuf:"varint,8,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
-	PausedForMs   int64  `protobuf:"varint,9,opt,name=paused_for_ms,json=pausedForMs,proto3" json:"paused_for_ms,omitempty"`
-	WindowMs      int64  `protobuf:"varint,10,opt,name=window_ms,json=windowMs,proto3" json:"window_ms,omitempty"`
+	Key          string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Limit        uint64 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	Burst        uint64 `protobuf:"varint,4,opt,name=burst,proto3" json:"burst,omitempty"`
+	Remaining    uint64 `protobuf:"varint,5,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	ResetAfterMs int64  `protobuf:"varint,6,opt,name=reset_after_ms,json=resetAfterMs,proto3" json:"reset_after_ms,omitempty"`
+	InFlight     uint64 `protobuf:"varint,7,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	MaxInFlight  uint64 `protobuf:"varint,8,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
+	PausedForMs  int64  `protobuf:"varint,9,opt,name=paused_for_ms,json=pausedForMs,proto3" json:"paused_for_ms,omitempty"`
+	WindowMs     int64  `protobuf:"varint,10,opt,name=window_ms,json=windowMs,proto3" json:"window_ms,omitempty"`
+	// lent_limit and lent_burst: the part of the level's rate (per window) and capacity lent to
+	// share holders (client.Limiter, `quotad shares`), 0 when nothing is lent. limit, burst and
+	// remaining are then the central part only: the configured limit is limit + lent_limit.
+	LentLimit uint64 `protobuf:"varint,11,opt,name=lent_limit,json=lentLimit,proto3" json:"lent_limit,omitempty"`
+	LentBurst uint64 `protobuf:"varint,12,opt,name=lent_burst,json=lentBurst,proto3" json:"lent_burst,omitempty"`
+	// ceiling is an adaptive level's configured requests_per_unit (limit is the effective
+	// one, lowered by provider feedback); 0 for a fixed level.
+	Ceiling       uint64 `protobuf:"varint,13,opt,name=ceiling,proto3" json:"ceiling,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1337,6 +1345,27 @@ func (x *BucketStatus) GetPausedForMs() int64 {
 func (x *BucketStatus) GetWindowMs() int64 {
 	if x != nil {
 		return x.WindowMs
+	}
+	return 0
+}
+
+func (x *BucketStatus) GetLentLimit() uint64 {
+	if x != nil {
+		return x.LentLimit
+	}
+	return 0
+}
+
+func (x *BucketStatus) GetLentBurst() uint64 {
+	if x != nil {
+		return x.LentBurst
+	}
+	return 0
+}
+
+func (x *BucketStatus) GetCeiling() uint64 {
+	if x != nil {
+		return x.Ceiling
 	}
 	return 0
 }
@@ -4249,7 +4278,7 @@ const file_quotad_v1_quotad_proto_rawDesc = "" +
 	"\fbuckets_kept\x18\x03 \x01(\rR\vbucketsKept\"[\n" +
 	"\rStatusRequest\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x122\n" +
-	"\vdescriptors\x18\x02 \x03(\v2\x10.quotad.v1.EntryR\vdescriptors\"\xa8\x02\n" +
+	"\vdescriptors\x18\x02 \x03(\v2\x10.quotad.v1.EntryR\vdescriptors\"\x80\x03\n" +
 	"\fBucketStatus\x12\x14\n" +
 	"\x05scope\x18\x01 \x01(\tR\x05scope\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +
@@ -4261,7 +4290,12 @@ const file_quotad_v1_quotad_proto_rawDesc = "" +
 	"\rmax_in_flight\x18\b \x01(\x04R\vmaxInFlight\x12\"\n" +
 	"\rpaused_for_ms\x18\t \x01(\x03R\vpausedForMs\x12\x1b\n" +
 	"\twindow_ms\x18\n" +
-	" \x01(\x03R\bwindowMs\"\x85\x01\n" +
+	" \x01(\x03R\bwindowMs\x12\x1d\n" +
+	"\n" +
+	"lent_limit\x18\v \x01(\x04R\tlentLimit\x12\x1d\n" +
+	"\n" +
+	"lent_burst\x18\f \x01(\x04R\tlentBurst\x12\x18\n" +
+	"\aceiling\x18\r \x01(\x04R\aceiling\"\x85\x01\n" +
 	"\x0eStatusResponse\x121\n" +
 	"\abuckets\x18\x01 \x03(\v2\x17.quotad.v1.BucketStatusR\abuckets\x12#\n" +
 	"\rapplied_index\x18\x02 \x01(\x04R\fappliedIndex\x12\x1b\n" +

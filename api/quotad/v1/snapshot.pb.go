@@ -165,8 +165,13 @@ type SnapshotRestoreResponse struct {
 	PausesAdded        uint64 `protobuf:"varint,20,opt,name=pauses_added,json=pausesAdded,proto3" json:"pauses_added,omitempty"`
 	BucketsBefore      uint64 `protobuf:"varint,21,opt,name=buckets_before,json=bucketsBefore,proto3" json:"buckets_before,omitempty"`
 	DedupEntriesBefore uint64 `protobuf:"varint,22,opt,name=dedup_entries_before,json=dedupEntriesBefore,proto3" json:"dedup_entries_before,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// cluster_id is the restoring cluster's ID, file_cluster_id the one the file was saved from
+	// (its header): they differ for another cluster's backup — expected when restoring into a
+	// new cluster after losing every data dir, a mistake when restoring the wrong environment's.
+	ClusterId     string `protobuf:"bytes,23,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	FileClusterId string `protobuf:"bytes,24,opt,name=file_cluster_id,json=fileClusterId,proto3" json:"file_cluster_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SnapshotRestoreResponse) Reset() {
@@ -353,6 +358,20 @@ func (x *SnapshotRestoreResponse) GetDedupEntriesBefore() uint64 {
 	return 0
 }
 
+func (x *SnapshotRestoreResponse) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
+func (x *SnapshotRestoreResponse) GetFileClusterId() string {
+	if x != nil {
+		return x.FileClusterId
+	}
+	return ""
+}
+
 var File_quotad_v1_snapshot_proto protoreflect.FileDescriptor
 
 const file_quotad_v1_snapshot_proto_rawDesc = "" +
@@ -362,7 +381,7 @@ const file_quotad_v1_snapshot_proto_rawDesc = "" +
 	"\rSnapshotChunk\x12\x16\n" +
 	"\x06header\x18\x01 \x01(\fR\x06header\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\x12%\n" +
-	"\x0erestore_tokens\x18\x03 \x01(\bR\rrestoreTokens\"\xa5\x06\n" +
+	"\x0erestore_tokens\x18\x03 \x01(\bR\rrestoreTokens\"\xec\x06\n" +
 	"\x17SnapshotRestoreResponse\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12%\n" +
 	"\x0elimits_version\x18\x02 \x01(\x04R\rlimitsVersion\x12\x18\n" +
@@ -387,7 +406,10 @@ const file_quotad_v1_snapshot_proto_rawDesc = "" +
 	"\x0epauses_dropped\x18\x13 \x01(\x04R\rpausesDropped\x12!\n" +
 	"\fpauses_added\x18\x14 \x01(\x04R\vpausesAdded\x12%\n" +
 	"\x0ebuckets_before\x18\x15 \x01(\x04R\rbucketsBefore\x120\n" +
-	"\x14dedup_entries_before\x18\x16 \x01(\x04R\x12dedupEntriesBefore2\xe8\x01\n" +
+	"\x14dedup_entries_before\x18\x16 \x01(\x04R\x12dedupEntriesBefore\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x17 \x01(\tR\tclusterId\x12&\n" +
+	"\x0ffile_cluster_id\x18\x18 \x01(\tR\rfileClusterId2\xe8\x01\n" +
 	"\bSnapshot\x12B\n" +
 	"\x04Save\x12\x1e.quotad.v1.SnapshotSaveRequest\x1a\x18.quotad.v1.SnapshotChunk0\x01\x12I\n" +
 	"\aRestore\x12\x18.quotad.v1.SnapshotChunk\x1a\".quotad.v1.SnapshotRestoreResponse(\x01\x12M\n" +
