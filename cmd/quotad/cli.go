@@ -204,7 +204,11 @@ func acquireCmd() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "acquire",
-		Short: "Ask for quota once: exit 0 if admitted, 3 if denied",
+		Short: "Ask for quota once: exit 0 if admitted, 3 if denied, 4 if the request is invalid",
+		Long: `Ask for quota once and print the decision. Exit codes: 0 admitted; 3 denied (rate or
+concurrency limited, paused, … — asking again later may be admitted: retry_after says when); 4
+refused as invalid (an unknown domain, an undefined key in a strict_keys domain, a cost above
+the bucket — asking again cannot help: fix the request); 1 any other error (no decision).`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			switch {
 			case domain == "":
@@ -233,7 +237,7 @@ func acquireCmd() *cobra.Command {
 			defer cancel()
 			dec, err := c.Allow(ctx, req)
 			// A denial, and a decision refusing the request as invalid (an undefined key in a
-			// strict_keys domain, an unknown domain), are answers: printed, exit code 3.
+			// strict_keys domain, an unknown domain), are answers: printed, exit code 3 or 4.
 			answered := errors.Is(err, client.ErrDenied) || (errors.Is(err, client.ErrInvalid) && dec.Reason != "")
 			if err != nil && !answered {
 				if errors.Is(err, client.ErrUnavailable) {
@@ -241,7 +245,7 @@ func acquireCmd() *cobra.Command {
 				}
 				return err
 			}
-			err = nil // a denial is an answer: printed below, exit code 3
+			err = nil // a denial is an answer: printed below, exit code 3 (4 if invalid)
 			d := decisionView{dec}
 			if asJSON {
 				err = printJSON(map[string]any{
@@ -269,10 +273,15 @@ func acquireCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if !d.Admitted {
-				return exitError{code: 3}
+			switch {
+			case d.Admitted:
+				return nil
+			case d.Reason == client.ReasonInvalid || d.Reason == client.ReasonUnknownDomain:
+				// Not a denial a retry can turn around: a script retrying on exit 3 looped on a
+				// typo (--domain provder) forever.
+				return exitError{code: 4}
 			}
-			return nil
+			return exitError{code: 3}
 		},
 	}
 	f := cmd.Flags()
