@@ -30,6 +30,7 @@ import (
 	"github.com/quotad/quotad/fsm"
 	"github.com/quotad/quotad/internal/pkifiles"
 	"github.com/quotad/quotad/rpc"
+	"github.com/quotad/quotad/rpc/rpctest"
 )
 
 // certOf reads the certificate p issued as name.
@@ -486,5 +487,49 @@ func TestRevokedCertRefusedOnHTTPDebug(t *testing.T) {
 	}
 	if code, _ := get(t, httpsClient(t, creds, pkifiles.AdminName), base, ""); code != http.StatusOK {
 		t.Fatalf("another admin certificate: %d", code)
+	}
+}
+
+// TestRevokeCertDenyListFull: at fsm.MaxRevokedCerts a revoke is refused RESOURCE_EXHAUSTED
+// (before: INVALID_ARGUMENT, as if the request were malformed, proposed to the log anyway,
+// and telling the operator that replacing the CA drops entries, which nothing does), saying
+// what to do instead, and nothing changes; a certificate already on the full list is still
+// answered "already revoked".
+func TestRevokeCertDenyListFull(t *testing.T) {
+	c := rpctest.Start(t, 1, "")
+	admin := quotadv1.NewAdminClient(dial(t, c.Addrs()[0]))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var next atomic.Int64
+	errs := make(chan error, 32)
+	for range cap(errs) {
+		go func() {
+			for {
+				i := next.Add(1)
+				if i > fsm.MaxRevokedCerts {
+					errs <- nil
+					return
+				}
+				if _, err := admin.RevokeCert(ctx, &quotadv1.RevokeCertRequest{Serial: fmt.Sprintf("%x", i)}); err != nil {
+					errs <- fmt.Errorf("revoke %d: %w", i, err)
+					return
+				}
+			}
+		}()
+	}
+	for range cap(errs) {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := c.Agent(0).FSM()
+	gen := f.CertsGeneration()
+	_, err := admin.RevokeCert(ctx, &quotadv1.RevokeCertRequest{Serial: "abcdef01", Reason: "leaked"})
+	wantCode(t, err, codes.ResourceExhausted, "replace the CA")
+	if strings.Contains(status.Convert(err).Message(), "to drop them") || f.RevokedCertCount() != fsm.MaxRevokedCerts || f.CertsGeneration() != gen {
+		t.Fatalf("a revoke past the cap: %v; %d entries", err, f.RevokedCertCount())
+	}
+	if r, err := admin.RevokeCert(ctx, &quotadv1.RevokeCertRequest{Serial: "1"}); err != nil || !r.AlreadyRevoked {
+		t.Fatalf("a revoke of a listed certificate on the full list: %v %v", r, err)
 	}
 }
