@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
@@ -262,6 +263,13 @@ func revokedCertInfo(e fsm.RevokedCert) *quotadv1.RevokedCert {
 	return out
 }
 
+// MaxRevokedCertsListBytes bounds a ListRevokedCerts answer: a full deny-list
+// (fsm.MaxRevokedCerts entries of at most ~1.2 KB: fingerprint, serials, and subject,
+// revoked_by and reason of up to 256 bytes each) is ~12 MB, above gRPC's default 4 MB
+// receive cap, so whoever reads the answer (a follower forwarding it, quotad tls cert
+// revoked) raises its cap to this for that call.
+const MaxRevokedCertsListBytes = 32 << 20
+
 // ListRevokedCerts lists the deny-list, linearizably (admin).
 func (s *Server) ListRevokedCerts(ctx context.Context, req *quotadv1.ListRevokedCertsRequest) (*quotadv1.ListRevokedCertsResponse, error) {
 	conn, err := s.route(ctx)
@@ -269,7 +277,7 @@ func (s *Server) ListRevokedCerts(ctx context.Context, req *quotadv1.ListRevoked
 		if err != nil {
 			return nil, err
 		}
-		return quotadv1.NewAdminClient(conn).ListRevokedCerts(forwardCtx(ctx), req)
+		return quotadv1.NewAdminClient(conn).ListRevokedCerts(forwardCtx(ctx), req, grpc.MaxCallRecvMsgSize(MaxRevokedCertsListBytes))
 	}
 	if err := s.node.VerifyRead(ctx); err != nil {
 		return nil, s.applyError(err)

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc"
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"github.com/quotad/quotad/rpc"
 )
 
 // certRevokeCmds are `quotad tls cert revoke` and `quotad tls cert revoked` (admin).
@@ -84,7 +85,7 @@ on Raft: see docs/security.md.`,
 			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
 			defer cancel()
 			return call(ctx, listAddr, func(ctx context.Context, conn *grpc.ClientConn) error {
-				resp, err := quotadv1.NewAdminClient(conn).ListRevokedCerts(ctx, &quotadv1.ListRevokedCertsRequest{})
+				resp, err := quotadv1.NewAdminClient(conn).ListRevokedCerts(ctx, &quotadv1.ListRevokedCertsRequest{}, grpc.MaxCallRecvMsgSize(rpc.MaxRevokedCertsListBytes))
 				if err != nil {
 					return err
 				}
