@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -580,5 +581,68 @@ func TestListRevokedCertsLargeThroughFollower(t *testing.T) {
 	}
 	if len(l.Certs) != n || proto.Size(l) <= 4<<20 {
 		t.Fatalf("listed %d entries, %d bytes; want %d, above 4 MB", len(l.Certs), proto.Size(l), n)
+	}
+}
+
+// TestRevokedCertRefusedOnRLS: the Envoy rate limit service refuses a revoked certificate on
+// every node, on connections opened before the revoke (a follower's batched forward
+// included), and the leader checks the principals of a forwarded batch (Peer
+// ForwardRateLimit) call by call: a revoked certificate's principal, and a certificate
+// principal without its key once certificates are revoked, are refused while the batch's
+// other calls are decided.
+func TestRevokedCertRefusedOnRLS(t *testing.T) {
+	c, p, _ := streamCluster(t)
+	p.client(auth.Identity{Name: "w2", Role: auth.RoleWorker, Domains: []string{"free"}})
+	p.client(auth.Identity{Name: "admin", Role: auth.RoleAdmin})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	leader := c.Leader()
+	req := rlsReq("free", []string{"k", "v"})
+	var rls []rlsv3.RateLimitServiceClient
+	for _, addr := range c.Addrs() {
+		rls = append(rls, rlsv3.NewRateLimitServiceClient(p.dialAs(addr, "w")))
+	}
+	for i, r := range rls {
+		if resp, err := r.ShouldRateLimit(ctx, req); err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("node %d before the revoke: %v %v", i, resp, err)
+		}
+	}
+	admin := quotadv1.NewAdminClient(p.dialAs(c.Addrs()[leader], "admin"))
+	if _, err := admin.RevokeCert(ctx, &quotadv1.RevokeCertRequest{CertPem: p.pemOf("w")}); err != nil {
+		t.Fatal(err)
+	}
+	clustertest.Eventually(t, 5*time.Second, func() error {
+		for i, r := range rls {
+			if _, err := r.ShouldRateLimit(ctx, req); status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), "revoked") {
+				return fmt.Errorf("node %d: ShouldRateLimit of the revoked certificate answered %v", i, err)
+			}
+		}
+		return nil
+	})
+
+	data, err := proto.Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	worker := func(name string, k auth.CertKey) string {
+		return auth.EncodePrincipal(auth.Identity{Name: "cert:" + name, Role: auth.RoleWorker, Domains: []string{"free"}, Cert: k})
+	}
+	peer := quotadv1.NewPeerClient(p.dialAs(c.Addrs()[leader], "node"))
+	resp, err := peer.ForwardRateLimit(ctx, &quotadv1.ForwardRateLimitRequest{Calls: []*quotadv1.ForwardedCall{
+		{Request: data, Principal: worker("w", auth.KeyOf(p.certOf("w")))},
+		{Request: data, Principal: worker("w", auth.CertKey{})},
+		{Request: data, Principal: worker("w2", auth.KeyOf(p.certOf("w2")))},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []string{"revoked", "without its certificate's fingerprint"} {
+		if r := resp.Results[i]; codes.Code(r.Code) != codes.Unauthenticated || !strings.Contains(r.Message, want) {
+			t.Errorf("forwarded call %d: %v %q, want Unauthenticated saying %q", i, codes.Code(r.Code), r.Message, want)
+		}
+	}
+	out := &rlsv3.RateLimitResponse{}
+	if r := resp.Results[2]; r.Code != 0 || proto.Unmarshal(r.Response, out) != nil || out.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Errorf("a valid certificate's forwarded call: %v %q %v", codes.Code(r.Code), r.Message, out)
 	}
 }
