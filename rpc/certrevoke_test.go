@@ -120,6 +120,7 @@ func TestRevokeCertRefusedOnEveryNode(t *testing.T) {
 		"two names":       {&quotadv1.RevokeCertRequest{Serial: "1f", CertPem: p.pemOf("w")}, "exactly one of --cert"},
 		"bad fingerprint": {&quotadv1.RevokeCertRequest{Sha256: "3f:9a"}, "64 hex digits"},
 		"bad serial":      {&quotadv1.RevokeCertRequest{Serial: "12-34"}, "positive hex number"},
+		"decimal serial?": {&quotadv1.RevokeCertRequest{Serial: "4096"}, "only decimal digits"},
 		"not a PEM":       {&quotadv1.RevokeCertRequest{CertPem: []byte("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n")}, "no PEM CERTIFICATE block"},
 	} {
 		_, err := admin.RevokeCert(ctx, tc.req)
@@ -512,7 +513,7 @@ func TestRevokeCertDenyListFull(t *testing.T) {
 					errs <- nil
 					return
 				}
-				if _, err := admin.RevokeCert(ctx, &quotadv1.RevokeCertRequest{Serial: fmt.Sprintf("%x", i)}); err != nil {
+				if _, err := admin.RevokeCert(ctx, &quotadv1.RevokeCertRequest{Serial: fmt.Sprintf("0x%x", i)}); err != nil {
 					errs <- fmt.Errorf("revoke %d: %w", i, err)
 					return
 				}
@@ -531,7 +532,7 @@ func TestRevokeCertDenyListFull(t *testing.T) {
 	if strings.Contains(status.Convert(err).Message(), "to drop them") || f.RevokedCertCount() != fsm.MaxRevokedCerts || f.CertsGeneration() != gen {
 		t.Fatalf("a revoke past the cap: %v; %d entries", err, f.RevokedCertCount())
 	}
-	if r, err := admin.RevokeCert(ctx, &quotadv1.RevokeCertRequest{Serial: "1"}); err != nil || !r.AlreadyRevoked {
+	if r, err := admin.RevokeCert(ctx, &quotadv1.RevokeCertRequest{Serial: "0x1"}); err != nil || !r.AlreadyRevoked {
 		t.Fatalf("a revoke of a listed certificate on the full list: %v %v", r, err)
 	}
 }
