@@ -58,7 +58,7 @@ func ParseFingerprint(s string) ([32]byte, error) {
 }
 
 // ParseSerial reads a serial number in hex (as `openssl x509 -noout -serial` prints it), with
-// or without colons, a "0x" or "serial=" prefix and leading zeros, and returns its canonical
+// or without colons, a "0x", "serial=" or "serial:" prefix and leading zeros, and returns its canonical
 // form (SerialHex). Decimal is not accepted, and digits alone without a prefix or colons are
 // refused as ambiguous: Go, cfssl and step print serials in decimal and openssl x509 -text
 // prints short ones so, and read as hex they would name another certificate (the revoke would
@@ -67,7 +67,7 @@ func ParseFingerprint(s string) ([32]byte, error) {
 func ParseSerial(s string) (string, error) {
 	t := strings.ToLower(strings.TrimSpace(s))
 	hexSaid := false
-	for _, p := range []string{"serial=", "0x"} {
+	for _, p := range []string{"serial=", "serial:", "0x"} { // serial: as quotad tls cert revoked lists it
 		if u, ok := strings.CutPrefix(t, p); ok {
 			t, hexSaid = u, true
 		}

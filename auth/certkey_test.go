@@ -25,7 +25,7 @@ func TestParseCertNames(t *testing.T) {
 			t.Errorf("ParseFingerprint(%q): %v", in, err)
 		}
 	}
-	for in, want := range map[string]string{"1F": "1f", "serial=00:1F": "1f", "0x01f": "1f", "serial=10": "10", "0x10": "10", "10:00": "1000"} {
+	for in, want := range map[string]string{"1F": "1f", "serial=00:1F": "1f", "0x01f": "1f", "serial=10": "10", "0x10": "10", "10:00": "1000", "serial:4096": "4096"} {
 		if got, err := ParseSerial(in); err != nil || got != want {
 			t.Errorf("ParseSerial(%q) = %q, %v; want %q", in, got, err, want)
 		}
