@@ -503,27 +503,10 @@ func TestRevokeCertDenyListFull(t *testing.T) {
 	admin := quotadv1.NewAdminClient(dial(t, c.Addrs()[0]))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	var next atomic.Int64
-	errs := make(chan error, 32)
-	for range cap(errs) {
-		go func() {
-			for {
-				i := next.Add(1)
-				if i > fsm.MaxRevokedCerts {
-					errs <- nil
-					return
-				}
-				if _, err := admin.RevokeCert(ctx, &quotadv1.RevokeCertRequest{Serial: fmt.Sprintf("0x%x", i)}); err != nil {
-					errs <- fmt.Errorf("revoke %d: %w", i, err)
-					return
-				}
-			}
-		}()
-	}
-	for range cap(errs) {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
+	if err := fillDenyList(ctx, admin, fsm.MaxRevokedCerts, func(i int) *quotadv1.RevokeCertRequest {
+		return &quotadv1.RevokeCertRequest{Serial: fmt.Sprintf("0x%x", i)}
+	}); err != nil {
+		t.Fatal(err)
 	}
 	f := c.Agent(0).FSM()
 	gen := f.CertsGeneration()
@@ -552,29 +535,13 @@ func TestListRevokedCertsLargeThroughFollower(t *testing.T) {
 	admin := quotadv1.NewAdminClient(p.dialAs(c.Addrs()[leader], name))
 	const n = 9000
 	reason := strings.Repeat("r", 256)
-	var next atomic.Int64
-	errs := make(chan error, 32)
-	for range cap(errs) {
-		go func() {
-			for {
-				i := next.Add(1)
-				if i > n {
-					errs <- nil
-					return
-				}
-				fp := sha256.Sum256(fmt.Appendf(nil, "cert %d", i))
-				if _, err := admin.RevokeCert(ctx, &quotadv1.RevokeCertRequest{Sha256: hex.EncodeToString(fp[:]), Reason: reason}); err != nil {
-					errs <- fmt.Errorf("revoke %d: %w", i, err)
-					return
-				}
-			}
-		}()
+	if err := fillDenyList(ctx, admin, n, func(i int) *quotadv1.RevokeCertRequest {
+		fp := sha256.Sum256(fmt.Appendf(nil, "cert %d", i))
+		return &quotadv1.RevokeCertRequest{Sha256: hex.EncodeToString(fp[:]), Reason: reason}
+	}); err != nil {
+		t.Fatal(err)
 	}
-	for range cap(errs) {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
-	}
+	leader = c.Leader() // again: it may have changed under the load
 	follower := quotadv1.NewAdminClient(p.dialAs(c.Addrs()[(leader+1)%3], name))
 	l, err := follower.ListRevokedCerts(ctx, &quotadv1.ListRevokedCertsRequest{}, grpc.MaxCallRecvMsgSize(rpc.MaxRevokedCertsListBytes))
 	if err != nil {
@@ -646,4 +613,42 @@ func TestRevokedCertRefusedOnRLS(t *testing.T) {
 	if r := resp.Results[2]; r.Code != 0 || proto.Unmarshal(r.Response, out) != nil || out.OverallCode != rlsv3.RateLimitResponse_OK {
 		t.Errorf("a valid certificate's forwarded call: %v %q %v", codes.Code(r.Code), r.Message, out)
 	}
+}
+
+// fillDenyList revokes req(1)…req(n) through admin, 16 at a time. A revoke is idempotent, so
+// one answered UNAVAILABLE (a leader change: the cluster is loaded, -race especially) is sent
+// again.
+func fillDenyList(ctx context.Context, admin quotadv1.AdminClient, n int, req func(i int) *quotadv1.RevokeCertRequest) error {
+	var next atomic.Int64
+	errs := make(chan error, 16)
+	for range cap(errs) {
+		go func() {
+			for {
+				i := int(next.Add(1))
+				if i > n {
+					errs <- nil
+					return
+				}
+				for {
+					_, err := admin.RevokeCert(ctx, req(i))
+					if status.Code(err) == codes.Unavailable && ctx.Err() == nil {
+						time.Sleep(50 * time.Millisecond)
+						continue
+					}
+					if err != nil {
+						errs <- fmt.Errorf("revoke %d: %w", i, err)
+						return
+					}
+					break
+				}
+			}
+		}()
+	}
+	var first error
+	for range cap(errs) {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
 }
