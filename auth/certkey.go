@@ -58,16 +58,28 @@ func ParseFingerprint(s string) ([32]byte, error) {
 }
 
 // ParseSerial reads a serial number in hex (as `openssl x509 -noout -serial` prints it), with
-// or without colons, a "0x" or "serial=" prefix and leading zeros, and returns its canonical
-// form (SerialHex). Decimal is not accepted: "10" is sixteen.
+// or without colons, a "0x", "serial=" or "serial:" prefix and leading zeros, and returns its canonical
+// form (SerialHex). Decimal is not accepted, and digits alone without a prefix or colons are
+// refused as ambiguous: Go, cfssl and step print serials in decimal and openssl x509 -text
+// prints short ones so, and read as hex they would name another certificate (the revoke would
+// succeed and cut off nothing). A random serial is all decimal digits in hex with odds of
+// about 1 in 3 million; "0x" or "serial=" says it is hex.
 func ParseSerial(s string) (string, error) {
 	t := strings.ToLower(strings.TrimSpace(s))
-	t = strings.TrimPrefix(t, "serial=")
-	t = strings.TrimPrefix(t, "0x")
+	hexSaid := false
+	for _, p := range []string{"serial=", "serial:", "0x"} { // serial: as quotad tls cert revoked lists it
+		if u, ok := strings.CutPrefix(t, p); ok {
+			t, hexSaid = u, true
+		}
+	}
+	hexSaid = hexSaid || strings.Contains(t, ":")
 	t = strings.ReplaceAll(t, ":", "")
 	n, ok := new(big.Int).SetString(t, 16)
 	if t == "" || len(t) > 64 || !ok || n.Sign() <= 0 {
 		return "", fmt.Errorf("%w: serial %.100q is not a positive hex number of at most 64 digits (as `openssl x509 -noout -serial -in CERT.pem` prints it; or pass the certificate file with --cert)", ErrBadCertName, s)
+	}
+	if !hexSaid && strings.Trim(t, "0123456789") == "" {
+		return "", fmt.Errorf("%w: serial %.100q has only decimal digits: it may be decimal (as Go, cfssl, step and openssl x509 -text print serials), which read as hex names another certificate; pass it as `openssl x509 -noout -serial -in CERT.pem` prints it (serial=…), or in hex with 0x, or pass the certificate file with --cert", ErrBadCertName, s)
 	}
 	return SerialHex(n), nil
 }

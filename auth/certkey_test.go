@@ -25,7 +25,7 @@ func TestParseCertNames(t *testing.T) {
 			t.Errorf("ParseFingerprint(%q): %v", in, err)
 		}
 	}
-	for in, want := range map[string]string{"1F": "1f", "serial=00:1F": "1f", "0x01f": "1f", "10": "10"} {
+	for in, want := range map[string]string{"1F": "1f", "serial=00:1F": "1f", "0x01f": "1f", "serial=10": "10", "0x10": "10", "10:00": "1000", "serial:4096": "4096"} {
 		if got, err := ParseSerial(in); err != nil || got != want {
 			t.Errorf("ParseSerial(%q) = %q, %v; want %q", in, got, err, want)
 		}
@@ -33,6 +33,13 @@ func TestParseCertNames(t *testing.T) {
 	for _, in := range []string{"", "0", "-1", "12-34", "g1", strings.Repeat("f", 65)} {
 		if _, err := ParseSerial(in); !errors.Is(err, ErrBadCertName) {
 			t.Errorf("ParseSerial(%q): %v", in, err)
+		}
+	}
+	// Digits alone could be decimal (Go, cfssl, step print serials so): refused, not read as
+	// hex, which would revoke another certificate and cut off nothing.
+	for _, in := range []string{"10", "4096", " 340282366920938463463374607431768211455 "} {
+		if _, err := ParseSerial(in); !errors.Is(err, ErrBadCertName) || !strings.Contains(err.Error(), "only decimal digits") {
+			t.Errorf("ParseSerial(%q): %v, want refused as ambiguous", in, err)
 		}
 	}
 	if _, err := ParseCertPEM([]byte("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n")); err == nil || strings.Contains(err.Error(), "AAAA") {

@@ -26,6 +26,11 @@ var (
 	// ErrInvalidCertRevoke: a RevokeCert that names no certificate, or one that needs a newer
 	// command version than its entry's.
 	ErrInvalidCertRevoke = errors.New("fsm: invalid certificate revoke")
+	// ErrCertDenyListFull: a RevokeCert, or a restore, that would put more than
+	// MaxRevokedCerts certificates on the deny-list (nothing changed). Entries are never
+	// dropped, so this is final for the cluster: cut further certificates off by replacing
+	// the CA.
+	ErrCertDenyListFull = errors.New("fsm: the certificate deny-list is full")
 )
 
 // CertRevokeVersion is the first command version whose nodes apply RevokeCert and enforce the
@@ -179,11 +184,19 @@ func (f *FSM) applyRevokeCert(o *fsmv1.RevokeCert) error {
 		return fmt.Errorf("%w: %s", ErrCertRevoked, c.key())
 	}
 	if cur.len() >= MaxRevokedCerts {
-		return fmt.Errorf("%w: the deny-list holds %d certificates, the most it keeps; replace the CA (docs/security.md, Rotating the CA) to drop them", ErrInvalidCertRevoke, MaxRevokedCerts)
+		return DenyListFull(cur.len())
 	}
 	f.storeCerts(cur.with(c))
 	return nil
 }
+
+// DenyListFull is the refusal (ErrCertDenyListFull) of a revoke onto a deny-list of n entries.
+func DenyListFull(n int) error {
+	return fmt.Errorf("%w: it holds %d certificates, the most it keeps, and entries are never dropped; nothing changed — to cut this certificate off, replace the CA (docs/security.md, Rotating the CA without downtime)", ErrCertDenyListFull, n)
+}
+
+// RevokedCertCount is the number of entries on the deny-list. It takes no lock.
+func (f *FSM) RevokedCertCount() int { return f.certs.Load().len() }
 
 // certFromOp checks a RevokeCert op: replicas agree on the answer because it depends on the
 // op alone.
@@ -265,6 +278,9 @@ func decodeCerts(b []byte) (*certSet, error) {
 	if k <= 0 || n > uint64(len(b)) {
 		return fail("bad count")
 	}
+	if n > MaxRevokedCerts {
+		return fail("%d certificates; a deny-list holds at most %d", n, MaxRevokedCerts)
+	}
 	b = b[k:]
 	var cs []*RevokedCert
 	for i := uint64(0); i < n; i++ {
@@ -320,6 +336,10 @@ func unionCerts(current *certSet, file []byte) ([]byte, error) {
 		return nil, err
 	}
 	u := current.with(fs.sorted()...)
+	if u.len() > MaxRevokedCerts {
+		return nil, fmt.Errorf("%w: the restore would hold %d revoked certificates (the cluster's %d and the file's %d, %d of them in both), more than the %d it keeps; a restore never drops a revoke, so nothing was restored — restore a file whose revocations the cluster already holds, or rebuild the cluster",
+			ErrCertDenyListFull, u.len(), current.len(), fs.len(), current.len()+fs.len()-u.len(), MaxRevokedCerts)
+	}
 	if u.len() == 0 {
 		return nil, nil
 	}

@@ -5,7 +5,9 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
+	"strings"
 	"testing"
 	"time"
 
@@ -152,5 +154,61 @@ func TestRestoreKeepsRevokedCerts(t *testing.T) {
 	r := New(Options{})
 	if err := r.Restore(io.NopCloser(&out)); err != nil || !r.CertRevoked(keyOf("leaked", "")) {
 		t.Fatalf("format 1 file: err %v, deny-list %+v", err, r.RevokedCerts())
+	}
+}
+
+// manyCerts is a deny-list of n certificates named by fingerprint (prefix, i).
+func manyCerts(prefix string, n int) *certSet {
+	cs := make([]*RevokedCert, n)
+	for i := range cs {
+		cs[i] = &RevokedCert{HasSHA: true, SHA256: sha256.Sum256(fmt.Appendf(nil, "%s%d", prefix, i))}
+	}
+	return emptyCerts.with(cs...)
+}
+
+// TestCertDenyListCap: at MaxRevokedCerts a revoke is refused ErrCertDenyListFull (not
+// "invalid"), changing nothing, with a remedy that works (replace the CA; the list is never
+// pruned); a restore whose union of the cluster's and the file's deny-lists exceeds the cap
+// is refused before anything is written (before, repeated restores grew the list without
+// bound), and a snapshot whose certificates section claims more than the cap does not decode.
+func TestCertDenyListCap(t *testing.T) {
+	l := newLog(t)
+	l.f.storeCerts(manyCerts("a", MaxRevokedCerts-1))
+	if err := l.apply(time.Second, revokeCertSerial("1f")).Ops[0].Other.Err; err != nil {
+		t.Fatalf("the last place: %v", err)
+	}
+	gen := l.f.CertsGeneration()
+	err := l.apply(time.Second, revokeCertSerial("2f")).Ops[0].Other.Err
+	if !errors.Is(err, ErrCertDenyListFull) || errors.Is(err, ErrInvalidCertRevoke) || !strings.Contains(err.Error(), "replace the CA") ||
+		strings.Contains(err.Error(), "to drop them") {
+		t.Fatalf("a revoke past the cap: %v", err)
+	}
+	if l.f.RevokedCertCount() != MaxRevokedCerts || l.f.CertsGeneration() != gen || l.f.CertRevoked(keyOf("x", "2f")) {
+		t.Fatalf("a refused revoke changed the deny-list: %d entries", l.f.RevokedCertCount())
+	}
+
+	current := newLog(t)
+	current.f.storeCerts(manyCerts("a", MaxRevokedCerts/2+1))
+	disjoint, overlapping := newLog(t), newLog(t)
+	disjoint.f.storeCerts(manyCerts("b", MaxRevokedCerts/2))
+	overlapping.f.storeCerts(manyCerts("a", MaxRevokedCerts/2+1).with(manyCerts("c", 10).sorted()...))
+	var out bytes.Buffer
+	_, err = current.f.WriteRestoreSnapshot(&out, bytes.NewReader(snapshotBytes(t, disjoint.f)), RestoreRewrite{KeepTokens: true})
+	if !errors.Is(err, ErrCertDenyListFull) || !strings.Contains(err.Error(), fmt.Sprint(MaxRevokedCerts+1)) {
+		t.Fatalf("a restore past the cap: %v", err)
+	}
+	out.Reset()
+	if _, err := current.f.WriteRestoreSnapshot(&out, bytes.NewReader(snapshotBytes(t, overlapping.f)), RestoreRewrite{KeepTokens: true}); err != nil {
+		t.Fatalf("a restore within the cap (the file's entries mostly the cluster's): %v", err)
+	}
+	r := New(Options{})
+	if err := r.Restore(io.NopCloser(&out)); err != nil || r.RevokedCertCount() != MaxRevokedCerts/2+11 {
+		t.Fatalf("restored within the cap: %v, %d entries", err, r.RevokedCertCount())
+	}
+
+	over := newLog(t)
+	over.f.storeCerts(manyCerts("a", MaxRevokedCerts+1))
+	if err := New(Options{}).Restore(io.NopCloser(bytes.NewReader(snapshotBytes(t, over.f)))); err == nil || !strings.Contains(err.Error(), "at most") {
+		t.Fatalf("a snapshot past the cap decoded: %v", err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
@@ -150,6 +151,11 @@ func (s *Server) RevokeCert(ctx context.Context, req *quotadv1.RevokeCertRequest
 	if e, ok := s.fsm.RevokedCertOf(op); ok {
 		return &quotadv1.RevokeCertResponse{Cert: revokedCertInfo(e), AlreadyRevoked: true}, nil
 	}
+	if n := s.fsm.RevokedCertCount(); n >= fsm.MaxRevokedCerts {
+		// Refused here, without a log entry the FSM would refuse (it checks again: a revoke
+		// that committed meanwhile).
+		return nil, denyListFullError(fsm.DenyListFull(n))
+	}
 	op.RevokedBy, op.RevokedUnixMs = clip(IdentityFrom(ctx).Name), time.Now().UnixMilli()
 	r, err := s.prop.propose(ctx, &fsmv1.Op{Op: &fsmv1.Op_RevokeCert{RevokeCert: op}})
 	if err != nil {
@@ -160,6 +166,8 @@ func (s *Server) RevokeCert(ctx context.Context, req *quotadv1.RevokeCertRequest
 		switch {
 		case errors.Is(err, fsm.ErrCertRevoked):
 			already = true // revoked by a call that committed first
+		case errors.Is(err, fsm.ErrCertDenyListFull):
+			return nil, denyListFullError(err)
 		case errors.Is(err, fsm.ErrInvalidCertRevoke) && strings.Contains(err.Error(), "command version"):
 			return nil, status.Errorf(codes.FailedPrecondition, "the revoke was written at an older command version (a node joined or was downgraded meanwhile): %v; nothing changed", err)
 		default:
@@ -169,6 +177,13 @@ func (s *Server) RevokeCert(ctx context.Context, req *quotadv1.RevokeCertRequest
 	s.fair.wake() // its waiting admissions are failed at the pump's next pass: now
 	e, _ := s.fsm.RevokedCertOf(op)
 	return &quotadv1.RevokeCertResponse{Cert: revokedCertInfo(e), AlreadyRevoked: already}, nil
+}
+
+// denyListFullError is the refusal of a revoke (or restore) the deny-list has no room for
+// (fsm.ErrCertDenyListFull): RESOURCE_EXHAUSTED, not INVALID_ARGUMENT — the request was
+// fine, the cluster cannot take it.
+func denyListFullError(err error) error {
+	return status.Error(codes.ResourceExhausted, err.Error())
 }
 
 // certRevokeAllowed refuses (FailedPrecondition) what (a revoke, a restore of revoked
@@ -248,6 +263,13 @@ func revokedCertInfo(e fsm.RevokedCert) *quotadv1.RevokedCert {
 	return out
 }
 
+// MaxRevokedCertsListBytes bounds a ListRevokedCerts answer: a full deny-list
+// (fsm.MaxRevokedCerts entries of at most ~1.2 KB: fingerprint, serials, and subject,
+// revoked_by and reason of up to 256 bytes each) is ~12 MB, above gRPC's default 4 MB
+// receive cap, so whoever reads the answer (a follower forwarding it, quotad tls cert
+// revoked) raises its cap to this for that call.
+const MaxRevokedCertsListBytes = 32 << 20
+
 // ListRevokedCerts lists the deny-list, linearizably (admin).
 func (s *Server) ListRevokedCerts(ctx context.Context, req *quotadv1.ListRevokedCertsRequest) (*quotadv1.ListRevokedCertsResponse, error) {
 	conn, err := s.route(ctx)
@@ -255,7 +277,7 @@ func (s *Server) ListRevokedCerts(ctx context.Context, req *quotadv1.ListRevoked
 		if err != nil {
 			return nil, err
 		}
-		return quotadv1.NewAdminClient(conn).ListRevokedCerts(forwardCtx(ctx), req)
+		return quotadv1.NewAdminClient(conn).ListRevokedCerts(forwardCtx(ctx), req, grpc.MaxCallRecvMsgSize(MaxRevokedCertsListBytes))
 	}
 	if err := s.node.VerifyRead(ctx); err != nil {
 		return nil, s.applyError(err)

@@ -17,11 +17,13 @@ import (
 	"testing"
 	"time"
 
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
 	"github.com/quotad/quotad/auth"
@@ -30,6 +32,7 @@ import (
 	"github.com/quotad/quotad/fsm"
 	"github.com/quotad/quotad/internal/pkifiles"
 	"github.com/quotad/quotad/rpc"
+	"github.com/quotad/quotad/rpc/rpctest"
 )
 
 // certOf reads the certificate p issued as name.
@@ -117,6 +120,7 @@ func TestRevokeCertRefusedOnEveryNode(t *testing.T) {
 		"two names":       {&quotadv1.RevokeCertRequest{Serial: "1f", CertPem: p.pemOf("w")}, "exactly one of --cert"},
 		"bad fingerprint": {&quotadv1.RevokeCertRequest{Sha256: "3f:9a"}, "64 hex digits"},
 		"bad serial":      {&quotadv1.RevokeCertRequest{Serial: "12-34"}, "positive hex number"},
+		"decimal serial?": {&quotadv1.RevokeCertRequest{Serial: "4096"}, "only decimal digits"},
 		"not a PEM":       {&quotadv1.RevokeCertRequest{CertPem: []byte("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n")}, "no PEM CERTIFICATE block"},
 	} {
 		_, err := admin.RevokeCert(ctx, tc.req)
@@ -487,4 +491,164 @@ func TestRevokedCertRefusedOnHTTPDebug(t *testing.T) {
 	if code, _ := get(t, httpsClient(t, creds, pkifiles.AdminName), base, ""); code != http.StatusOK {
 		t.Fatalf("another admin certificate: %d", code)
 	}
+}
+
+// TestRevokeCertDenyListFull: at fsm.MaxRevokedCerts a revoke is refused RESOURCE_EXHAUSTED
+// (before: INVALID_ARGUMENT, as if the request were malformed, proposed to the log anyway,
+// and telling the operator that replacing the CA drops entries, which nothing does), saying
+// what to do instead, and nothing changes; a certificate already on the full list is still
+// answered "already revoked".
+func TestRevokeCertDenyListFull(t *testing.T) {
+	c := rpctest.Start(t, 1, "")
+	admin := quotadv1.NewAdminClient(dial(t, c.Addrs()[0]))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := fillDenyList(ctx, admin, fsm.MaxRevokedCerts, func(i int) *quotadv1.RevokeCertRequest {
+		return &quotadv1.RevokeCertRequest{Serial: fmt.Sprintf("0x%x", i)}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	f := c.Agent(0).FSM()
+	gen := f.CertsGeneration()
+	_, err := admin.RevokeCert(ctx, &quotadv1.RevokeCertRequest{Serial: "abcdef01", Reason: "leaked"})
+	wantCode(t, err, codes.ResourceExhausted, "replace the CA")
+	if strings.Contains(status.Convert(err).Message(), "to drop them") || f.RevokedCertCount() != fsm.MaxRevokedCerts || f.CertsGeneration() != gen {
+		t.Fatalf("a revoke past the cap: %v; %d entries", err, f.RevokedCertCount())
+	}
+	if r, err := admin.RevokeCert(ctx, &quotadv1.RevokeCertRequest{Serial: "0x1"}); err != nil || !r.AlreadyRevoked {
+		t.Fatalf("a revoke of a listed certificate on the full list: %v %v", r, err)
+	}
+}
+
+// TestListRevokedCertsLargeThroughFollower: a deny-list whose listing is above gRPC's default
+// 4 MB receive cap (~9,000 entries with long reasons, revoked by an admin with a long name;
+// the full 10,000 can reach ~12 MB) is listed through a follower too: before, the follower's
+// forward to the leader failed RESOURCE_EXHAUSTED ("received message larger than max"), so
+// `quotad tls cert revoked` could not list what the cluster held.
+func TestListRevokedCertsLargeThroughFollower(t *testing.T) {
+	c, p, _ := streamCluster(t)
+	name := strings.Repeat("a", 200)
+	p.client(auth.Identity{Name: name, Role: auth.RoleAdmin})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	leader := c.Leader()
+	admin := quotadv1.NewAdminClient(p.dialAs(c.Addrs()[leader], name))
+	const n = 9000
+	reason := strings.Repeat("r", 256)
+	if err := fillDenyList(ctx, admin, n, func(i int) *quotadv1.RevokeCertRequest {
+		fp := sha256.Sum256(fmt.Appendf(nil, "cert %d", i))
+		return &quotadv1.RevokeCertRequest{Sha256: hex.EncodeToString(fp[:]), Reason: reason}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	leader = c.Leader() // again: it may have changed under the load
+	follower := quotadv1.NewAdminClient(p.dialAs(c.Addrs()[(leader+1)%3], name))
+	l, err := follower.ListRevokedCerts(ctx, &quotadv1.ListRevokedCertsRequest{}, grpc.MaxCallRecvMsgSize(rpc.MaxRevokedCertsListBytes))
+	if err != nil {
+		t.Fatalf("listing through a follower: %v", err)
+	}
+	if len(l.Certs) != n || proto.Size(l) <= 4<<20 {
+		t.Fatalf("listed %d entries, %d bytes; want %d, above 4 MB", len(l.Certs), proto.Size(l), n)
+	}
+}
+
+// TestRevokedCertRefusedOnRLS: the Envoy rate limit service refuses a revoked certificate on
+// every node, on connections opened before the revoke (a follower's batched forward
+// included), and the leader checks the principals of a forwarded batch (Peer
+// ForwardRateLimit) call by call: a revoked certificate's principal, and a certificate
+// principal without its key once certificates are revoked, are refused while the batch's
+// other calls are decided.
+func TestRevokedCertRefusedOnRLS(t *testing.T) {
+	c, p, _ := streamCluster(t)
+	p.client(auth.Identity{Name: "w2", Role: auth.RoleWorker, Domains: []string{"free"}})
+	p.client(auth.Identity{Name: "admin", Role: auth.RoleAdmin})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	leader := c.Leader()
+	req := rlsReq("free", []string{"k", "v"})
+	var rls []rlsv3.RateLimitServiceClient
+	for _, addr := range c.Addrs() {
+		rls = append(rls, rlsv3.NewRateLimitServiceClient(p.dialAs(addr, "w")))
+	}
+	for i, r := range rls {
+		if resp, err := r.ShouldRateLimit(ctx, req); err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("node %d before the revoke: %v %v", i, resp, err)
+		}
+	}
+	admin := quotadv1.NewAdminClient(p.dialAs(c.Addrs()[leader], "admin"))
+	if _, err := admin.RevokeCert(ctx, &quotadv1.RevokeCertRequest{CertPem: p.pemOf("w")}); err != nil {
+		t.Fatal(err)
+	}
+	clustertest.Eventually(t, 5*time.Second, func() error {
+		for i, r := range rls {
+			if _, err := r.ShouldRateLimit(ctx, req); status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), "revoked") {
+				return fmt.Errorf("node %d: ShouldRateLimit of the revoked certificate answered %v", i, err)
+			}
+		}
+		return nil
+	})
+
+	data, err := proto.Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	worker := func(name string, k auth.CertKey) string {
+		return auth.EncodePrincipal(auth.Identity{Name: "cert:" + name, Role: auth.RoleWorker, Domains: []string{"free"}, Cert: k})
+	}
+	peer := quotadv1.NewPeerClient(p.dialAs(c.Addrs()[leader], "node"))
+	resp, err := peer.ForwardRateLimit(ctx, &quotadv1.ForwardRateLimitRequest{Calls: []*quotadv1.ForwardedCall{
+		{Request: data, Principal: worker("w", auth.KeyOf(p.certOf("w")))},
+		{Request: data, Principal: worker("w", auth.CertKey{})},
+		{Request: data, Principal: worker("w2", auth.KeyOf(p.certOf("w2")))},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []string{"revoked", "without its certificate's fingerprint"} {
+		if r := resp.Results[i]; codes.Code(r.Code) != codes.Unauthenticated || !strings.Contains(r.Message, want) {
+			t.Errorf("forwarded call %d: %v %q, want Unauthenticated saying %q", i, codes.Code(r.Code), r.Message, want)
+		}
+	}
+	out := &rlsv3.RateLimitResponse{}
+	if r := resp.Results[2]; r.Code != 0 || proto.Unmarshal(r.Response, out) != nil || out.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Errorf("a valid certificate's forwarded call: %v %q %v", codes.Code(r.Code), r.Message, out)
+	}
+}
+
+// fillDenyList revokes req(1)…req(n) through admin, 16 at a time. A revoke is idempotent, so
+// one answered UNAVAILABLE (a leader change: the cluster is loaded, -race especially) is sent
+// again.
+func fillDenyList(ctx context.Context, admin quotadv1.AdminClient, n int, req func(i int) *quotadv1.RevokeCertRequest) error {
+	var next atomic.Int64
+	errs := make(chan error, 16)
+	for range cap(errs) {
+		go func() {
+			for {
+				i := int(next.Add(1))
+				if i > n {
+					errs <- nil
+					return
+				}
+				for {
+					_, err := admin.RevokeCert(ctx, req(i))
+					if status.Code(err) == codes.Unavailable && ctx.Err() == nil {
+						time.Sleep(50 * time.Millisecond)
+						continue
+					}
+					if err != nil {
+						errs <- fmt.Errorf("revoke %d: %w", i, err)
+						return
+					}
+					break
+				}
+			}
+		}()
+	}
+	var first error
+	for range cap(errs) {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
 }

@@ -288,6 +288,9 @@ func (x *snapshotService) restore(stream grpc.ClientStreamingServer[quotadv1.Sna
 		if errors.Is(err, cluster.ErrNotLeader) {
 			return x.s.applyError(err)
 		}
+		if errors.Is(err, fsm.ErrCertDenyListFull) {
+			return denyListFullError(err)
+		}
 		return status.Errorf(codes.Internal, "restoring: %v", err)
 	}
 	resp.Index = x.node.Raft().LastIndex()

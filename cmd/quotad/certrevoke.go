@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc"
 
 	quotadv1 "github.com/quotad/quotad/api/quotad/v1"
+	"github.com/quotad/quotad/rpc"
 )
 
 // certRevokeCmds are `quotad tls cert revoke` and `quotad tls cert revoked` (admin).
@@ -29,7 +30,8 @@ Name the certificate by exactly one of:
   --fingerprint SHA256   the SHA-256 of its DER, hex, colons allowed:
                          openssl x509 -noout -fingerprint -sha256 -in FILE.pem
   --serial HEX           its serial number in hex: openssl x509 -noout -serial -in FILE.pem
-                         (refuses every certificate of the CA with that serial)
+                         (refuses every certificate of the CA with that serial; digits
+                         alone are refused as possibly decimal: write serial=… or 0x…)
 
 A revoke is final (no un-revoke: issue a new certificate) and idempotent: revoking a certificate
 already revoked changes nothing and says so. A snapshot restore keeps every revocation. Needs
@@ -38,7 +40,7 @@ to upgrade. Revoking a node certificate refuses it on the gRPC API (its forwarde
 on Raft: see docs/security.md.`,
 		Example: `  quotad tls cert revoke --cert gw1.pem --reason "key leaked in incident 42"
   quotad tls cert revoke --fingerprint 3F:9A:...:C1
-  quotad tls cert revoke --serial 5e2f0c...`,
+  quotad tls cert revoke --serial serial=5E2F0C...`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			req := &quotadv1.RevokeCertRequest{Sha256: fingerprint, Serial: serial, Reason: reason}
@@ -84,7 +86,7 @@ on Raft: see docs/security.md.`,
 			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
 			defer cancel()
 			return call(ctx, listAddr, func(ctx context.Context, conn *grpc.ClientConn) error {
-				resp, err := quotadv1.NewAdminClient(conn).ListRevokedCerts(ctx, &quotadv1.ListRevokedCertsRequest{})
+				resp, err := quotadv1.NewAdminClient(conn).ListRevokedCerts(ctx, &quotadv1.ListRevokedCertsRequest{}, grpc.MaxCallRecvMsgSize(rpc.MaxRevokedCertsListBytes))
 				if err != nil {
 					return err
 				}
