@@ -136,6 +136,10 @@ func TestEveryLeafWithoutArgumentsRefusesThem(t *testing.T) {
 func usesPositional(use string) bool {
 	words := strings.Fields(use)
 	for i := 1; i < len(words); i++ {
+		words[i] = strings.TrimLeft(words[i], "([") // a group of flags: (--a X | --b Y)
+		if words[i] == "|" {
+			continue
+		}
 		if strings.HasPrefix(words[i], "-") {
 			if !strings.Contains(words[i], "=") && i+1 < len(words) && !strings.HasPrefix(words[i+1], "-") {
 				i++ // the flag's value
