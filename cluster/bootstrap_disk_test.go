@@ -1,6 +1,7 @@
 package cluster_test
 
 import (
+	"context"
 	"errors"
 	"sync/atomic"
 	"testing"
@@ -75,5 +76,33 @@ func TestBootstrapAfterLogWriteFailed(t *testing.T) {
 	li := c.WaitLeader(15 * time.Second)
 	if got := add(t, c.Node(li), 3); got != 3 {
 		t.Fatalf("Apply response %d, want 3", got)
+	}
+}
+
+// TestLastSnapshotIndex: LastSnapshotIndex (the quotad_raft_snapshot_index gauge) is 0 before
+// the first snapshot and the snapshot's index after one, on the leader that took it and on a
+// node restarted from it.
+func TestLastSnapshotIndex(t *testing.T) {
+	t.Parallel()
+	c := clustertest.Start(t, 1, newCounterFSM)
+	li := c.WaitLeader(leaderTimeout)
+	n := c.Node(li)
+	if got := n.LastSnapshotIndex(); got != 0 {
+		t.Fatalf("LastSnapshotIndex before any snapshot = %d, want 0", got)
+	}
+	add(t, n, 2)
+	meta, rc, err := n.SaveSnapshot(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc.Close()
+	if got := n.LastSnapshotIndex(); got != meta.Index || got == 0 {
+		t.Fatalf("LastSnapshotIndex after a snapshot at %d = %d", meta.Index, got)
+	}
+	c.Stop(li)
+	c.Restart(li)
+	li = c.WaitLeader(leaderTimeout)
+	if got := c.Node(li).LastSnapshotIndex(); got != meta.Index {
+		t.Fatalf("LastSnapshotIndex after a restart = %d, want %d", got, meta.Index)
 	}
 }

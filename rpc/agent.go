@@ -381,6 +381,9 @@ func (a *Agent) registerGauges() {
 			Name: "quotad_raft_applied_index", Help: "Index of the last log entry applied to the FSM.",
 		}, func() float64 { return float64(a.fsm.AppliedIndex()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "quotad_raft_snapshot_index", Help: "Log index of this node's newest Raft snapshot (0: none); applied index minus it grows without bound while snapshots fail (disk full).",
+		}, func() float64 { return float64(a.node.LastSnapshotIndex()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "quotad_active_buckets", Help: "Buckets held in memory (absent buckets are full).",
 		}, func() float64 { return float64(a.fsm.Stats().Buckets) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
