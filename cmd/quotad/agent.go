@@ -163,6 +163,7 @@ over the environment, which wins over the file (docs/operations.md, "Configurati
 	caps.register(f)
 	rls.register(f)
 	reg.register(f)
+	agentconfig.RefuseRepeats(f)
 	return cmd
 }
 

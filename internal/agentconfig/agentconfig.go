@@ -280,3 +280,38 @@ func distance(a, b string) int {
 	}
 	return prev[len(b)]
 }
+
+// RefuseRepeats makes every flag of fs that takes one value refuse a second value: given
+// twice on the command line (`--data-dir /a … --data-dir /b`, a unit's ExecStart plus a
+// drop-in, args appended to a manifest), pflag would let the last one win without a word, as
+// a repeated key in the file is refused. Flags that take lists (slices, arrays) may repeat.
+// Call it once the flags are defined, before parsing; Apply sets each flag at most once.
+func RefuseRepeats(fs *pflag.FlagSet) {
+	fs.VisitAll(func(f *pflag.Flag) {
+		t := f.Value.Type()
+		if strings.HasSuffix(t, "Slice") || strings.HasSuffix(t, "Array") || strings.Contains(t, "To") {
+			return
+		}
+		if _, done := f.Value.(*onceValue); !done {
+			f.Value = &onceValue{Value: f.Value}
+		}
+	})
+}
+
+// onceValue is a flag value that can be set once.
+type onceValue struct {
+	pflag.Value
+	set   bool
+	first string
+}
+
+func (o *onceValue) Set(s string) error {
+	if o.set {
+		return fmt.Errorf("the flag is given twice (first %q): give it once; a flag on the command line wins over $QUOTAD_<FLAG> and the --config file anyway", o.first)
+	}
+	if err := o.Value.Set(s); err != nil {
+		return err
+	}
+	o.set, o.first = true, s
+	return nil
+}
