@@ -134,3 +134,36 @@ func TestAgentFlagGivenTwiceRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestRelativePathInConfigWarns: a relative path for a path flag in the --config file draws a
+// warning naming the file, the line, the key and what it resolves to (the working directory,
+// not the file's); absolute paths and non-path keys do not. Every agent flag that takes a
+// file or directory is marked, checked by its help text.
+func TestRelativePathInConfigWarns(t *testing.T) {
+	cmd := agentCmd()
+	cmd.LocalFlags().VisitAll(func(f *pflag.Flag) {
+		u := strings.ToLower(f.Usage)
+		if !agentconfig.Settable(f) || !(strings.HasPrefix(u, "pem ") || strings.HasPrefix(u, "file ") || strings.HasPrefix(u, "directory ") || strings.HasPrefix(u, "limits yaml")) {
+			return
+		}
+		if f.Annotations[agentconfig.PathAnnotation] == nil {
+			t.Errorf("--%s takes a path (%q) but is not in pathFlags", f.Name, f.Usage)
+		}
+	})
+	file := filepath.Join(t.TempDir(), "agent.yaml")
+	if err := os.WriteFile(file, []byte("cluster-name: prod\ndata-dir: /var/lib/quotad\nlimits: limits.yaml\ntls-cert: certs/n1.pem\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got := agentconfig.RelativePaths(cmd.LocalFlags(), file, "/")
+	if len(got) != 2 {
+		t.Fatalf("warnings %q, want 2 (limits, tls-cert)", got)
+	}
+	for i, want := range [][]string{{file + ":3:", "limits", `"limits.yaml"`, "working directory (/)", "/limits.yaml", "absolute path"},
+		{file + ":4:", "tls-cert", `"certs/n1.pem"`, "/certs/n1.pem"}} {
+		for _, w := range want {
+			if !strings.Contains(got[i], w) {
+				t.Errorf("warning %q does not say %s", got[i], w)
+			}
+		}
+	}
+}

@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 
@@ -314,4 +315,52 @@ func (o *onceValue) Set(s string) error {
 	}
 	o.set, o.first = true, s
 	return nil
+}
+
+// PathAnnotation marks a flag whose value is a file system path (MarkPaths).
+const PathAnnotation = "quotad_path"
+
+// MarkPaths marks the named flags of fs as taking file system paths, for RelativePaths. It
+// panics on a name fs does not have (a programming error).
+func MarkPaths(fs *pflag.FlagSet, names ...string) {
+	for _, n := range names {
+		if err := fs.SetAnnotation(n, PathAnnotation, []string{"true"}); err != nil {
+			panic(err)
+		}
+	}
+}
+
+// RelativePaths returns a warning for each path flag (MarkPaths) that the configuration file
+// gives a relative path: the agent resolves it against its working directory — / under
+// systemd and in most containers — not against the file's directory, so `limits: limits.yaml`
+// next to agent.yaml is not found, and a relative data-dir is a different, empty data dir
+// whenever the agent starts from another directory. wd is the working directory. Sorted by
+// line; nil without a file or if the file cannot be read (Apply reports that).
+func RelativePaths(fs *pflag.FlagSet, file, wd string) []string {
+	if file == "" {
+		return nil
+	}
+	vals, err := ReadFile(fs, file)
+	if err != nil {
+		return nil
+	}
+	type rel struct {
+		line int
+		msg  string
+	}
+	var rels []rel
+	for name, v := range vals {
+		f := fs.Lookup(name)
+		if f == nil || f.Annotations[PathAnnotation] == nil || v.value == "" || filepath.IsAbs(v.value) {
+			continue
+		}
+		rels = append(rels, rel{v.line, fmt.Sprintf("%s:%d: %s: %q is a relative path: the agent resolves it against its working directory (%s), not the directory of %s, so it means %s; write an absolute path",
+			file, v.line, name, v.value, wd, file, filepath.Join(wd, v.value))})
+	}
+	sort.Slice(rels, func(i, j int) bool { return rels[i].line < rels[j].line })
+	out := make([]string, len(rels))
+	for i, r := range rels {
+		out[i] = r.msg
+	}
+	return out
 }
