@@ -19,7 +19,7 @@ LDFLAGS := -X github.com/quotad/quotad/internal/buildinfo.version=$(VERSION) -X 
 IMAGE ?= quotad:latest
 image:
 	rm -rf bin/image && mkdir -p bin/image/data && chmod 1777 bin/image/data
-	CGO_ENABLED=0 $(GO) build -trimpath -o bin/image/quotad ./cmd/quotad
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/image/quotad ./cmd/quotad
 	cp deploy/Dockerfile bin/image/Dockerfile
 	docker build --label io.quotad.image=1 -t $(IMAGE) bin/image
 	@docker image ls $(IMAGE) --format 'built {{.Repository}}:{{.Tag}} ({{.Size}})'

@@ -321,9 +321,17 @@ func (n *Node) bootstrapLoop() {
 			continue
 		}
 		err := n.wait(n.ctx, n.raft.BootstrapCluster(raft.Configuration{Servers: servers}))
-		if err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
-			n.log.Warn("bootstrap failed; retrying", "err", err)
-			continue
+		if err != nil {
+			failed := !errors.Is(err, raft.ErrCantBootstrap)
+			if failed {
+				n.log.Warn("bootstrap failed; retrying", "err", err)
+			}
+			// A failed attempt (the log could not be written: a full disk), now or in an
+			// earlier run, left the term it recorded: undoFailedBootstrap clears it and the
+			// next attempt starts clean. Otherwise ErrCantBootstrap means this node has state.
+			if n.undoFailedBootstrap() || failed {
+				continue
+			}
 		}
 		cid := bootstrapClusterID(servers, peers)
 		if err := n.setClusterID(cid); err != nil {
@@ -598,4 +606,31 @@ func (n *Node) peerLeftRecently(args []any) bool {
 		}
 	}
 	return false
+}
+
+// keyCurrentTerm is where raft keeps the current term in the stable store (raft's own
+// unexported key).
+var keyCurrentTerm = []byte("CurrentTerm")
+
+// undoFailedBootstrap clears what a failed BootstrapCluster left behind and reports whether
+// it did. raft's BootstrapCluster records term 1 in the stable store before it writes the
+// configuration entry; when that write fails (no space for the WAL's preallocated segment)
+// term 1 stays, and every later attempt is refused as "has existing state" although the node
+// has no log and no configuration: it would never bootstrap, not even after a restart with the
+// disk fixed. Term 1 with an empty log is only ever that: a node that bootstrapped
+// has entry 1, and elections start at term 2. A higher term is left alone (votes, a leader).
+func (n *Node) undoFailedBootstrap() bool {
+	if n.bolt == nil || n.raft.LastIndex() > 0 {
+		return false
+	}
+	term, err := n.bolt.GetUint64(keyCurrentTerm)
+	if err != nil || term != 1 {
+		return false
+	}
+	if err := n.bolt.SetUint64(keyCurrentTerm, 0); err != nil {
+		n.log.Warn("clearing a failed bootstrap's term failed; retrying", "err", err)
+		return true
+	}
+	n.log.Info("a failed bootstrap left term 1 without a log entry (the log could not be written: disk full?); cleared it, bootstrapping again")
+	return true
 }

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"strconv"
 	"sync"
 
 	"github.com/hashicorp/raft"
@@ -26,6 +27,15 @@ func (n *Node) Health() Health {
 	_, lid := n.raft.LeaderWithID()
 	return Health{Leader: string(lid), CommitIndex: n.raft.CommitIndex(), AppliedIndex: n.fsm.AppliedIndex(),
 		LogWriteErr: n.logs.lastErr()}
+}
+
+// LastSnapshotIndex returns the log index of this node's newest snapshot (taken or installed),
+// 0 if it has none. Applied index minus it is how much log the node holds uncompacted: it
+// grows without bound when snapshots fail (a full disk logs "failed to take snapshot" and
+// nothing else: the log keeps being written until its own segment runs out of space).
+func (n *Node) LastSnapshotIndex() uint64 {
+	i, _ := strconv.ParseUint(n.raft.Stats()["last_snapshot_index"], 10, 64)
+	return i
 }
 
 // watchedLogStore remembers whether the last write to the Raft log failed.

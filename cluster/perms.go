@@ -31,7 +31,11 @@ func secureDataDir(dir string, log *slog.Logger) error {
 	}
 	var changed, failed []string
 	var was fs.FileMode
+	entries := 0
 	_ = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if path != dir {
+			entries++
+		}
 		if err != nil {
 			failed = append(failed, fmt.Sprintf("%s: %v", path, err))
 			if d != nil && d.IsDir() {
@@ -61,7 +65,13 @@ func secureDataDir(dir string, log *slog.Logger) error {
 		changed = append(changed, path)
 		return nil
 	})
-	if len(changed) > 0 {
+	switch {
+	case len(changed) > 0 && entries == 0:
+		// An empty data dir: nothing was exposed. Docker images make the volume's mount point
+		// world-writable (so any --user can write it) and every new container's volume
+		// starts so: not worth a warning.
+		log.Info("made the empty data dir private", "data_dir", dir, "was", was.String(), "now", (was &^ 0o077).String())
+	case len(changed) > 0:
 		log.Warn("data dir was readable by group or other: removed their permissions (it holds tenant names and token accessors)",
 			"data_dir", dir, "first", changed[0], "was", was.String(), "paths_changed", len(changed))
 	}

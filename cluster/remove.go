@@ -93,6 +93,34 @@ func (n *Node) RemoveServer(ctx context.Context, id string, force bool) ([]strin
 // change: twice HeartbeatTimeout, while raft's heartbeats go every HeartbeatTimeout/10.
 func (n *Node) liveWindow() time.Duration { return 2 * n.cfg.HeartbeatTimeout }
 
+// Voters returns how many voters this node's Raft configuration has and, on the leader, how
+// many of them are live: itself and each voter that answered it within liveWindow (the test
+// `members remove` uses). A follower reports live 0: only the leader sees replication. live <
+// voters means a voter is down or cut off and the cluster tolerates one failure less (a
+// 3-voter cluster none) — the quotad_raft_voters_live alert.
+func (n *Node) Voters() (voters, live int) {
+	cf := n.raft.GetConfiguration()
+	if n.wait(context.Background(), cf) != nil {
+		return 0, 0
+	}
+	leader := n.raft.State() == raft.Leader
+	term, now, window := n.raft.CurrentTerm(), n.clock.Now(), n.liveWindow()
+	for _, s := range cf.Configuration().Servers {
+		if s.Suffrage != raft.Voter {
+			continue
+		}
+		voters++
+		if !leader {
+			continue
+		}
+		seen := n.peers.repl.observed(s.ID, term)
+		if string(s.ID) == n.cfg.ID || (!seen.lastOK.IsZero() && now.Sub(seen.lastOK) <= window) {
+			live++
+		}
+	}
+	return voters, live
+}
+
 // liveMajorityWithout returns ErrNoLiveMajority (naming the voters that did not answer) unless
 // the voters of servers other than id have a majority that is live by this leader's own
 // recent contact (itself counts as live).

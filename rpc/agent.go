@@ -382,6 +382,15 @@ func (a *Agent) registerGauges() {
 			Name: "quotad_raft_applied_index", Help: "Index of the last log entry applied to the FSM.",
 		}, func() float64 { return float64(a.fsm.AppliedIndex()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "quotad_raft_voters", Help: "Voters in this node's Raft configuration.",
+		}, func() float64 { v, _ := a.node.Voters(); return float64(v) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "quotad_raft_voters_live", Help: "On the leader: voters that answered it within 2 x --raft-heartbeat-timeout, itself included (0 on followers); below quotad_raft_voters, the cluster tolerates one failure less.",
+		}, func() float64 { _, l := a.node.Voters(); return float64(l) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "quotad_raft_snapshot_index", Help: "Log index of this node's newest Raft snapshot (0: none); applied index minus it grows without bound while snapshots fail (disk full).",
+		}, func() float64 { return float64(a.node.LastSnapshotIndex()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "quotad_active_buckets", Help: "Buckets held in memory (absent buckets are full).",
 		}, func() float64 { return float64(a.fsm.Stats().Buckets) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"regexp"
 	"runtime/debug"
 	"strconv"
@@ -22,6 +23,11 @@ import (
 	"github.com/quotad/quotad/internal/pkifiles"
 	"github.com/quotad/quotad/rpc"
 )
+
+// pathFlags are the agent flags that take file system paths: a relative one in the --config
+// file draws a warning (agentconfig.RelativePaths).
+var pathFlags = []string{"data-dir", "limits", "tls-cert", "tls-key", "tls-ca", "gossip-key-file", "bootstrap-token-file",
+	"global-cacert", "global-cert", "global-key", "global-token-file"}
 
 func agentCmd() *cobra.Command {
 	cc := cluster.DefaultConfig()
@@ -61,6 +67,10 @@ over the environment, which wins over the file (docs/operations.md, "Configurati
 				return err
 			}
 			for _, w := range agentconfig.UnknownEnv(cmd.LocalFlags(), os.Environ(), otherEnv...) {
+				fmt.Fprintln(os.Stderr, "quotad: warning: "+w)
+			}
+			wd, _ := os.Getwd()
+			for _, w := range agentconfig.RelativePaths(cmd.LocalFlags(), configFile, wd) {
 				fmt.Fprintln(os.Stderr, "quotad: warning: "+w)
 			}
 			switch {
@@ -115,7 +125,8 @@ over the environment, which wins over the file (docs/operations.md, "Configurati
 			if err != nil {
 				return flagNames(err)
 			}
-			cc.Logger.Info("quotad agent started", "grpc", agent.GRPCAddr(), "http", agent.HTTPAddr(), "raft", cc.RaftAddr, "gossip", cc.GossipAddr)
+			dataDir, _ := filepath.Abs(cc.DataDir)
+			cc.Logger.Info("quotad agent started", "grpc", agent.GRPCAddr(), "http", agent.HTTPAddr(), "raft", cc.RaftAddr, "gossip", cc.GossipAddr, "data_dir", dataDir)
 			sig := make(chan os.Signal, 1)
 			signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 			s := <-sig
@@ -163,6 +174,8 @@ over the environment, which wins over the file (docs/operations.md, "Configurati
 	caps.register(f)
 	rls.register(f)
 	reg.register(f)
+	agentconfig.RefuseRepeats(f)
+	agentconfig.MarkPaths(f, pathFlags...)
 	return cmd
 }
 

@@ -48,7 +48,7 @@ func newRoot() *cobra.Command {
 	root.SetVersionTemplate(buildinfo.Get().String() + "\n")
 	clientFlags(root.PersistentFlags())
 	root.AddCommand(agentCmd(), devCmd(), acquireCmd(), releaseCmd(), limitsCmd(), statusCmd(), topCmd(), tlsCmd(), keygenCmd(), tokenCmd(), pauseCmd(),
-		versionCmd(), bucketCmd(), feedbackCmd(), operatorCmd(), membersCmd(), snapshotCmd(), sharesCmd(), recoverCmd())
+		versionCmd(), bucketCmd(), feedbackCmd(), operatorCmd(), membersCmd(), snapshotCmd(), sharesCmd(), recoverCmd(), healthCmd())
 	root.InitDefaultCompletionCmd() // cobra adds it at Execute; now, so that the walks below see it
 	refuseUnknownSubcommands(root)
 	refuseStrayArgs(root)

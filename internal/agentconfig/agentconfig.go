@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 
@@ -279,4 +280,87 @@ func distance(a, b string) int {
 		prev = cur
 	}
 	return prev[len(b)]
+}
+
+// RefuseRepeats makes every flag of fs that takes one value refuse a second value: given
+// twice on the command line (`--data-dir /a … --data-dir /b`, a unit's ExecStart plus a
+// drop-in, args appended to a manifest), pflag would let the last one win without a word, as
+// a repeated key in the file is refused. Flags that take lists (slices, arrays) may repeat.
+// Call it once the flags are defined, before parsing; Apply sets each flag at most once.
+func RefuseRepeats(fs *pflag.FlagSet) {
+	fs.VisitAll(func(f *pflag.Flag) {
+		t := f.Value.Type()
+		if strings.HasSuffix(t, "Slice") || strings.HasSuffix(t, "Array") || strings.Contains(t, "To") {
+			return
+		}
+		if _, done := f.Value.(*onceValue); !done {
+			f.Value = &onceValue{Value: f.Value}
+		}
+	})
+}
+
+// onceValue is a flag value that can be set once.
+type onceValue struct {
+	pflag.Value
+	set   bool
+	first string
+}
+
+func (o *onceValue) Set(s string) error {
+	if o.set {
+		return fmt.Errorf("the flag is given twice (first %q): give it once; a flag on the command line wins over $QUOTAD_<FLAG> and the --config file anyway", o.first)
+	}
+	if err := o.Value.Set(s); err != nil {
+		return err
+	}
+	o.set, o.first = true, s
+	return nil
+}
+
+// PathAnnotation marks a flag whose value is a file system path (MarkPaths).
+const PathAnnotation = "quotad_path"
+
+// MarkPaths marks the named flags of fs as taking file system paths, for RelativePaths. It
+// panics on a name fs does not have (a programming error).
+func MarkPaths(fs *pflag.FlagSet, names ...string) {
+	for _, n := range names {
+		if err := fs.SetAnnotation(n, PathAnnotation, []string{"true"}); err != nil {
+			panic(err)
+		}
+	}
+}
+
+// RelativePaths returns a warning for each path flag (MarkPaths) that the configuration file
+// gives a relative path: the agent resolves it against its working directory — / under
+// systemd and in most containers — not against the file's directory, so `limits: limits.yaml`
+// next to agent.yaml is not found, and a relative data-dir is a different, empty data dir
+// whenever the agent starts from another directory. wd is the working directory. Sorted by
+// line; nil without a file or if the file cannot be read (Apply reports that).
+func RelativePaths(fs *pflag.FlagSet, file, wd string) []string {
+	if file == "" {
+		return nil
+	}
+	vals, err := ReadFile(fs, file)
+	if err != nil {
+		return nil
+	}
+	type rel struct {
+		line int
+		msg  string
+	}
+	var rels []rel
+	for name, v := range vals {
+		f := fs.Lookup(name)
+		if f == nil || f.Annotations[PathAnnotation] == nil || v.value == "" || filepath.IsAbs(v.value) {
+			continue
+		}
+		rels = append(rels, rel{v.line, fmt.Sprintf("%s:%d: %s: %q is a relative path: the agent resolves it against its working directory (%s), not the directory of %s, so it means %s; write an absolute path",
+			file, v.line, name, v.value, wd, file, filepath.Join(wd, v.value))})
+	}
+	sort.Slice(rels, func(i, j int) bool { return rels[i].line < rels[j].line })
+	out := make([]string, len(rels))
+	for i, r := range rels {
+		out[i] = r.msg
+	}
+	return out
 }

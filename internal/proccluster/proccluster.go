@@ -320,10 +320,10 @@ func (c *Cluster) startWith(i, bootstrapExpect int) error {
 		}
 		args = append(args, sec...)
 	}
-	args = append(args, c.cfg.ExtraArgs...)
+	args = overrideArgs(args, c.cfg.ExtraArgs)
 	env := append(os.Environ(), c.cfg.Env...)
 	if c.cfg.NodeArgs != nil {
-		args = append(args, c.cfg.NodeArgs(n)...)
+		args = overrideArgs(args, c.cfg.NodeArgs(n))
 	}
 	if c.cfg.NodeEnv != nil {
 		env = append(env, c.cfg.NodeEnv(n)...)
@@ -693,4 +693,36 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context())
 	r.Header.Set("Authorization", "Bearer "+b.token)
 	return b.RoundTripper.RoundTrip(r)
+}
+
+// overrideArgs appends more to args, dropping each flag of args that more gives again (with
+// the values after it): the agent refuses a flag given twice, and ExtraArgs and NodeArgs
+// replace what the cluster sets (e.g. a node's --tls-cert during a CA rotation).
+func overrideArgs(args, more []string) []string {
+	name := func(a string) string {
+		if !strings.HasPrefix(a, "--") {
+			return ""
+		}
+		n, _, _ := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+		return n
+	}
+	given := map[string]bool{}
+	for _, a := range more {
+		if n := name(a); n != "" {
+			given[n] = true
+		}
+	}
+	out := make([]string, 0, len(args)+len(more))
+	drop := false
+	for i, a := range args {
+		if n := name(a); n != "" {
+			drop = given[n]
+		} else if i == 0 {
+			drop = false // the subcommand
+		}
+		if !drop {
+			out = append(out, a)
+		}
+	}
+	return append(out, more...)
 }

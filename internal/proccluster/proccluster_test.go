@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -141,5 +142,19 @@ func TestProcessLifecycleArgsEnvLogs(t *testing.T) {
 	}
 	if hits, _ := c.ScanLogs("env: env-node2"); len(hits) != 1 {
 		t.Errorf("ScanLogs: %v", hits)
+	}
+}
+
+// TestOverrideArgs: ExtraArgs and NodeArgs replace a flag the cluster already sets (the agent
+// refuses one given twice), values and --name=value forms included; others are kept.
+func TestOverrideArgs(t *testing.T) {
+	base := []string{"agent", "--id", "n1", "--tls-cert", "a.pem", "--tls-key", "a-key.pem", "--enable-debug", "--insecure", "--log-format=json"}
+	got := overrideArgs(base, []string{"--tls-cert=b.pem", "--tls-key", "b-key.pem", "--insecure", "--log-format", "text", "--x", "1"})
+	want := []string{"agent", "--id", "n1", "--enable-debug", "--tls-cert=b.pem", "--tls-key", "b-key.pem", "--insecure", "--log-format", "text", "--x", "1"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("overrideArgs:\n got %q\nwant %q", got, want)
+	}
+	if got := overrideArgs(base, nil); !slices.Equal(got, base) {
+		t.Fatalf("overrideArgs(base, nil) = %q", got)
 	}
 }

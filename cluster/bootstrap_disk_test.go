@@ -1,0 +1,108 @@
+package cluster_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/quotad/quotad/cluster"
+	"github.com/quotad/quotad/cluster/clustertest"
+)
+
+// fullDisk is a Raft log store whose writes fail with ENOSPC's text while full is set, as a
+// data dir too small for the WAL's preallocated 64 MiB segment does (a Kubernetes volume
+// claim of 50Mi, say): "wal: create segment …: fallocate …: no space left on device".
+type fullDisk struct {
+	raft.LogStore
+	full  *atomic.Bool
+	fails *atomic.Int64
+}
+
+var errNoSpace = errors.New("fallocate wal segment: no space left on device")
+
+func (d fullDisk) StoreLog(l *raft.Log) error {
+	if d.full.Load() {
+		d.fails.Add(1)
+		return errNoSpace
+	}
+	return d.LogStore.StoreLog(l)
+}
+
+func (d fullDisk) StoreLogs(ls []*raft.Log) error {
+	if d.full.Load() {
+		d.fails.Add(1)
+		return errNoSpace
+	}
+	return d.LogStore.StoreLogs(ls)
+}
+
+// TestBootstrapAfterLogWriteFailed: every node of a new cluster fails to write the bootstrap
+// configuration entry (a full disk), then the disk is fixed. raft's BootstrapCluster records
+// term 1 before it writes the entry, so every later attempt answered ErrCantBootstrap ("has
+// existing state"), which the bootstrap loop took for success: each node logged "bootstrapped
+// cluster" holding no configuration, and the cluster never elected a leader, not even after
+// the disk was fixed and the nodes restarted. The loop now undoes the failed attempt's term
+// and bootstraps once the entry can be written.
+func TestBootstrapAfterLogWriteFailed(t *testing.T) {
+	t.Parallel()
+	var full atomic.Bool
+	full.Store(true)
+	fails := make([]*atomic.Int64, 3)
+	for i := range fails {
+		fails[i] = new(atomic.Int64)
+	}
+	c := clustertest.Start(t, 3, newCounterFSM, clustertest.WithConfig(func(i int, cfg *cluster.Config) {
+		cfg.WrapLogStore = func(l raft.LogStore) raft.LogStore { return fullDisk{LogStore: l, full: &full, fails: fails[i]} }
+	}))
+	// Each node tried (and failed) to write the bootstrap entry at least twice: the second
+	// attempt is the one that used to answer ErrCantBootstrap.
+	clustertest.Eventually(t, 15*time.Second, func() error {
+		for i, f := range fails {
+			if f.Load() < 1 {
+				return errors.New("node " + c.Node(i).ID() + " has not tried to bootstrap yet")
+			}
+		}
+		return nil
+	})
+	time.Sleep(time.Second)
+	if li := c.Leader(); li >= 0 {
+		t.Fatalf("node %d leads while every disk is full", li)
+	}
+	full.Store(false)
+	li := c.WaitLeader(15 * time.Second)
+	if got := add(t, c.Node(li), 3); got != 3 {
+		t.Fatalf("Apply response %d, want 3", got)
+	}
+}
+
+// TestLastSnapshotIndex: LastSnapshotIndex (the quotad_raft_snapshot_index gauge) is 0 before
+// the first snapshot and the snapshot's index after one, on the leader that took it and on a
+// node restarted from it.
+func TestLastSnapshotIndex(t *testing.T) {
+	t.Parallel()
+	c := clustertest.Start(t, 1, newCounterFSM)
+	li := c.WaitLeader(leaderTimeout)
+	n := c.Node(li)
+	if got := n.LastSnapshotIndex(); got != 0 {
+		t.Fatalf("LastSnapshotIndex before any snapshot = %d, want 0", got)
+	}
+	add(t, n, 2)
+	meta, rc, err := n.SaveSnapshot(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc.Close()
+	if got := n.LastSnapshotIndex(); got != meta.Index || got == 0 {
+		t.Fatalf("LastSnapshotIndex after a snapshot at %d = %d", meta.Index, got)
+	}
+	c.Stop(li)
+	c.Restart(li)
+	li = c.WaitLeader(leaderTimeout)
+	if got := c.Node(li).LastSnapshotIndex(); got != meta.Index {
+		t.Fatalf("LastSnapshotIndex after a restart = %d, want %d", got, meta.Index)
+	}
+}
