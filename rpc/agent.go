@@ -216,6 +216,7 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 	grpcOpts = append(grpcOpts, grpcConnOptions(cfg.GRPCHandshakeTimeout)...)
 	var forwardCreds credentials.TransportCredentials
 	var httpTLS *tls.Config
+	nodeCerts := newNodeCertSet()
 	if cfg.TLS.Enabled() {
 		serverTLS, clientTLS, err := cfg.TLS.Load(cfg.ClusterName)
 		if err != nil {
@@ -227,7 +228,10 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 		}
 		a.metrics.Registry.MustRegister(certExpiryGauge(nodeEnd, caEnd))
 		warnCertExpiry(log, cfg.TLS, nodeEnd, caEnd, time.Now())
-		grpcOpts = append(grpcOpts, grpc.Creds(certCreds{credentials.NewTLS(serverTLS)}))
+		for _, c := range serverTLS.Certificates {
+			nodeCerts.add(c.Leaf) // this node's own
+		}
+		grpcOpts = append(grpcOpts, grpc.Creds(certCreds{TransportCredentials: credentials.NewTLS(serverTLS), nodes: nodeCerts, cluster: cfg.ClusterName}))
 		forwardCreds = credentials.NewTLS(clientTLS)
 		httpTLS = serverTLS
 		if cfg.Cluster.PeerTLS == nil {
@@ -271,6 +275,7 @@ func StartAgent(cfg AgentConfig) (*Agent, error) {
 		grpcOpts = append(grpcOpts, grpc.ChainUnaryInterceptor(cfg.UnaryInterceptors...))
 	}
 	a.server = NewServer(a.node, a.fsm, cfg.Proposer, forwardCreds, a.metrics)
+	a.server.nodeCerts, a.server.clusterName = nodeCerts, cfg.ClusterName
 	a.server.SetWaiterCaps(cfg.Waiters)
 	a.server.insecure = cfg.Insecure
 	a.server.maxWait = cfg.MaxWait

@@ -32,6 +32,10 @@ import (
 // verified carries its auth.CertKey in its AuthInfo (certInfo).
 type certCreds struct {
 	credentials.TransportCredentials
+	// nodes records the node (server) certificates of cluster that peers present (a revoke
+	// of one needs force: nodeCertSet).
+	nodes   *nodeCertSet
+	cluster string
 }
 
 // certInfo is a verified client certificate's connection: the TLS state and its key.
@@ -46,13 +50,17 @@ func (c certCreds) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInf
 		return out, ai, err
 	}
 	if info, ok := ai.(credentials.TLSInfo); ok && len(info.State.VerifiedChains) > 0 && len(info.State.PeerCertificates) > 0 {
-		return out, certInfo{TLSInfo: info, key: certKeyOf(info.State.PeerCertificates[0])}, nil
+		leaf := info.State.PeerCertificates[0]
+		if c.nodes != nil && auth.IsServerCert(leaf, c.cluster) {
+			c.nodes.add(leaf)
+		}
+		return out, certInfo{TLSInfo: info, key: certKeyOf(leaf)}, nil
 	}
 	return out, ai, nil
 }
 
 func (c certCreds) Clone() credentials.TransportCredentials {
-	return certCreds{c.TransportCredentials.Clone()}
+	return certCreds{TransportCredentials: c.TransportCredentials.Clone(), nodes: c.nodes, cluster: c.cluster}
 }
 
 // verifiedPeerCert returns the caller's certificate if it verified against the CA, and its
@@ -151,6 +159,11 @@ func (s *Server) RevokeCert(ctx context.Context, req *quotadv1.RevokeCertRequest
 	if e, ok := s.fsm.RevokedCertOf(op); ok {
 		return &quotadv1.RevokeCertResponse{Cert: revokedCertInfo(e), AlreadyRevoked: true}, nil
 	}
+	if !req.Force {
+		if err := s.refuseNodeCert(req, op); err != nil {
+			return nil, err
+		}
+	}
 	if n := s.fsm.RevokedCertCount(); n >= fsm.MaxRevokedCerts {
 		// Refused here, without a log entry the FSM would refuse (it checks again: a revoke
 		// that committed meanwhile).
@@ -177,6 +190,25 @@ func (s *Server) RevokeCert(ctx context.Context, req *quotadv1.RevokeCertRequest
 	s.fair.wake() // its waiting admissions are failed at the pump's next pass: now
 	e, _ := s.fsm.RevokedCertOf(op)
 	return &quotadv1.RevokeCertResponse{Cert: revokedCertInfo(e), AlreadyRevoked: already}, nil
+}
+
+// refuseNodeCert refuses (FailedPrecondition) a revoke without force that names a node
+// certificate: a file carrying the server SAN, or the fingerprint or serial of a node
+// certificate this leader has seen (its own, or one a peer presented: nodeCertSet).
+func (s *Server) refuseNodeCert(req *quotadv1.RevokeCertRequest, op *fsmv1.RevokeCert) error {
+	subject, node := "", false
+	if len(req.CertPem) > 0 {
+		if c, err := auth.ParseCertPEM(req.CertPem); err == nil && auth.IsServerCert(c, s.clusterName) {
+			subject, node = c.Subject.CommonName, true
+		}
+	}
+	if !node {
+		subject, node = s.nodeCerts.match(op.Sha256, op.Serial)
+	}
+	if !node {
+		return nil
+	}
+	return status.Errorf(codes.FailedPrecondition, "the certificate %q is a node (server) certificate of this cluster: revoking it refuses that node's gRPC API and every call it forwards for the callers it serves (every node's, if nodes share it), but not its Raft or gossip; to retire a node, remove it (quotad members remove) and replace the CA (docs/security.md). Nothing changed; pass --force to revoke it anyway", subject)
 }
 
 // denyListFullError is the refusal of a revoke (or restore) the deny-list has no room for

@@ -204,7 +204,20 @@ func TestRevokeCertRefusedOnEveryNode(t *testing.T) {
 	if err := free(as(worker("w2", auth.KeyOf(p.certOf("w2")))), node2); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := admin.RevokeCert(ctx, &quotadv1.RevokeCertRequest{CertPem: p.pemOf("node2")}); err != nil {
+	// A node certificate is revoked only with force: named by its file (the server SAN), or
+	// by the fingerprint of one the leader has seen (node2 connected to it above).
+	k2 := auth.KeyOf(p.certOf("node2"))
+	for _, req := range []*quotadv1.RevokeCertRequest{
+		{CertPem: p.pemOf("node2")},
+		{Sha256: hex.EncodeToString(k2.SHA256[:])},
+	} {
+		_, err := admin.RevokeCert(ctx, req)
+		wantCode(t, err, codes.FailedPrecondition, "node (server) certificate")
+	}
+	if err := free(as(worker("w2", auth.KeyOf(p.certOf("w2")))), node2); err != nil {
+		t.Fatalf("node2 forwarding after refused revokes of its certificate: %v (they changed state)", err)
+	}
+	if _, err := admin.RevokeCert(ctx, &quotadv1.RevokeCertRequest{CertPem: p.pemOf("node2"), Force: true}); err != nil {
 		t.Fatal(err)
 	}
 	clustertest.Eventually(t, 5*time.Second, func() error {

@@ -105,6 +105,11 @@ type Server struct {
 	// maxWait caps an admission's max_wait_ms on this leader (--max-wait; 0: DefaultMaxWait).
 	maxWait time.Duration
 
+	// nodeCerts are the node certificates this node has seen (a revoke of one needs force);
+	// clusterName is the cluster's name (its server certificates' SAN). Set by the agent.
+	nodeCerts   *nodeCertSet
+	clusterName string
+
 	// insecure: the agent runs with --insecure, so callers without a credential are all
 	// insecureIdentity (the waiter caps then count them by client_id only).
 	insecure bool

@@ -16,6 +16,7 @@ import (
 // certRevokeCmds are `quotad tls cert revoke` and `quotad tls cert revoked` (admin).
 func certRevokeCmds() []*cobra.Command {
 	var addr, certFile, fingerprint, serial, reason string
+	var force bool
 	revoke := &cobra.Command{
 		Use:   "revoke (--cert FILE.pem | --fingerprint SHA256 | --serial HEX)",
 		Short: "Revoke one client (or node) certificate: every node refuses its calls once it applied the revoke, on open connections too (admin)",
@@ -37,13 +38,14 @@ A revoke is final (no un-revoke: issue a new certificate) and idempotent: revoki
 already revoked changes nothing and says so. A snapshot restore keeps every revocation. Needs
 fsm command version 8 on every node: on a cluster not yet upgraded it is refused, naming the nodes
 to upgrade. Revoking a node certificate refuses it on the gRPC API (its forwarded calls too), not
-on Raft: see docs/security.md.`,
+on Raft: see docs/security.md. It is refused without --force when the leader can tell it is one (a
+file with the server SAN, or a node certificate it has seen: its own or one a peer presented).`,
 		Example: `  quotad tls cert revoke --cert gw1.pem --reason "key leaked in incident 42"
   quotad tls cert revoke --fingerprint 3F:9A:...:C1
   quotad tls cert revoke --serial serial=5E2F0C...`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			req := &quotadv1.RevokeCertRequest{Sha256: fingerprint, Serial: serial, Reason: reason}
+			req := &quotadv1.RevokeCertRequest{Sha256: fingerprint, Serial: serial, Reason: reason, Force: force}
 			if certFile != "" {
 				b, err := os.ReadFile(certFile)
 				if err != nil {
@@ -74,6 +76,7 @@ on Raft: see docs/security.md.`,
 	f.StringVar(&fingerprint, "fingerprint", "", "the certificate's SHA-256 fingerprint (hex, colons allowed)")
 	f.StringVar(&serial, "serial", "", "the certificate's serial number (hex, as openssl x509 -serial prints it)")
 	f.StringVar(&reason, "reason", "", "why (shown by quotad tls cert revoked)")
+	f.BoolVar(&force, "force", false, "revoke a node (server) certificate too (refused without it: the node's gRPC API and every call it forwards stop)")
 	f.StringVar(&addr, "addr", defaultAddrs(), "comma-separated node gRPC addresses")
 
 	var listAddr string

@@ -2818,11 +2818,14 @@ func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
 // -serial prints it; colons and a "0x" prefix allowed) or cert_pem (the certificate itself:
 // it is revoked by its fingerprint).
 type RevokeCertRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Sha256        string                 `protobuf:"bytes,1,opt,name=sha256,proto3" json:"sha256,omitempty"`
-	Serial        string                 `protobuf:"bytes,2,opt,name=serial,proto3" json:"serial,omitempty"`
-	CertPem       []byte                 `protobuf:"bytes,3,opt,name=cert_pem,json=certPem,proto3" json:"cert_pem,omitempty"`
-	Reason        string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Sha256  string                 `protobuf:"bytes,1,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	Serial  string                 `protobuf:"bytes,2,opt,name=serial,proto3" json:"serial,omitempty"`
+	CertPem []byte                 `protobuf:"bytes,3,opt,name=cert_pem,json=certPem,proto3" json:"cert_pem,omitempty"`
+	Reason  string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	// force revokes a node (server) certificate: without it a revoke naming one (a file with
+	// the server SAN, or a node certificate the leader has seen) is refused FAILED_PRECONDITION.
+	Force         bool `protobuf:"varint,5,opt,name=force,proto3" json:"force,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2883,6 +2886,13 @@ func (x *RevokeCertRequest) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *RevokeCertRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
 }
 
 type RevokedCert struct {
@@ -4396,12 +4406,13 @@ const file_quotad_v1_quotad_proto_rawDesc = "" +
 	"\x06tokens\x18\x01 \x03(\v2\x14.quotad.v1.TokenInfoR\x06tokens\"0\n" +
 	"\x12RevokeTokenRequest\x12\x1a\n" +
 	"\baccessor\x18\x01 \x01(\tR\baccessor\"\x15\n" +
-	"\x13RevokeTokenResponse\"v\n" +
+	"\x13RevokeTokenResponse\"\x8c\x01\n" +
 	"\x11RevokeCertRequest\x12\x16\n" +
 	"\x06sha256\x18\x01 \x01(\tR\x06sha256\x12\x16\n" +
 	"\x06serial\x18\x02 \x01(\tR\x06serial\x12\x19\n" +
 	"\bcert_pem\x18\x03 \x01(\fR\acertPem\x12\x16\n" +
-	"\x06reason\x18\x04 \x01(\tR\x06reason\"\x82\x02\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x14\n" +
+	"\x05force\x18\x05 \x01(\bR\x05force\"\x82\x02\n" +
 	"\vRevokedCert\x12\x16\n" +
 	"\x06sha256\x18\x01 \x01(\tR\x06sha256\x12\x16\n" +
 	"\x06serial\x18\x02 \x01(\tR\x06serial\x12\x18\n" +
