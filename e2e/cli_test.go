@@ -211,7 +211,7 @@ func TestCLIOperatorCommands(t *testing.T) {
 	if !strings.Contains(out, "~ provider: strict_keys false -> true") {
 		t.Fatalf("apply -f DIR:\n%s", out)
 	}
-	wantCLI(t, c, 3, []string{"reason=invalid", `"endpont"`, "strict_keys"}, "acquire", "--domain", "provider", "--descriptor", "endpont=charges")
+	wantCLI(t, c, 4, []string{"reason=invalid", `"endpont"`, "strict_keys"}, "acquire", "--domain", "provider", "--descriptor", "endpont=charges")
 	// bucket status refuses the typo as acquire does (user trial: it listed only the domain
 	// bucket, exit 0).
 	wantCLI(t, c, 1, []string{"InvalidArgument", `"endpont"`, "strict_keys"}, "bucket", "status", "--domain", "provider", "--descriptor", "endpont=charges")
@@ -229,7 +229,7 @@ func TestCLIOperatorCommands(t *testing.T) {
 		t.Fatalf("feedback --retry-after 1m says clamped:\n%s", out)
 	}
 	// A cost above the maximum says what to do.
-	wantCLI(t, c, 3, []string{"cost 2000000000000 is above the maximum", "split the work"}, "acquire", "--domain", "provider", "--cost", "2000000000000")
+	wantCLI(t, c, 4, []string{"cost 2000000000000 is above the maximum", "split the work"}, "acquire", "--domain", "provider", "--cost", "2000000000000")
 	// Token messages: "a token of role admin", not "a admin token"; a second revoke says the
 	// token is already revoked (or unknown), not just "no token".
 	if out := wantCLI(t, c, 1, []string{"a token of role admin may not have them"}, "token", "create", "--role", "admin", "--domain", "provider"); strings.Contains(out, "a admin") {
