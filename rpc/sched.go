@@ -917,11 +917,17 @@ func (f *fair) wait(ctx context.Context, owner string, cert auth.CertKey, slot w
 			if err != nil {
 				return nil, status.Error(codes.NotFound, err.Error())
 			}
-			retry := q.backlog()
-			if at, _ := f.admitAt(v, w.cost, false); at != math.MaxInt64 {
-				retry = max(retry, time.Duration(at-now))
+			// Named by the level its retry comes from: the queue it sat in (another path's
+			// waiters on an outer level, say), or a level of its own path that cannot pay for
+			// longer (it named the domain's queue with its tenant's minute as retry_after).
+			retry, level := q.backlog(), q.level
+			if at, which := f.admitAt(v, w.cost, false); at != math.MaxInt64 && time.Duration(at-now) > retry {
+				retry = time.Duration(at - now)
+				if which >= 0 {
+					level = which
+				}
 			}
-			return f.denial(adm.Domain, v, q.level, retry), nil
+			return f.denial(adm.Domain, v, level, retry), nil
 		}
 		d, final, err := f.released(ctx, w)
 		if err != nil || final || time.Now().After(deadline) {

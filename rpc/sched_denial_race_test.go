@@ -84,3 +84,45 @@ func TestSchedEarlyDenialReadsUnderLock(t *testing.T) {
 		t.Fatal("no early denial of R was seen")
 	}
 }
+
+// TestSchedDenialNamesTheLevelThatHoldsIt: a waiting admission queued behind another path's
+// waiters on an outer level (the domain) whose own tenant level cannot pay for a minute is
+// refused at the end of its wait naming its tenant level — the level its retry_after comes
+// from — not the domain's queue it sat in (make test, under load: "rate_limited scope domain
+// remaining 99999 retry_after 59000").
+func TestSchedDenialNamesTheLevelThatHoldsIt(t *testing.T) {
+	c := rpctest.Start(t, 1, `
+domain: held
+rate_limit: {unit: second, requests_per_unit: 2, burst: 1}
+descriptors:
+  - key: tenant
+    value: R
+    rate_limit: {unit: minute, requests_per_unit: 1, burst: 1}
+  - key: tenant
+    concurrency: {max_in_flight: 1000, lease_ttl: 1s}
+`)
+	q := quotadv1.NewQuotaClient(dial(t, c.Addrs()[0]))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	adm := func(id uint64, tenant string, maxWait time.Duration) *quotadv1.Admission {
+		return &quotadv1.Admission{RequestId: id, Domain: "held", Cost: 1, MaxWaitMs: maxWait.Milliseconds(),
+			Descriptors: []*quotadv1.Entry{{Key: "tenant", Value: tenant}}}
+	}
+	if d, err := acquireOne(ctx, q, "r0", adm(1, "R", 0)); err != nil || !d.Admitted {
+		t.Fatalf("R's first admission: %+v %v", d, err)
+	}
+	// A's waiters queue on the domain (2/s, its unit spent by R).
+	var wg sync.WaitGroup
+	for i := range 6 {
+		wg.Go(func() { _, _ = acquireOne(ctx, q, "a", adm(uint64(100+i), "A", 3*time.Second)) })
+	}
+	defer wg.Wait()
+	time.Sleep(100 * time.Millisecond)
+	d, err := acquireOne(ctx, q, "r", adm(2, "R", 20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Admitted || d.Reason != "rate_limited" || d.Scope != "tenant" || d.RetryAfterMs < 50_000 {
+		t.Fatalf("R queued behind A's waiters on the domain: %+v, want rate_limited at tenant, retry_after about a minute", d)
+	}
+}
