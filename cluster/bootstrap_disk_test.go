@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -57,8 +59,12 @@ func TestBootstrapAfterLogWriteFailed(t *testing.T) {
 	for i := range fails {
 		fails[i] = new(atomic.Int64)
 	}
+	logs := &syncBuffer{}
 	c := clustertest.Start(t, 3, newCounterFSM, clustertest.WithConfig(func(i int, cfg *cluster.Config) {
 		cfg.WrapLogStore = func(l raft.LogStore) raft.LogStore { return fullDisk{LogStore: l, full: &full, fails: fails[i]} }
+		if i == 0 {
+			cfg.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(logs, t.Output()), nil))
+		}
 	}))
 	// Each node tried (and failed) to write the bootstrap entry at least twice: the second
 	// attempt is the one that used to answer ErrCantBootstrap.
@@ -70,9 +76,19 @@ func TestBootstrapAfterLogWriteFailed(t *testing.T) {
 		}
 		return nil
 	})
-	time.Sleep(time.Second)
+	time.Sleep(2 * time.Second)
 	if li := c.Leader(); li >= 0 {
 		t.Fatalf("node %d leads while every disk is full", li)
+	}
+	// It retries every 200 ms; its log says so once (it said so at each try, with another
+	// line for each term cleared: 10 lines a second onto what may be the full disk).
+	if n0 := fails[0].Load(); n0 < 5 {
+		t.Fatalf("node0 tried to bootstrap %d times in 2 s, want every 200 ms", n0)
+	}
+	for _, msg := range []string{"bootstrap failed; retrying", "cleared it, bootstrapping again"} {
+		if got := strings.Count(logs.String(), msg); got != 1 {
+			t.Errorf("node0 logged %q %d times while its disk was full, want once", msg, got)
+		}
 	}
 	full.Store(false)
 	li := c.WaitLeader(15 * time.Second)

@@ -253,6 +253,9 @@ var bootstrapHold atomic.Pointer[func(id string) time.Duration]
 // nonces they advertised.
 func (n *Node) bootstrapLoop() {
 	warned := false
+	// A bootstrap that cannot write its log (a full disk) fails every 200 ms until the disk
+	// has room: its warning is repeated at most every bootstrapRetryLogInterval, with a count.
+	retryLog := newLogLimiter(bootstrapRetryLogInterval)
 	if h := bootstrapHold.Load(); h != nil {
 		if !n.sleepCtx((*h)(n.cfg.ID)) {
 			return
@@ -325,12 +328,18 @@ func (n *Node) bootstrapLoop() {
 		if err != nil {
 			failed := !errors.Is(err, raft.ErrCantBootstrap)
 			if failed {
-				n.log.Warn("bootstrap failed; retrying", "err", err)
+				if ok, suppressed, over := retryLog.allow("bootstrap failed"); ok {
+					args := []any{"err", err}
+					if suppressed > 0 {
+						args = append(args, "repeated", suppressed, "over", over.Round(time.Second))
+					}
+					n.log.Warn("bootstrap failed; retrying", args...)
+				}
 			}
 			// A failed attempt (the log could not be written: a full disk), now or in an
 			// earlier run, left the term it recorded: undoFailedBootstrap clears it and the
 			// next attempt starts clean. Otherwise ErrCantBootstrap means this node has state.
-			if n.undoFailedBootstrap() || failed {
+			if n.undoFailedBootstrap(retryLog) || failed {
 				continue
 			}
 		}
@@ -613,6 +622,10 @@ func (n *Node) peerLeftRecently(args []any) bool {
 // unexported key).
 var keyCurrentTerm = []byte("CurrentTerm")
 
+// bootstrapRetryLogInterval is the least time between two warnings of a bootstrap that keeps
+// failing.
+const bootstrapRetryLogInterval = time.Minute
+
 // keyLastVoteTerm is where raft keeps the term of its last vote (raft's own unexported key).
 var keyLastVoteTerm = []byte("LastVoteTerm")
 
@@ -631,7 +644,7 @@ var undoBootstrapCheck atomic.Pointer[func(n *Node)]
 // raft runs meanwhile: a leader's message can make it record a higher term at any moment.
 // The check and the clear hold the stable store's write lock (guardedStable), so that term
 // is never overwritten: read before it, it is written after the clear; read after, it is kept.
-func (n *Node) undoFailedBootstrap() bool {
+func (n *Node) undoFailedBootstrap(logs *logLimiter) bool {
 	if n.bolt == nil || n.stable == nil || n.raft.LastIndex() > 0 {
 		return false
 	}
@@ -654,7 +667,9 @@ func (n *Node) undoFailedBootstrap() bool {
 		n.log.Warn("clearing a failed bootstrap's term failed; retrying", "err", err)
 		return true
 	}
-	n.log.Info("a failed bootstrap left term 1 without a log entry (the log could not be written: disk full?); cleared it, bootstrapping again")
+	if ok, _, _ := logs.allow("bootstrap undone"); ok {
+		n.log.Info("a failed bootstrap left term 1 without a log entry (the log could not be written: disk full?); cleared it, bootstrapping again")
+	}
 	return true
 }
 
