@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"strings"
 	"sync/atomic"
@@ -63,7 +62,7 @@ func TestBootstrapAfterLogWriteFailed(t *testing.T) {
 	c := clustertest.Start(t, 3, newCounterFSM, clustertest.WithConfig(func(i int, cfg *cluster.Config) {
 		cfg.WrapLogStore = func(l raft.LogStore) raft.LogStore { return fullDisk{LogStore: l, full: &full, fails: fails[i]} }
 		if i == 0 {
-			cfg.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(logs, t.Output()), nil))
+			cfg.Logger = slog.New(slog.NewTextHandler(logs, nil)) // not t.Output(): memberlist logs after the test ends
 		}
 	}))
 	// Each node tried (and failed) to write the bootstrap entry at least twice: the second
