@@ -302,9 +302,10 @@ func (d *dockerBackend) Prepare() (int, error) {
 		}
 	}
 	args = slices.Insert(args, slices.Index(args, d.image), "-v", d.creds.Dir+":/credentials:ro")
-	args = append(args, "--enable-debug")
-	args = append(args, sec...)
-	args = append(args, d.extra...)
+	// The agent refuses a flag given twice: a flag of extra (QUOTAD_CHAOS_AGENT_ARGS) replaces
+	// the one set here, as with processes (proccluster.OverrideArgs).
+	img := slices.Index(args, d.image)
+	args = append(args[:img+1:img+1], proccluster.OverrideArgs(args[img+1:], append(append([]string{"--enable-debug"}, sec...), d.extra...))...)
 	if _, err := docker(args...); err != nil {
 		return -1, err
 	}

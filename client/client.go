@@ -470,9 +470,10 @@ func (c *Client) Feedback(ctx context.Context, f Feedback) (FeedbackResult, erro
 	if resp.GetPausedForMs() > 0 {
 		// This client's Limiters learn of pauses from their share renewals, every term/3
 		// (5 s for a 15 s lease, minutes for long ones): renew now, so they stop spending
-		// within a round trip rather than through the provider's Retry-After.
+		// within a round trip rather than through the provider's Retry-After (at most once a
+		// second, however many pauses are reported: pokeForFeedback).
 		if h := c.sharesLive.Load(); h != nil {
-			h.poke()
+			h.pokeForFeedback()
 		}
 	}
 	return FeedbackResult{PausedFor: millis(resp.GetPausedForMs()), Scope: resp.GetScope(),

@@ -417,6 +417,40 @@ type shareHolder struct {
 	// refusals counts the renewals refused in a row (Unauthenticated, PermissionDenied); only
 	// run's goroutine touches it.
 	refusals int
+
+	// feedbackMu guards feedbackLast (when Feedback last triggered a renewal) and
+	// feedbackDue (one is scheduled): see pokeForFeedback.
+	feedbackMu   sync.Mutex
+	feedbackLast time.Time
+	feedbackDue  bool
+}
+
+// feedbackRenewGap is the least time between two renewals Feedback triggers.
+const feedbackRenewGap = time.Second
+
+// pokeForFeedback renews the share now for a pause Feedback reported, at most once per
+// feedbackRenewGap: a caller reporting every 429 of a provider that keeps refusing (hundreds
+// a second) would otherwise have the holder renew back to back, one share request per round
+// trip, each carrying every path. A report within the gap renews at its end, once.
+func (h *shareHolder) pokeForFeedback() {
+	h.feedbackMu.Lock()
+	defer h.feedbackMu.Unlock()
+	if h.feedbackDue {
+		return
+	}
+	wait := time.Until(h.feedbackLast.Add(feedbackRenewGap))
+	if wait <= 0 {
+		h.feedbackLast = time.Now()
+		h.poke()
+		return
+	}
+	h.feedbackDue = true
+	time.AfterFunc(wait, func() {
+		h.feedbackMu.Lock()
+		h.feedbackDue, h.feedbackLast = false, time.Now()
+		h.feedbackMu.Unlock()
+		h.poke()
+	})
 }
 
 func (c *Client) shareHolder() (*shareHolder, error) {

@@ -118,3 +118,47 @@ func TestLimiterTooSmallSaysWhy(t *testing.T) {
 		t.Fatalf("share of a path too small to lend: %+v, want too_small with a message naming the threshold", s)
 	}
 }
+
+// TestLimiterFeedbackFloodDoesNotFloodRenewals: a caller reporting every 429 of a provider
+// that keeps refusing (each report answered "paused") has its Limiters' holder renew at most
+// once a second for them — each report renewed the share at once, so a flood of reports was
+// a flood of share requests, one per round trip, each carrying every path.
+func TestLimiterFeedbackFloodDoesNotFloodRenewals(t *testing.T) {
+	tc := rpctest.Start(t, 3, pauseShareLimits)
+	c := newTestClient(t, tc.Addrs(), nil)
+	lim := c.Limiter(Request{Domain: "paused"}, LimiterOptions{})
+	defer lim.Close()
+	waitLocal(t, lim)
+	h := c.sharesLive.Load()
+	before := h.renewals.Load()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	reports := 0
+	for time.Since(start) < 1500*time.Millisecond {
+		res, err := c.Feedback(ctx, Feedback{Domain: "paused", StatusCode: 429, RetryAfter: 30 * time.Second, Reason: "app"})
+		if err != nil || res.PausedFor <= 0 {
+			t.Fatalf("feedback: %+v, %v; want the domain paused", res, err)
+		}
+		reports++
+	}
+	elapsed := time.Since(start)
+	time.Sleep(1100 * time.Millisecond) // the renewal due at the end of the last gap
+	got := h.renewals.Load() - before
+	// One at once, then one per second of the flood and one after it, and room for a renewal
+	// of the holder's own (a retry); the regular one is 20 s away. Without the gap: hundreds.
+	limit := uint64(elapsed/feedbackRenewGap) + 4
+	t.Logf("%d reports in %v: %d share renewals", reports, elapsed.Round(time.Millisecond), got)
+	if reports < 20 {
+		t.Skipf("only %d reports in %v: too slow a machine to flood", reports, elapsed)
+	}
+	if got > limit {
+		t.Fatalf("%d reports in %v made %d share renewals, want at most %d", reports, elapsed.Round(time.Millisecond), got, limit)
+	}
+	if got == 0 {
+		t.Fatal("no renewal for the reported pause")
+	}
+	if lim.Allow() {
+		t.Fatal("the Limiter admits within the reported pause")
+	}
+}

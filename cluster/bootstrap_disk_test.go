@@ -3,6 +3,9 @@ package cluster_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -55,8 +58,12 @@ func TestBootstrapAfterLogWriteFailed(t *testing.T) {
 	for i := range fails {
 		fails[i] = new(atomic.Int64)
 	}
+	logs := &syncBuffer{}
 	c := clustertest.Start(t, 3, newCounterFSM, clustertest.WithConfig(func(i int, cfg *cluster.Config) {
 		cfg.WrapLogStore = func(l raft.LogStore) raft.LogStore { return fullDisk{LogStore: l, full: &full, fails: fails[i]} }
+		if i == 0 {
+			cfg.Logger = slog.New(slog.NewTextHandler(logs, nil)) // not t.Output(): memberlist logs after the test ends
+		}
 	}))
 	// Each node tried (and failed) to write the bootstrap entry at least twice: the second
 	// attempt is the one that used to answer ErrCantBootstrap.
@@ -68,12 +75,87 @@ func TestBootstrapAfterLogWriteFailed(t *testing.T) {
 		}
 		return nil
 	})
-	time.Sleep(time.Second)
+	time.Sleep(2 * time.Second)
 	if li := c.Leader(); li >= 0 {
 		t.Fatalf("node %d leads while every disk is full", li)
 	}
+	// It retries every 200 ms; its log says so once (it said so at each try, with another
+	// line for each term cleared: 10 lines a second onto what may be the full disk).
+	if n0 := fails[0].Load(); n0 < 5 {
+		t.Fatalf("node0 tried to bootstrap %d times in 2 s, want every 200 ms", n0)
+	}
+	for _, msg := range []string{"bootstrap failed; retrying", "cleared it, bootstrapping again"} {
+		if got := strings.Count(logs.String(), msg); got != 1 {
+			t.Errorf("node0 logged %q %d times while its disk was full, want once", msg, got)
+		}
+	}
 	full.Store(false)
 	li := c.WaitLeader(15 * time.Second)
+	if got := add(t, c.Node(li), 3); got != 3 {
+		t.Fatalf("Apply response %d, want 3", got)
+	}
+}
+
+// TestUndoFailedBootstrapKeepsALeadersTerm: node0's disk is full, so its bootstrap fails and
+// leaves term 1; nodes 1 and 2 bootstrap a second later and elect a leader, whose messages make
+// node0's raft record term 2 — here exactly while node0's bootstrap loop is between reading
+// term 1 and clearing it. The clear overwrote the leader's term with 0 (raft kept 2 in memory,
+// and later messages of the same term never wrote it again: a restart would forget the term,
+// and a bootstrap once the disk had room rewound raft to term 1). The check and the clear now
+// hold the stable store's write lock, so raft writes its term after the clear.
+func TestUndoFailedBootstrapKeepsALeadersTerm(t *testing.T) {
+	cluster.SetBootstrapHold(func(id string) time.Duration {
+		if strings.HasSuffix(id, "0") {
+			return 0
+		}
+		return time.Second
+	})
+	t.Cleanup(func() { cluster.SetBootstrapHold(nil) })
+	var full atomic.Bool
+	full.Store(true)
+	var dir0 atomic.Value
+	var fired, learned atomic.Bool
+	cluster.SetUndoBootstrapCheck(func(dataDir string, raftTerm func() uint64) {
+		if d, _ := dir0.Load().(string); d != dataDir || fired.Swap(true) {
+			return
+		}
+		// Wait for the leader's term to reach node0's raft (at most 5 s: with the lock held,
+		// raft cannot record it before this returns).
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if raftTerm() >= 2 {
+				learned.Store(true)
+				return
+			}
+		}
+	})
+	t.Cleanup(func() { cluster.SetUndoBootstrapCheck(nil) })
+	c := clustertest.Start(t, 3, newCounterFSM, clustertest.WithConfig(func(i int, cfg *cluster.Config) {
+		if i == 0 {
+			dir0.Store(cfg.DataDir)
+			cfg.WrapLogStore = func(l raft.LogStore) raft.LogStore {
+				return fullDisk{LogStore: l, full: &full, fails: new(atomic.Int64)}
+			}
+		}
+	}))
+	li := c.WaitLeader(15 * time.Second)
+	clustertest.Eventually(t, 15*time.Second, func() error {
+		if !fired.Load() {
+			return errors.New("node0 has not cleared a failed bootstrap's term yet")
+		}
+		return nil
+	})
+	n0 := c.Node(0)
+	clustertest.Eventually(t, 10*time.Second, func() error {
+		term, err := n0.PersistedTerm()
+		if err != nil {
+			return err
+		}
+		if rt := n0.RaftTerm(); term < 2 || term != rt {
+			return fmt.Errorf("node0's stored term is %d, its raft's %d (learned during the clear: %v): the leader's term was overwritten", term, rt, learned.Load())
+		}
+		return nil
+	})
+	full.Store(false)
 	if got := add(t, c.Node(li), 3); got != 3 {
 		t.Fatalf("Apply response %d, want 3", got)
 	}

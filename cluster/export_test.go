@@ -46,3 +46,20 @@ func (n *Node) sendGossip(to string, msg []byte) error {
 func (n *Node) PeerLeftRecently(id string) bool {
 	return n.peerLeftRecently([]any{"server-id", raft.ServerID(id)})
 }
+
+// SetUndoBootstrapCheck runs f in undoFailedBootstrap, between reading a failed bootstrap's
+// term 1 and clearing it, with the node's data dir and its raft's current term (nil: none).
+func SetUndoBootstrapCheck(f func(dataDir string, raftTerm func() uint64)) {
+	if f == nil {
+		undoBootstrapCheck.Store(nil)
+		return
+	}
+	h := func(n *Node) { f(n.cfg.DataDir, n.raft.CurrentTerm) }
+	undoBootstrapCheck.Store(&h)
+}
+
+// PersistedTerm is the current term in the node's stable store.
+func (n *Node) PersistedTerm() (uint64, error) { return n.bolt.GetUint64(keyCurrentTerm) }
+
+// RaftTerm is the node's raft's current term (in memory).
+func (n *Node) RaftTerm() uint64 { return n.raft.CurrentTerm() }

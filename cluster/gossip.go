@@ -18,6 +18,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 )
 
 // nodeMeta is what a node advertises in its memberlist metadata (JSON, well under
@@ -252,6 +253,9 @@ var bootstrapHold atomic.Pointer[func(id string) time.Duration]
 // nonces they advertised.
 func (n *Node) bootstrapLoop() {
 	warned := false
+	// A bootstrap that cannot write its log (a full disk) fails every 200 ms until the disk
+	// has room: its warning is repeated at most every bootstrapRetryLogInterval, with a count.
+	retryLog := newLogLimiter(bootstrapRetryLogInterval)
 	if h := bootstrapHold.Load(); h != nil {
 		if !n.sleepCtx((*h)(n.cfg.ID)) {
 			return
@@ -324,12 +328,18 @@ func (n *Node) bootstrapLoop() {
 		if err != nil {
 			failed := !errors.Is(err, raft.ErrCantBootstrap)
 			if failed {
-				n.log.Warn("bootstrap failed; retrying", "err", err)
+				if ok, suppressed, over := retryLog.allow("bootstrap failed"); ok {
+					args := []any{"err", err}
+					if suppressed > 0 {
+						args = append(args, "repeated", suppressed, "over", over.Round(time.Second))
+					}
+					n.log.Warn("bootstrap failed; retrying", args...)
+				}
 			}
 			// A failed attempt (the log could not be written: a full disk), now or in an
 			// earlier run, left the term it recorded: undoFailedBootstrap clears it and the
 			// next attempt starts clean. Otherwise ErrCantBootstrap means this node has state.
-			if n.undoFailedBootstrap() || failed {
+			if n.undoFailedBootstrap(retryLog) || failed {
 				continue
 			}
 		}
@@ -612,6 +622,17 @@ func (n *Node) peerLeftRecently(args []any) bool {
 // unexported key).
 var keyCurrentTerm = []byte("CurrentTerm")
 
+// bootstrapRetryLogInterval is the least time between two warnings of a bootstrap that keeps
+// failing.
+const bootstrapRetryLogInterval = time.Minute
+
+// keyLastVoteTerm is where raft keeps the term of its last vote (raft's own unexported key).
+var keyLastVoteTerm = []byte("LastVoteTerm")
+
+// undoBootstrapCheck, if set (tests only), runs in undoFailedBootstrap between reading term 1
+// and clearing it.
+var undoBootstrapCheck atomic.Pointer[func(n *Node)]
+
 // undoFailedBootstrap clears what a failed BootstrapCluster left behind and reports whether
 // it did. raft's BootstrapCluster records term 1 in the stable store before it writes the
 // configuration entry; when that write fails (no space for the WAL's preallocated segment)
@@ -619,18 +640,54 @@ var keyCurrentTerm = []byte("CurrentTerm")
 // has no log and no configuration: it would never bootstrap, not even after a restart with the
 // disk fixed. Term 1 with an empty log is only ever that: a node that bootstrapped
 // has entry 1, and elections start at term 2. A higher term is left alone (votes, a leader).
-func (n *Node) undoFailedBootstrap() bool {
-	if n.bolt == nil || n.raft.LastIndex() > 0 {
+//
+// raft runs meanwhile: a leader's message can make it record a higher term at any moment.
+// The check and the clear hold the stable store's write lock (guardedStable), so that term
+// is never overwritten: read before it, it is written after the clear; read after, it is kept.
+func (n *Node) undoFailedBootstrap(logs *logLimiter) bool {
+	if n.bolt == nil || n.stable == nil || n.raft.LastIndex() > 0 {
 		return false
 	}
+	n.stable.mu.Lock()
+	defer n.stable.mu.Unlock()
 	term, err := n.bolt.GetUint64(keyCurrentTerm)
 	if err != nil || term != 1 {
 		return false
+	}
+	if vote, err := n.bolt.GetUint64(keyLastVoteTerm); (err != nil && !errors.Is(err, raftboltdb.ErrKeyNotFound)) || vote != 0 {
+		return false // it voted (in term 2 or later: no election has term 1)
+	}
+	if last, err := n.logs.LastIndex(); err != nil || last > 0 || n.raft.LastIndex() > 0 {
+		return false
+	}
+	if h := undoBootstrapCheck.Load(); h != nil {
+		(*h)(n)
 	}
 	if err := n.bolt.SetUint64(keyCurrentTerm, 0); err != nil {
 		n.log.Warn("clearing a failed bootstrap's term failed; retrying", "err", err)
 		return true
 	}
-	n.log.Info("a failed bootstrap left term 1 without a log entry (the log could not be written: disk full?); cleared it, bootstrapping again")
+	if ok, _, _ := logs.allow("bootstrap undone"); ok {
+		n.log.Info("a failed bootstrap left term 1 without a log entry (the log could not be written: disk full?); cleared it, bootstrapping again")
+	}
 	return true
+}
+
+// guardedStable is raft's stable store with a lock around its writes, which
+// undoFailedBootstrap holds to check and clear a term without racing raft's own writes.
+type guardedStable struct {
+	raft.StableStore
+	mu sync.Mutex
+}
+
+func (g *guardedStable) Set(k, v []byte) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.StableStore.Set(k, v)
+}
+
+func (g *guardedStable) SetUint64(k []byte, v uint64) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.StableStore.SetUint64(k, v)
 }

@@ -65,6 +65,7 @@ type Node struct {
 	stream     *tcpStream
 	rec        *recovery
 	bolt       *raftboltdb.BoltStore
+	stable     *guardedStable // bolt as raft's stable store (undoFailedBootstrap)
 	logs       *watchedLogStore
 	ml         *memberlist.Memberlist
 	raftAddr   string
@@ -277,7 +278,8 @@ func (n *Node) openRaft() error {
 	if err := raft.ValidateConfig(rc); err != nil {
 		return fmt.Errorf("cluster: raft config: %w", err)
 	}
-	r, err := raft.NewRaft(rc, n.fsm, cache, bolt, snaps, n.peers)
+	n.stable = &guardedStable{StableStore: bolt}
+	r, err := raft.NewRaft(rc, n.fsm, cache, n.stable, snaps, n.peers)
 	if err != nil {
 		return fmt.Errorf("cluster: start raft: %w", err)
 	}

@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -320,10 +321,10 @@ func (c *Cluster) startWith(i, bootstrapExpect int) error {
 		}
 		args = append(args, sec...)
 	}
-	args = overrideArgs(args, c.cfg.ExtraArgs)
+	args = OverrideArgs(args, c.cfg.ExtraArgs)
 	env := append(os.Environ(), c.cfg.Env...)
 	if c.cfg.NodeArgs != nil {
-		args = overrideArgs(args, c.cfg.NodeArgs(n))
+		args = OverrideArgs(args, c.cfg.NodeArgs(n))
 	}
 	if c.cfg.NodeEnv != nil {
 		env = append(env, c.cfg.NodeEnv(n)...)
@@ -695,10 +696,13 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 	return b.RoundTripper.RoundTrip(r)
 }
 
-// overrideArgs appends more to args, dropping each flag of args that more gives again (with
-// the values after it): the agent refuses a flag given twice, and ExtraArgs and NodeArgs
-// replace what the cluster sets (e.g. a node's --tls-cert during a CA rotation).
-func overrideArgs(args, more []string) []string {
+// OverrideArgs appends more to args; a flag given again (in more, or twice within more)
+// replaces the earlier one with the values after it: the agent refuses a flag given twice,
+// and ExtraArgs and NodeArgs replace what the cluster sets (e.g. a node's --tls-cert during a
+// CA rotation), as a harness's own defaults in ExtraArgs are replaced by the same flag a user
+// adds after them (chaos's --min-voters and QUOTAD_CHAOS_AGENT_ARGS, bench's -agent-args and
+// --raft-log-store). The agent has no flag that takes a list, so no flag may repeat.
+func OverrideArgs(args, more []string) []string {
 	name := func(a string) string {
 		if !strings.HasPrefix(a, "--") {
 			return ""
@@ -706,17 +710,18 @@ func overrideArgs(args, more []string) []string {
 		n, _, _ := strings.Cut(strings.TrimPrefix(a, "--"), "=")
 		return n
 	}
-	given := map[string]bool{}
-	for _, a := range more {
+	all := append(slices.Clone(args), more...)
+	last := map[string]int{} // flag name: the index of its last occurrence
+	for i, a := range all {
 		if n := name(a); n != "" {
-			given[n] = true
+			last[n] = i
 		}
 	}
-	out := make([]string, 0, len(args)+len(more))
+	out := make([]string, 0, len(all))
 	drop := false
-	for i, a := range args {
+	for i, a := range all {
 		if n := name(a); n != "" {
-			drop = given[n]
+			drop = last[n] != i
 		} else if i == 0 {
 			drop = false // the subcommand
 		}
@@ -724,5 +729,5 @@ func overrideArgs(args, more []string) []string {
 			out = append(out, a)
 		}
 	}
-	return append(out, more...)
+	return out
 }

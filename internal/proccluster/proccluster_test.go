@@ -146,15 +146,22 @@ func TestProcessLifecycleArgsEnvLogs(t *testing.T) {
 }
 
 // TestOverrideArgs: ExtraArgs and NodeArgs replace a flag the cluster already sets (the agent
-// refuses one given twice), values and --name=value forms included; others are kept.
+// refuses one given twice), values and --name=value forms included; others are kept. A flag
+// given twice within ExtraArgs (a harness default, then the user's own) keeps the last.
 func TestOverrideArgs(t *testing.T) {
 	base := []string{"agent", "--id", "n1", "--tls-cert", "a.pem", "--tls-key", "a-key.pem", "--enable-debug", "--insecure", "--log-format=json"}
-	got := overrideArgs(base, []string{"--tls-cert=b.pem", "--tls-key", "b-key.pem", "--insecure", "--log-format", "text", "--x", "1"})
+	got := OverrideArgs(base, []string{"--tls-cert=b.pem", "--tls-key", "b-key.pem", "--insecure", "--log-format", "text", "--x", "1"})
 	want := []string{"agent", "--id", "n1", "--enable-debug", "--tls-cert=b.pem", "--tls-key", "b-key.pem", "--insecure", "--log-format", "text", "--x", "1"}
 	if !slices.Equal(got, want) {
-		t.Fatalf("overrideArgs:\n got %q\nwant %q", got, want)
+		t.Fatalf("OverrideArgs:\n got %q\nwant %q", got, want)
 	}
-	if got := overrideArgs(base, nil); !slices.Equal(got, base) {
-		t.Fatalf("overrideArgs(base, nil) = %q", got)
+	got = OverrideArgs(base, []string{"--min-voters", "3", "--dead-node-timeout=5s", "--min-voters", "1", "--x"})
+	want = []string{"agent", "--id", "n1", "--tls-cert", "a.pem", "--tls-key", "a-key.pem", "--enable-debug", "--insecure", "--log-format=json",
+		"--dead-node-timeout=5s", "--min-voters", "1", "--x"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("OverrideArgs with a flag twice in more:\n got %q\nwant %q", got, want)
+	}
+	if got := OverrideArgs(base, nil); !slices.Equal(got, base) {
+		t.Fatalf("OverrideArgs(base, nil) = %q", got)
 	}
 }
