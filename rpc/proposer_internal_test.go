@@ -144,7 +144,10 @@ func TestProposerDirectOnlyWhenIdle(t *testing.T) {
 		t.Fatalf("entries %v, want %v", got, want)
 	}
 
-	// Idle again: direct again.
+	// Idle again: direct again — once the loop has parked. A wake signal left from "d" makes
+	// it take a slot, find the queue empty and give the slot back; a call in that moment found
+	// no slot and queued (make test -race, once: "2 direct commits, want 3").
+	waitParked(t, p)
 	g.gate <- struct{}{}
 	if _, err := p.do(ctx, [][]byte{releaseOp(t, "e")}); err != nil {
 		t.Fatal(err)
@@ -192,6 +195,23 @@ func TestProposerDirectHonorsContext(t *testing.T) {
 	}
 	if n := p.directs.Load(); n != 2 {
 		t.Fatalf("%d direct commits, want 2 (the slot was freed)", n)
+	}
+}
+
+// waitParked waits until p's loop has no pending wake and holds no commit slot, twice 5 ms
+// apart (it then waits in its select for the next wake).
+func waitParked(t *testing.T, p *proposer) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for quiet := 0; quiet < 2; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the proposer's loop never parked")
+		}
+		if len(p.wake) == 0 && len(p.slots) == 0 {
+			quiet++
+		} else {
+			quiet = 0
+		}
 	}
 }
 
