@@ -106,6 +106,13 @@ func applyProblem(name string, parsed *quota.Limits, req *quotadv1.ApplyLimitsRe
 	case len(parsed.Domains) == 0 && len(req.DeleteDomains) == 0:
 		return status.Errorf(codes.InvalidArgument, "%s has no domains: nothing to apply; a limits document starts with domain: NAME", name)
 	}
+	for _, d := range parsed.Domains {
+		if t := strings.TrimSpace(d.Name); t != d.Name {
+			// Checked here, where limits are applied, not by config.Parse: the limits in force
+			// (which a region parses from its global cluster) may hold such a name from before.
+			return status.Errorf(codes.InvalidArgument, "%s: domain %q has leading or trailing whitespace, which makes it a domain of its own, not %q (callers naming %q get unknown_domain); remove the whitespace", name, d.Name, t, t)
+		}
+	}
 	seen := make(map[string]bool, len(req.DeleteDomains))
 	for _, d := range req.DeleteDomains {
 		if err := invalidArg(fieldProblem("delete_domains", d)); err != nil {

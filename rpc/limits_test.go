@@ -89,6 +89,8 @@ func TestApplyLimitsUpsertReplaceDryRunDelete(t *testing.T) {
 	refused(&quotadv1.ApplyLimitsRequest{DeleteDomains: []string{"nope"}}, codes.NotFound, `"nope" is not in force`, "other, provider")
 	refused(&quotadv1.ApplyLimitsRequest{Yaml: otherDomain, DeleteDomains: []string{"other"}}, codes.InvalidArgument, "both")
 	refused(&quotadv1.ApplyLimitsRequest{Yaml: otherDomain, ReplaceAll: true, DeleteDomains: []string{"provider"}}, codes.InvalidArgument, "replace_all")
+	refused(&quotadv1.ApplyLimitsRequest{Yaml: strings.Replace(otherDomain, "domain: other", `domain: " other"`, 1), FileName: "sp.yaml"},
+		codes.InvalidArgument, `sp.yaml: domain " other" has leading or trailing whitespace`)
 	// Delete, dry run first.
 	r = apply(&quotadv1.ApplyLimitsRequest{DeleteDomains: []string{"other"}, DryRun: true})
 	if r.Applied || strings.Join(r.Changes, "|") != "- domain other" {
