@@ -464,6 +464,10 @@ func (c *Client) transportHint(err error) string {
 		return fmt.Sprintf("; %s answered a TLS handshake: the cluster speaks TLS, set Config.TLSFiles or TLS — Config.LoadEnv reads $%s, $%s, $%s, which `quotad dev` writes to DATA_DIR/dev.env", strings.Join(addrs, ", "), EnvCACert, EnvClientCert, EnvClientKey)
 	case !c.plaintext() && strings.Contains(msg, "first record does not look like a TLS handshake"):
 		return "; the server does not speak TLS (a cluster run with --insecure?): leave TLS and TLSFiles unset"
+	case !c.plaintext() && strings.Contains(msg, "missing selected ALPN property"):
+		// A TLS server that does not speak HTTP/2: the node's HTTP port (--http-addr, 7401 by
+		// default), not its gRPC port (user trial: the bare ALPN error said nothing of it).
+		return "; the address answers TLS but not gRPC — is it a node's HTTP port (--http-addr, default 7401)? use its gRPC address (--grpc-addr, default 7101)"
 	}
 	return ""
 }

@@ -147,6 +147,19 @@ func TestClientAgainstSecureCluster(t *testing.T) {
 			}
 		}
 	}
+
+	// A node's HTTP port given as its gRPC address: TLS answers, gRPC does not, and the
+	// error says which port to use (user trial: only "missing selected ALPN property").
+	viaHTTP := newTestClient(t, []string{c.Agent(0).HTTPAddr()}, func(cfg *Config) {
+		cfg.TLSFiles = TLSFiles{CAFile: creds.CAFile}
+		cfg.TokenFile = tokenFile
+	})
+	hctx, hcancel := context.WithTimeout(ctx, time.Second)
+	_, err = viaHTTP.Allow(hctx, Request{Domain: "fixed"})
+	hcancel()
+	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "HTTP port") || !strings.Contains(err.Error(), "--grpc-addr") {
+		t.Errorf("a client dialing the HTTP port: %v; want a hint naming the HTTP and gRPC ports", err)
+	}
 }
 
 // TestPrefaceErrorWithoutTLSNoHint: a plaintext node that drops connections before its HTTP/2
